@@ -1,0 +1,79 @@
+"""The Python API: ``simcore.run(config, requests=None) -> Result``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from simcore.config import SimConfig, load_config
+from simcore.engine.api import simulate_engine
+from simcore.metrics.api import (
+    RequestColumns,
+    passes_table,
+    requests_table,
+    summarize,
+    tokens_table,
+)
+from simcore.workload.api import build_requests, send_instants_ns
+
+__version__ = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Result:
+    """The results of one run.
+
+    Attributes
+    ----------
+    requests : pyarrow.Table
+        One row per request (``simcore.schema.REQUESTS_SCHEMA``).
+    summary : dict
+        Summary metrics (SPEC §10), ``vllm bench serve`` key names.
+    passes : pyarrow.Table or None
+        One row per rank per pass (``output.passes=true``).
+    tokens : pyarrow.Table or None
+        One row per emitted token (``output.tokens=true``).
+    config : SimConfig
+        The validated configuration.
+    """
+
+    requests: pa.Table
+    summary: dict
+    passes: pa.Table | None
+    tokens: pa.Table | None
+    config: SimConfig
+
+
+def run(config: Mapping[str, Any] | SimConfig | None = None, requests: pa.Table | None = None) -> Result:
+    """Simulate one configuration.
+
+    Parameters
+    ----------
+    config : mapping or SimConfig, optional
+        The nested configuration (the shape of the Hydra config; omitted keys
+        take their defaults).  Invalid values raise ``simcore.ConfigError``.
+    requests : pyarrow.Table, optional
+        A request table (``request_id``, ``input_tokens``, ``output_tokens``
+        and, for ``load.type=trace``, ``send_ms``) that replaces the configured
+        workload.
+
+    Returns
+    -------
+    Result
+    """
+    cfg = config if isinstance(config, SimConfig) else load_config(config)
+    rng = np.random.default_rng(cfg.seed)
+    table = build_requests(cfg, requests, rng)
+    send_ns = send_instants_ns(cfg.load, table, rng)
+    engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes)
+    cols = RequestColumns(engine)
+    return Result(
+        requests=requests_table(table.request_id, table.input_tokens, table.output_tokens, cols),
+        summary=summarize(cols, table.input_tokens, cfg.metrics),
+        passes=passes_table(engine) if cfg.output.passes else None,
+        tokens=tokens_table(table.request_id, engine) if cfg.output.tokens else None,
+        config=cfg,
+    )

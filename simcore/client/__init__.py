@@ -1,0 +1,1 @@
+"""The server's request and response path: tokenization and detokenization."""

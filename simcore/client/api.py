@@ -1,0 +1,134 @@
+"""Tokenization and detokenization stages (SPEC §4, §7).
+
+Each request-receiving worker owns ``tokenization.workers`` tokenizer servers and
+each token-emitting worker ``detokenization.workers`` detokenizer servers; a
+request's server is ``fnv1a64(utf8(request_id)) mod workers``.  The tokenizer
+queue is simple enough to run inside the engine kernel at send time.  The
+detokenizer is a FIFO per server over the pass boundaries: inside the kernel in a
+closed loop (receipts trigger sends), or here, vectorised after the run, when
+receipts cannot change sends (open loop).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from simcore.client.nb import fnv1a64_mod_nb
+from simcore.config import DetokenizationConfig, TokenizationConfig
+from simcore.units import ms_array_to_ns
+
+
+def server_index(request_ids: pa.Array, workers: int) -> np.ndarray:
+    """``fnv1a64(utf8(request_id)) mod workers`` per request, int64."""
+    n = len(request_ids)
+    out = np.zeros(n, dtype=np.int64)
+    if workers == 1 or n == 0:
+        return out
+    if isinstance(request_ids, pa.ChunkedArray):
+        request_ids = request_ids.combine_chunks()
+    ids = request_ids.cast(pa.large_string())
+    _, offsets_buf, data_buf = ids.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=n + 1 + ids.offset)[ids.offset :]
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    )
+    fnv1a64_mod_nb(data, np.ascontiguousarray(offsets), workers, out)
+    return out
+
+
+def tokenization_service_ns(cfg: TokenizationConfig, input_tokens: np.ndarray) -> np.ndarray:
+    """Per-request tokenizer job service, ns: ``base_ms + per_input_us x input / 1000``."""
+    ms = cfg.base_ms + cfg.per_input_us * input_tokens.astype(np.float64) / 1000
+    return ms_array_to_ns(ms)
+
+
+def detokenization_params(cfg: DetokenizationConfig) -> np.ndarray:
+    """The four per-job cost coefficients in the order the kernels read them."""
+    return np.array(
+        [cfg.base_ms, cfg.per_output_us, cfg.first_output_us, cfg.final_output_us],
+        dtype=np.float64,
+    )
+
+
+def detokenization_service_ns(
+    params: np.ndarray, k: np.ndarray, n_first: np.ndarray, n_final: np.ndarray
+) -> np.ndarray:
+    """Job service, ns, for jobs of ``k`` outputs (SPEC §7), evaluated left to right."""
+    base_ms, per_output_us, first_output_us, final_output_us = params
+    ms = (
+        base_ms
+        + per_output_us * k.astype(np.float64) / 1000
+        + first_output_us * n_first.astype(np.float64) / 1000
+        + final_output_us * n_final.astype(np.float64) / 1000
+    )
+    return ms_array_to_ns(ms)
+
+
+def detokenize_after_run(
+    emit_log: np.ndarray,
+    token_emit_ns: np.ndarray,
+    token_server: np.ndarray,
+    token_is_first: np.ndarray,
+    token_is_final: np.ndarray,
+    cfg: DetokenizationConfig,
+) -> np.ndarray:
+    """Receipt instants of every emitted token, vectorised over the whole run.
+
+    Parameters
+    ----------
+    emit_log : ndarray(int64, ndim=1)
+        Token indices in emission order (pass ends by time then worker; within a
+        pass by rank, then running order).
+    token_emit_ns : ndarray(int64, ndim=1)
+        Emission instant of every token, ns (indexed by token).
+    token_server : ndarray(int64, ndim=1)
+        Global detokenizer server of every token (``worker x workers + server``).
+    token_is_first, token_is_final : ndarray(bool, ndim=1)
+        Whether the token is its request's first, or the one that finished it.
+    cfg : DetokenizationConfig
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Receipt instant of every token, ns (-1 for tokens never emitted).
+    """
+    recv = np.full(token_emit_ns.shape[0], -1, dtype=np.int64)
+    if emit_log.shape[0] == 0:
+        return recv
+    # Stable sort by server keeps each server's outputs in emission order, which
+    # orders its jobs by pass end and a pass's outputs by rank, then running order.
+    server = token_server[emit_log]
+    order = np.argsort(server, kind="stable")
+    tokens = emit_log[order]
+    server = server[order]
+    t = token_emit_ns[tokens]
+    n = tokens.shape[0]
+
+    # A job is one server's outputs of one pass (same server, same emission
+    # instant: a worker's passes end at distinct instants), cut into chunks.
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = (server[1:] != server[:-1]) | (t[1:] != t[:-1])
+    run_start = np.flatnonzero(new_run)
+    if cfg.chunk_size is None:
+        job_start = run_start
+    else:
+        run_id = np.cumsum(new_run) - 1
+        position = np.arange(n) - run_start[run_id]
+        job_start = np.flatnonzero(new_run | (position % cfg.chunk_size == 0))
+    k = np.diff(np.append(job_start, n))
+    n_first = np.add.reduceat(token_is_first[tokens].astype(np.int64), job_start)
+    n_final = np.add.reduceat(token_is_final[tokens].astype(np.int64), job_start)
+    service = detokenization_service_ns(detokenization_params(cfg), k, n_first, n_final)
+    release = t[job_start]
+
+    # FIFO per server: end_j = S_j + max_{i<=j}(t_i - S_{i-1}), in exact int64.
+    job_server = server[job_start]
+    bounds = np.flatnonzero(np.diff(job_server)) + 1
+    end = np.empty(job_start.shape[0], dtype=np.int64)
+    for lo, hi in zip(np.append(0, bounds), np.append(bounds, job_start.shape[0])):
+        s_after = np.cumsum(service[lo:hi])
+        s_before = s_after - service[lo:hi]
+        end[lo:hi] = s_after + np.maximum.accumulate(release[lo:hi] - s_before)
+    recv[tokens] = np.repeat(end, k)
+    return recv

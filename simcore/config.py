@@ -1,0 +1,504 @@
+"""Run configuration: defaults, validation and frozen dataclasses.
+
+The configuration is a nested mapping with the same shape as the Hydra config
+(``conf/``).  :func:`load_config` merges a user mapping over :data:`DEFAULTS`,
+checks every value once, and returns a :class:`SimConfig` of frozen
+dataclasses.  Errors are :class:`ConfigError` naming the dotted field, the value
+and what is allowed.  This module never imports Hydra.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+
+class ConfigError(ValueError):
+    """A configuration value or an input file is invalid (exit code 2)."""
+
+
+# Linear timing coefficients for an H100-class GPU serving an 8B dense model:
+# a pass reads the 16 GB of weights (~5 ms at 3.35 TB/s), a prompt token costs
+# ~2 x 8e9 FLOP (~30 us at ~550 dense TFLOP/s), a KV token read of 128 KiB costs
+# ~40 ns, and each decoding sequence adds sampling/bookkeeping overhead.
+# num_blocks: (80 GB x 0.9 - 16 GB weights) / 128 KiB per token / 16 per block.
+DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "workload": {
+        "source": "synthetic",
+        "path": None,
+        "num_requests": 640,
+        "input_tokens": 1024,
+        "output_tokens": 128,
+        "input_dist": "fixed",
+        "output_dist": "fixed",
+        "range_ratio": 1.0,
+        "input_std": 0.0,
+        "output_std": 0.0,
+    },
+    "load": {
+        "type": "closed_loop",
+        "concurrency": 64,
+        "request_rate": None,
+        "burstiness": 1.0,
+        "think_time_ms": 0.0,
+        "speedup": 1.0,
+    },
+    "engine": {
+        "mode": "aggregated",
+        "policy": "vllm",
+        "aggregated": {
+            "replicas": 1,
+            "attention_dp": 1,
+            "max_batched_tokens": 8192,
+            "max_sequences": 256,
+            "num_blocks": 26_000,
+            "block_size": 16,
+            "context_length": None,
+        },
+    },
+    "timing": {
+        "type": "linear",
+        "prefill_ms": 30.0,
+        "decode_ms": 8.0,
+        "base_ms": 5.0,
+        "per_prefill_token_us": 30.0,
+        "per_decode_seq_us": 20.0,
+        "per_kv_token_ns": 40.0,
+    },
+    "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
+    "detokenization": {
+        "workers": 1,
+        "base_ms": 0.0,
+        "per_output_us": 0.0,
+        "chunk_size": None,
+        "first_output_us": 0.0,
+        "final_output_us": 0.0,
+    },
+    "max_time_ms": None,
+    "metrics": {
+        "percentiles": [50, 90, 95, 99],
+        "goodput": {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None},
+    },
+    "output": {"dir": None, "passes": False, "tokens": False},
+}
+
+WORKLOAD_SOURCES = ("synthetic", "table")
+LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
+LOAD_TYPES = ("closed_loop", "constant_rate", "poisson", "gamma", "trace")
+OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
+ENGINE_MODES = ("aggregated",)
+POLICIES = ("vllm",)
+TIMING_TYPES = ("fixed", "linear")
+
+
+def dotted_keys(tree: Mapping[str, Any] = DEFAULTS, prefix: str = "") -> list[str]:
+    """Every leaf key of ``tree`` as a dotted path (``engine.aggregated.replicas``)."""
+    keys = []
+    for name, value in tree.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            keys.extend(dotted_keys(value, path + "."))
+        else:
+            keys.append(path)
+    return keys
+
+
+def merge_config(user: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge ``user`` over :data:`DEFAULTS`; unknown keys are a ConfigError."""
+    merged = copy.deepcopy(DEFAULTS)
+    if user is not None:
+        _merge_into(merged, user, "")
+    return merged
+
+
+def _merge_into(base: dict, user: Mapping, prefix: str) -> None:
+    if not isinstance(user, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {user!r}")
+    for name, value in user.items():
+        path = f"{prefix}{name}"
+        if name not in base:
+            allowed = ", ".join(sorted(base))
+            raise ConfigError(f"{path} is not a known key (allowed here: {allowed})")
+        if isinstance(base[name], dict):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{path} must be a mapping, got {value!r}")
+            _merge_into(base[name], value, path + ".")
+        else:
+            base[name] = copy.deepcopy(value)
+
+
+# ---------------------------------------------------------------- value checks
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def _count(path: str, value: Any, minimum: int = 1) -> int:
+    if not _is_int(value) or value < minimum:
+        raise ConfigError(f"{path} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _optional_count(path: str, value: Any, minimum: int = 1) -> int | None:
+    return None if value is None else _count(path, value, minimum)
+
+
+def _number(path: str, value: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
+    if not _is_number(value) or not math.isfinite(float(value)):
+        raise ConfigError(f"{path} must be a finite number, got {value!r}")
+    value = float(value)
+    if strict and value <= minimum:
+        raise ConfigError(f"{path} must be > {minimum:g}, got {value!r}")
+    if not strict and value < minimum:
+        raise ConfigError(f"{path} must be >= {minimum:g}, got {value!r}")
+    return value
+
+
+def _optional_number(path: str, value: Any, **kwargs: Any) -> float | None:
+    return None if value is None else _number(path, value, **kwargs)
+
+
+def _choice(path: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{path} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+def _flag(path: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{path} must be true or false, got {value!r}")
+    return bool(value)
+
+
+# ---------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    source: str
+    path: str | None
+    num_requests: int | None
+    input_tokens: int
+    output_tokens: int
+    input_dist: str
+    output_dist: str
+    range_ratio: float
+    input_std: float
+    output_std: float
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    type: str
+    concurrency: int
+    request_rate: float | None
+    burstiness: float
+    think_time_ms: float
+    speedup: float
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.type == "closed_loop"
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool of identical workers (the aggregated pool; later prefill/decode)."""
+
+    replicas: int
+    attention_dp: int
+    max_batched_tokens: int
+    max_sequences: int
+    num_blocks: int
+    block_size: int
+    context_length: int | None
+
+    @property
+    def num_ranks(self) -> int:
+        return self.replicas * self.attention_dp
+
+    @property
+    def sequence_limit(self) -> int:
+        """SPEC §5: ``L = min(context_length, num_blocks x block_size)``."""
+        capacity = self.num_blocks * self.block_size
+        return capacity if self.context_length is None else min(self.context_length, capacity)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str
+    policy: str
+    aggregated: PoolConfig
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    type: str
+    prefill_ms: float
+    decode_ms: float
+    base_ms: float
+    per_prefill_token_us: float
+    per_decode_seq_us: float
+    per_kv_token_ns: float
+
+
+@dataclass(frozen=True)
+class TokenizationConfig:
+    workers: int
+    base_ms: float
+    per_input_us: float
+
+    @property
+    def enabled(self) -> bool:
+        return self.base_ms > 0 or self.per_input_us > 0
+
+
+@dataclass(frozen=True)
+class DetokenizationConfig:
+    workers: int
+    base_ms: float
+    per_output_us: float
+    chunk_size: int | None
+    first_output_us: float
+    final_output_us: float
+
+    @property
+    def enabled(self) -> bool:
+        return (
+            self.base_ms > 0
+            or self.per_output_us > 0
+            or self.first_output_us > 0
+            or self.final_output_us > 0
+        )
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2el_ms: float | None
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    percentiles: tuple[float, ...]
+    goodput: GoodputConfig
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: str | None
+    passes: bool
+    tokens: bool
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int
+    workload: WorkloadConfig
+    load: LoadConfig
+    engine: EngineConfig
+    timing: TimingConfig
+    tokenization: TokenizationConfig
+    detokenization: DetokenizationConfig
+    max_time_ms: float | None
+    metrics: MetricsConfig
+    output: OutputConfig
+    resolved: dict  # the merged mapping, for summary.json
+
+    def __post_init__(self) -> None:
+        _check_combinations(self)
+
+
+def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
+    """Merge ``user`` over the defaults, validate every field and freeze it."""
+    raw = merge_config(user)
+    w, ld, e, t = raw["workload"], raw["load"], raw["engine"], raw["timing"]
+    tok, detok, m = raw["tokenization"], raw["detokenization"], raw["metrics"]
+    return SimConfig(
+        seed=_count("seed", raw["seed"], minimum=0),
+        workload=WorkloadConfig(
+            source=_choice("workload.source", w["source"], WORKLOAD_SOURCES),
+            path=_optional_str("workload.path", w["path"]),
+            num_requests=_optional_count("workload.num_requests", w["num_requests"]),
+            input_tokens=_count("workload.input_tokens", w["input_tokens"]),
+            output_tokens=_count("workload.output_tokens", w["output_tokens"]),
+            input_dist=_choice("workload.input_dist", w["input_dist"], LENGTH_DISTS),
+            output_dist=_choice("workload.output_dist", w["output_dist"], LENGTH_DISTS),
+            range_ratio=_range_ratio(w["range_ratio"]),
+            input_std=_number("workload.input_std", w["input_std"]),
+            output_std=_number("workload.output_std", w["output_std"]),
+        ),
+        load=LoadConfig(
+            type=_choice("load.type", ld["type"], LOAD_TYPES),
+            concurrency=_count("load.concurrency", ld["concurrency"]),
+            request_rate=_optional_number("load.request_rate", ld["request_rate"], strict=True),
+            burstiness=_number("load.burstiness", ld["burstiness"], strict=True),
+            think_time_ms=_number("load.think_time_ms", ld["think_time_ms"]),
+            speedup=_number("load.speedup", ld["speedup"], strict=True),
+        ),
+        engine=EngineConfig(
+            mode=_choice("engine.mode", e["mode"], ENGINE_MODES),
+            policy=_choice("engine.policy", e["policy"], POLICIES),
+            aggregated=_pool("engine.aggregated", e["aggregated"]),
+        ),
+        timing=TimingConfig(
+            type=_choice("timing.type", t["type"], TIMING_TYPES),
+            **{
+                key: _number(f"timing.{key}", t[key])
+                for key in (
+                    "prefill_ms",
+                    "decode_ms",
+                    "base_ms",
+                    "per_prefill_token_us",
+                    "per_decode_seq_us",
+                    "per_kv_token_ns",
+                )
+            },
+        ),
+        tokenization=TokenizationConfig(
+            workers=_count("tokenization.workers", tok["workers"]),
+            base_ms=_number("tokenization.base_ms", tok["base_ms"]),
+            per_input_us=_number("tokenization.per_input_us", tok["per_input_us"]),
+        ),
+        detokenization=DetokenizationConfig(
+            workers=_count("detokenization.workers", detok["workers"]),
+            base_ms=_number("detokenization.base_ms", detok["base_ms"]),
+            per_output_us=_number("detokenization.per_output_us", detok["per_output_us"]),
+            chunk_size=_optional_count("detokenization.chunk_size", detok["chunk_size"]),
+            first_output_us=_number("detokenization.first_output_us", detok["first_output_us"]),
+            final_output_us=_number("detokenization.final_output_us", detok["final_output_us"]),
+        ),
+        max_time_ms=_optional_number("max_time_ms", raw["max_time_ms"]),
+        metrics=MetricsConfig(
+            percentiles=_percentiles(m["percentiles"]),
+            goodput=GoodputConfig(
+                **{
+                    key: _optional_number(f"metrics.goodput.{key}", m["goodput"][key], strict=True)
+                    for key in ("ttft_ms", "tpot_ms", "e2el_ms")
+                }
+            ),
+        ),
+        output=OutputConfig(
+            dir=_optional_str("output.dir", raw["output"]["dir"]),
+            passes=_flag("output.passes", raw["output"]["passes"]),
+            tokens=_flag("output.tokens", raw["output"]["tokens"]),
+        ),
+        resolved=raw,
+    )
+
+
+def _optional_str(path: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _range_ratio(value: Any) -> float:
+    ratio = _number("workload.range_ratio", value, strict=True)
+    if ratio > 1:
+        raise ConfigError(f"workload.range_ratio must be in (0, 1], got {value!r}")
+    return ratio
+
+
+def _percentiles(value: Any) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"metrics.percentiles must be a list of numbers in [0, 100], got {value!r}")
+    out = []
+    for item in value:
+        p = _number("metrics.percentiles", item)
+        if p > 100:
+            raise ConfigError(f"metrics.percentiles values must be in [0, 100], got {item!r}")
+        out.append(p)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"metrics.percentiles must not repeat a value, got {list(value)!r}")
+    return tuple(out)
+
+
+def _pool(prefix: str, raw: Mapping[str, Any]) -> PoolConfig:
+    return PoolConfig(
+        replicas=_count(f"{prefix}.replicas", raw["replicas"]),
+        attention_dp=_count(f"{prefix}.attention_dp", raw["attention_dp"]),
+        max_batched_tokens=_count(f"{prefix}.max_batched_tokens", raw["max_batched_tokens"]),
+        max_sequences=_count(f"{prefix}.max_sequences", raw["max_sequences"]),
+        num_blocks=_count(f"{prefix}.num_blocks", raw["num_blocks"]),
+        block_size=_count(f"{prefix}.block_size", raw["block_size"]),
+        context_length=_optional_count(f"{prefix}.context_length", raw["context_length"]),
+    )
+
+
+def _check_combinations(cfg: SimConfig) -> None:
+    w, ld = cfg.workload, cfg.load
+    if w.source == "table" and w.path is None:
+        raise ConfigError("workload.path must be set when workload.source=table")
+    if w.source == "synthetic" and w.path is not None:
+        raise ConfigError(
+            f"workload.path is only read when workload.source=table, got {w.path!r} with "
+            "workload.source=synthetic"
+        )
+    if w.source == "synthetic" and w.num_requests is None:
+        raise ConfigError("workload.num_requests must be set for workload.source=synthetic")
+    for column in ("input", "output"):
+        dist = getattr(w, f"{column}_dist")
+        std = getattr(w, f"{column}_std")
+        if dist in ("normal", "lognormal") and std == 0:
+            raise ConfigError(
+                f"workload.{column}_std must be > 0 for workload.{column}_dist={dist}, got 0"
+            )
+        if dist not in ("normal", "lognormal") and std != 0:
+            raise ConfigError(
+                f"workload.{column}_std is only used by normal/lognormal lengths, got {std!r} "
+                f"with workload.{column}_dist={dist}"
+            )
+        if dist == "uniform":
+            low = math.floor(getattr(w, f"{column}_tokens") * w.range_ratio)
+            if low < 1:
+                raise ConfigError(
+                    f"workload.range_ratio={w.range_ratio!r} gives a lower bound of {low} "
+                    f"for workload.{column}_tokens; it must give at least 1"
+                )
+    if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
+        raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
+    if ld.type not in OPEN_LOOP_GENERATED and ld.request_rate is not None:
+        raise ConfigError(
+            f"load.request_rate is only used by constant_rate, poisson and gamma loads, "
+            f"got {ld.request_rate!r} with load.type={ld.type}"
+        )
+    if ld.type != "gamma" and ld.burstiness != 1.0:
+        raise ConfigError(
+            f"load.burstiness is only used by load.type=gamma, got {ld.burstiness!r} "
+            f"with load.type={ld.type}"
+        )
+    if ld.type != "closed_loop" and ld.think_time_ms != 0.0:
+        raise ConfigError(
+            f"load.think_time_ms is only used by load.type=closed_loop, got "
+            f"{ld.think_time_ms!r} with load.type={ld.type}"
+        )
+    if ld.type != "trace" and ld.speedup != 1.0:
+        raise ConfigError(
+            f"load.speedup is only used by load.type=trace, got {ld.speedup!r} "
+            f"with load.type={ld.type}"
+        )
+    if ld.type == "trace" and w.source == "synthetic":
+        raise ConfigError(
+            "load.type=trace needs send times from a trace: set workload.source=table "
+            "with a send_ms column"
+        )

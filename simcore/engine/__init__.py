@@ -1,0 +1,1 @@
+"""The engine: schedulers and passes over columnar request state."""

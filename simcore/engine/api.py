@@ -1,0 +1,244 @@
+"""Engine replay wrapper: validates shapes, allocates buffers, calls the kernel once.
+
+``simulate_engine`` returns the raw per-request and per-token instants (int64
+ns, -1 for "did not happen") that ``simcore.metrics`` turns into tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simcore.client.api import (
+    detokenization_params,
+    detokenize_after_run,
+    server_index,
+    tokenization_service_ns,
+)
+from simcore.config import ConfigError, SimConfig
+from simcore.engine import nb
+from simcore.timing.api import timing_arrays
+from simcore.units import ms_to_ns
+from simcore.workload.api import RequestTable
+
+DETOK_PATHS = ("auto", "kernel", "after_run")
+
+
+@dataclass
+class EngineRun:
+    """Raw result of one engine replay (all instants int64 ns, -1 = did not happen).
+
+    Per request: ``send_ns``, ``arrival_ns``, ``first_admit_ns``,
+    ``first_emit_ns``, ``finish_ns`` (engine finish), ``reject_ns``,
+    ``generated``, ``num_preemptions``, ``worker``, ``rank``.  Per token (request
+    k's at ``token_offset[k]:token_offset[k + 1]``): ``token_emit_ns``,
+    ``token_recv_ns`` (receipts after the cap already set to -1).
+    ``passes``: int64 log (``nb.PASS_*`` columns) and float64 ``pass_ms`` of
+    the passes that ended by the cap, or None when not recorded.
+    """
+
+    send_ns: np.ndarray
+    arrival_ns: np.ndarray
+    first_admit_ns: np.ndarray
+    first_emit_ns: np.ndarray
+    finish_ns: np.ndarray
+    reject_ns: np.ndarray
+    generated: np.ndarray
+    num_preemptions: np.ndarray
+    worker: np.ndarray
+    rank: np.ndarray
+    token_offset: np.ndarray
+    token_emit_ns: np.ndarray
+    token_recv_ns: np.ndarray
+    cap_ns: int | None
+    pass_log: np.ndarray | None
+    pass_ms: np.ndarray | None
+
+
+def simulate_engine(
+    cfg: SimConfig,
+    requests: RequestTable,
+    send_ns: np.ndarray | None,
+    *,
+    record_passes: bool = False,
+    detok_path: str = "auto",
+) -> EngineRun:
+    """Replay ``requests`` through the configured aggregated deployment.
+
+    Parameters
+    ----------
+    cfg : SimConfig
+    requests : RequestTable
+    send_ns : ndarray(int64, ndim=1) or None
+        Open-loop send instants, ns; None for a closed loop.
+    record_passes : bool
+        Keep the per-rank pass log.
+    detok_path : {"auto", "kernel", "after_run"}
+        Where detokenization is evaluated.  ``auto``: inside the kernel in a
+        closed loop, vectorised after the run in an open loop.  The two agree
+        exactly; a closed loop cannot use ``after_run``.
+    """
+    if detok_path not in DETOK_PATHS:
+        raise ValueError(f"detok_path must be one of {DETOK_PATHS}, got {detok_path!r}")
+    closed = cfg.load.closed_loop
+    if closed and detok_path == "after_run":
+        raise ValueError("a closed loop needs receipts inside the kernel (detok_path='kernel')")
+    if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
+        raise ValueError("an open loop needs one send instant per request")
+    pool = cfg.engine.aggregated
+    n = len(requests)
+    input_tokens = np.ascontiguousarray(requests.input_tokens, dtype=np.int64)
+    output_tokens = np.ascontiguousarray(requests.output_tokens, dtype=np.int64)
+    token_offset = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(output_tokens, out=token_offset[1:])
+    num_tokens = int(token_offset[-1])
+
+    k = np.arange(n, dtype=np.int64)
+    worker = k % pool.replicas
+    rank = (k // pool.replicas) % pool.attention_dp
+
+    tok = cfg.tokenization
+    tok_server = worker * tok.workers + server_index(requests.request_id, tok.workers)
+    tok_service = tokenization_service_ns(tok, input_tokens)
+
+    detok = cfg.detokenization
+    if not detok.enabled:
+        mode = nb.DETOK_OFF
+    elif detok_path == "kernel" or (detok_path == "auto" and closed):
+        mode = nb.DETOK_IN_KERNEL
+    else:
+        mode = nb.DETOK_DEFERRED
+    detok_server = server_index(requests.request_id, detok.workers)
+    timing_model, timing_params = timing_arrays(cfg.timing)
+    cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms)
+
+    # A worker pass either emits a token or fills some rank's token budget with
+    # prompt, so without preemption passes <= outputs + inputs / budget.  The
+    # log doubles (and the run repeats) in the rare case this estimate is short.
+    pass_rows = 0
+    if record_passes:
+        chunks = int(np.sum(-(-input_tokens // pool.max_batched_tokens)))
+        pass_rows = (num_tokens + chunks + pool.replicas) * pool.attention_dp
+    while True:
+        out = _allocate(n, num_tokens, mode, pass_rows)
+        if not closed:
+            out["send_ns"][:] = send_ns
+        status, rows, num_emitted = nb.simulate_aggregated_nb(
+            input_tokens,
+            output_tokens,
+            token_offset,
+            out["send_ns"],
+            closed,
+            cfg.load.concurrency,
+            ms_to_ns(cfg.load.think_time_ms),
+            tok_server,
+            tok_service,
+            pool.replicas * tok.workers,
+            mode,
+            detok_server,
+            detok.workers,
+            detokenization_params(detok),
+            detok.chunk_size or 0,
+            pool.replicas,
+            pool.attention_dp,
+            pool.max_batched_tokens,
+            pool.max_sequences,
+            pool.num_blocks,
+            pool.block_size,
+            pool.sequence_limit,
+            timing_model,
+            timing_params,
+            nb.NO_CAP if cap_ns is None else cap_ns,
+            out["arrival_ns"],
+            out["first_admit_ns"],
+            out["first_emit_ns"],
+            out["finish_ns"],
+            out["reject_ns"],
+            out["generated"],
+            out["num_preemptions"],
+            out["token_emit_ns"],
+            out["token_recv_ns"],
+            out["emit_log"],
+            out["pass_log"],
+            out["pass_ms"],
+            out["bad_batch"],
+        )
+        if status != nb.PASS_LOG_FULL:
+            break
+        pass_rows *= 2
+    if status == nb.BAD_TIMING:
+        b = out["bad_batch"]
+        raise ConfigError(
+            f"timing.type={cfg.timing.type} gave {b[7]!r} ms for worker {int(b[0])} rank "
+            f"{int(b[1])}'s batch (num_prefill={int(b[2])}, prefill_tokens={int(b[3])}, "
+            f"prefill_kv_tokens={int(b[4])}, num_decode={int(b[5])}, decode_kv_tokens={int(b[6])}); "
+            "a pass time must be finite and >= 0"
+        )
+
+    token_recv = out["token_recv_ns"]
+    if mode == nb.DETOK_DEFERRED:
+        emit_log = out["emit_log"][:num_emitted]
+        request_of_token = np.repeat(k, output_tokens)
+        finished = out["finish_ns"] >= 0
+        is_final = np.zeros(num_tokens, dtype=bool)
+        is_final[(token_offset[:-1] + out["generated"] - 1)[finished]] = True
+        is_first = np.zeros(num_tokens, dtype=bool)
+        is_first[token_offset[:-1]] = True
+        token_recv = detokenize_after_run(
+            emit_log,
+            out["token_emit_ns"],
+            (worker * detok.workers + detok_server)[request_of_token],
+            is_first,
+            is_final,
+            detok,
+        )
+    if cap_ns is not None:
+        token_recv[token_recv > cap_ns] = -1
+
+    pass_log = pass_ms = None
+    if record_passes:
+        pass_log = out["pass_log"][:rows]
+        pass_ms = out["pass_ms"][:rows]
+        if cap_ns is not None:
+            ended = pass_log[:, nb.PASS_END] <= cap_ns
+            pass_log, pass_ms = pass_log[ended], pass_ms[ended]
+        # Rows in the order passes end (by end, then worker, then rank).
+        order = np.lexsort((pass_log[:, nb.PASS_RANK], pass_log[:, nb.PASS_WORKER], pass_log[:, nb.PASS_END]))
+        pass_log, pass_ms = pass_log[order], pass_ms[order]
+
+    return EngineRun(
+        send_ns=out["send_ns"],
+        arrival_ns=out["arrival_ns"],
+        first_admit_ns=out["first_admit_ns"],
+        first_emit_ns=out["first_emit_ns"],
+        finish_ns=out["finish_ns"],
+        reject_ns=out["reject_ns"],
+        generated=out["generated"],
+        num_preemptions=out["num_preemptions"],
+        worker=worker,
+        rank=rank,
+        token_offset=token_offset,
+        token_emit_ns=out["token_emit_ns"],
+        token_recv_ns=token_recv,
+        cap_ns=cap_ns,
+        pass_log=pass_log,
+        pass_ms=pass_ms,
+    )
+
+
+def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int) -> dict[str, np.ndarray]:
+    """Caller-allocated kernel outputs, initialised to their "not yet" values."""
+    out = {
+        name: np.full(n, -1, dtype=np.int64)
+        for name in ("send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns")
+    }
+    out["generated"] = np.zeros(n, dtype=np.int64)
+    out["num_preemptions"] = np.zeros(n, dtype=np.int64)
+    out["token_emit_ns"] = np.full(num_tokens, -1, dtype=np.int64)
+    out["token_recv_ns"] = np.full(num_tokens, -1, dtype=np.int64)
+    out["emit_log"] = np.empty(num_tokens if mode == nb.DETOK_DEFERRED else 0, dtype=np.int64)
+    out["pass_log"] = np.zeros((pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64)
+    out["pass_ms"] = np.zeros(pass_rows, dtype=np.float64)
+    out["bad_batch"] = np.zeros(8, dtype=np.float64)
+    return out

@@ -1,0 +1,643 @@
+"""Engine replay kernel: the discrete-event loop over engine passes (SPEC §2-5, 7, 9).
+
+Contract
+--------
+* Every function is ``@njit(cache=True)``; arguments are flat contiguous numpy
+  arrays and scalars, never Python objects.  Requests are a struct of arrays
+  indexed by row ``k`` (= send sequence number); instants are int64 ns with
+  ``-1`` for "not yet".
+* Outputs are caller-allocated arrays filled in place; the kernel returns a
+  status code (``OK``, ``PASS_LOG_FULL``, ``BAD_TIMING``) and the number of
+  rows written to the logs.
+* Tokens of request ``k`` live at ``token_offset[k] .. token_offset[k + 1]``
+  in the per-token arrays.
+* ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
+  (per-server FIFO evaluated at every pass end, used in a closed loop where
+  receipts release sends) or ``DETOK_DEFERRED`` (emission order is logged and
+  ``simcore.client.api.detokenize_after_run`` computes receipts afterwards).
+
+The equal-time rule of SPEC §5 is the loop in ``simulate_aggregated_nb``: at an
+instant t it repeats (a) pass ends by worker, (b)+(c) receipts releasing sends
+and the sends themselves in table order, (d) tokenizer jobs and engine arrivals
+in send order, until nothing is left at t; then (e) idle workers start passes.
+Receipts are known when their pass ends, so a closed-loop send is queued then,
+at ``receipt + think``, which is the same instant SPEC §2 gives it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from simcore.timing.nb import rank_time_ms_nb
+
+OK = 0
+PASS_LOG_FULL = 1
+BAD_TIMING = 2
+
+DETOK_OFF = 0
+DETOK_IN_KERNEL = 1
+DETOK_DEFERRED = 2
+
+NO_CAP = np.iinfo(np.int64).max
+
+# Columns of the int64 pass log (one row per rank per pass).
+PASS_WORKER = 0
+PASS_RANK = 1
+PASS_START = 2
+PASS_END = 3
+PASS_NUM_PREFILL = 4
+PASS_PREFILL_TOKENS = 5
+PASS_PREFILL_KV_TOKENS = 6
+PASS_NUM_DECODE = 7
+PASS_DECODE_KV_TOKENS = 8
+PASS_BLOCKS_IN_USE = 9
+PASS_LOG_COLUMNS = 10
+
+
+# ------------------------------------------------------------------ min-heaps
+
+
+@njit(cache=True)
+def _heap_push_nb(keys, vals, size, key, val):
+    """Push (key, val) on a min-heap ordered by (key, val); returns the new size."""
+    i = size
+    keys[i] = key
+    vals[i] = val
+    while i > 0:
+        parent = (i - 1) >> 1
+        if keys[parent] < keys[i] or (keys[parent] == keys[i] and vals[parent] <= vals[i]):
+            break
+        keys[parent], keys[i] = keys[i], keys[parent]
+        vals[parent], vals[i] = vals[i], vals[parent]
+        i = parent
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop_nb(keys, vals, size):
+    """Remove the top of the heap; returns the new size."""
+    size -= 1
+    keys[0] = keys[size]
+    vals[0] = vals[size]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        right = left + 1
+        if right < size and (
+            keys[right] < keys[left] or (keys[right] == keys[left] and vals[right] < vals[left])
+        ):
+            child = right
+        if keys[i] < keys[child] or (keys[i] == keys[child] and vals[i] <= vals[child]):
+            break
+        keys[child], keys[i] = keys[i], keys[child]
+        vals[child], vals[i] = vals[i], vals[child]
+        i = child
+    return size
+
+
+# ------------------------------------------------------------------ waiting queues
+# One doubly linked list per rank through per-request next/prev links (a request
+# waits on at most one rank), so pushes at either end and pops are O(1).
+
+
+@njit(cache=True)
+def _wait_push_back_nb(head, tail, nxt, prv, g, k):
+    nxt[k] = -1
+    prv[k] = tail[g]
+    if tail[g] >= 0:
+        nxt[tail[g]] = k
+    else:
+        head[g] = k
+    tail[g] = k
+
+
+@njit(cache=True)
+def _wait_push_front_nb(head, tail, nxt, prv, g, k):
+    prv[k] = -1
+    nxt[k] = head[g]
+    if head[g] >= 0:
+        prv[head[g]] = k
+    else:
+        tail[g] = k
+    head[g] = k
+
+
+@njit(cache=True)
+def _wait_pop_front_nb(head, tail, nxt, prv, g):
+    k = head[g]
+    head[g] = nxt[k]
+    if head[g] >= 0:
+        prv[head[g]] = -1
+    else:
+        tail[g] = -1
+    return k
+
+
+@njit(cache=True)
+def _blocks_for_nb(tokens, block_size):
+    return (tokens + block_size - 1) // block_size
+
+
+# ------------------------------------------------------------------ the kernel
+
+
+@njit(cache=True)
+def simulate_aggregated_nb(
+    input_tokens,
+    output_tokens,
+    token_offset,
+    send_ns,
+    closed_loop,
+    concurrency,
+    think_ns,
+    tok_server,
+    tok_service_ns,
+    num_tok_servers,
+    detok_mode,
+    detok_server,
+    detok_workers,
+    detok_params,
+    chunk_size,
+    num_workers,
+    num_dp_ranks,
+    max_batched_tokens,
+    max_sequences,
+    num_blocks,
+    block_size,
+    seq_limit,
+    timing_model,
+    timing_params,
+    cap_ns,
+    arrival_ns,
+    first_admit_ns,
+    first_emit_ns,
+    finish_ns,
+    reject_ns,
+    generated,
+    num_preemptions,
+    token_emit_ns,
+    token_recv_ns,
+    emit_log,
+    pass_log,
+    pass_ms,
+    bad_batch,
+):
+    """Simulate an aggregated deployment with the ``vllm`` policy.
+
+    Parameters
+    ----------
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Per-request prompt and requested output lengths, tokens (n requests).
+    token_offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's tokens in the per-token arrays.
+    send_ns : ndarray(int64, ndim=1)
+        Send instants, ns.  Open loop: given, non-decreasing.  Closed loop:
+        filled in (``-1`` stays for rows never sent).
+    closed_loop : bool
+        Closed loop (``concurrency`` clients, each sending on receipt).
+    concurrency : int
+        Number of closed-loop clients.
+    think_ns : int
+        Closed-loop think time between a request's end and the next send, ns.
+    tok_server : ndarray(int64, ndim=1)
+        Global tokenizer server of each request (``worker x workers + server``).
+    tok_service_ns : ndarray(int64, ndim=1)
+        Tokenizer job service of each request, ns (all 0: stage off).
+    num_tok_servers : int
+        Number of tokenizer servers over all workers.
+    detok_mode : int
+        ``DETOK_OFF``, ``DETOK_IN_KERNEL`` or ``DETOK_DEFERRED``.
+    detok_server : ndarray(int64, ndim=1)
+        Detokenizer server of each request within its worker (``0 .. workers-1``).
+    detok_workers : int
+        Detokenizer servers per worker.
+    detok_params : ndarray(float64, ndim=1)
+        ``[base_ms, per_output_us, first_output_us, final_output_us]``.
+    chunk_size : int
+        Most outputs per detokenizer job (0: no limit).
+    num_workers, num_dp_ranks : int
+        Replicas W and attention-DP ranks R per worker.
+    max_batched_tokens, max_sequences, num_blocks, block_size : int
+        Per-rank scheduler limits and KV cache (blocks, tokens per block).
+    seq_limit : int
+        The rank's sequence limit L, tokens.
+    timing_model : int
+        Timing-model code of ``simcore.timing.nb``.
+    timing_params : ndarray(float64, ndim=1)
+        Its parameters.
+    cap_ns : int
+        Time cap, ns (``NO_CAP`` for none): events after it are not processed.
+    arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns : ndarray(int64, ndim=1)
+        Out, per request, ns, ``-1`` initialised: engine arrival, first
+        admission (pass start), first token emission, engine finish, rejection.
+    generated, num_preemptions : ndarray(int64, ndim=1)
+        Out, per request, zero initialised: tokens emitted, preemptions.
+    token_emit_ns, token_recv_ns : ndarray(int64, ndim=1)
+        Out, per token, ``-1`` initialised: emission and receipt instants, ns
+        (receipts are left at -1 in ``DETOK_DEFERRED`` mode).
+    emit_log : ndarray(int64, ndim=1)
+        Out: token indices in emission order (``DETOK_DEFERRED`` only; else
+        may be empty).
+    pass_log : ndarray(int64, ndim=2)
+        Out: one row per rank per pass (``PASS_*`` columns); may have 0 rows
+        to record nothing.
+    pass_ms : ndarray(float64, ndim=1)
+        Out: the rank's own time of each pass-log row, ms.
+    bad_batch : ndarray(float64, ndim=1)
+        Out on ``BAD_TIMING``: worker, rank, the five batch summary values and
+        the model's result.
+
+    Returns
+    -------
+    status : int
+        ``OK``, ``PASS_LOG_FULL`` (rerun with a larger log) or ``BAD_TIMING``.
+    num_pass_rows : int
+        Rows written to ``pass_log``.
+    num_emitted : int
+        Tokens emitted (rows written to ``emit_log`` in deferred mode).
+    """
+    n = input_tokens.shape[0]
+    num_ranks = num_workers * num_dp_ranks
+    record_passes = pass_log.shape[0] > 0
+    pass_log_rows = 0
+    num_emitted = 0
+    base_ms = detok_params[0]
+    per_output_us = detok_params[1]
+    first_output_us = detok_params[2]
+    final_output_us = detok_params[3]
+
+    # Per-request engine state.
+    computed = np.zeros(n, dtype=np.int64)
+    held = np.zeros(n, dtype=np.int64)
+    sched_n = np.zeros(n, dtype=np.int64)
+    wait_next = np.full(n, -1, dtype=np.int64)
+    wait_prev = np.full(n, -1, dtype=np.int64)
+    # Placement by send sequence number k: worker k mod W, rank (k div W) mod R.
+    rank_of = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        w = k % num_workers
+        rank_of[k] = w * num_dp_ranks + (k // num_workers) % num_dp_ranks
+
+    # Per-rank state.
+    wait_head = np.full(num_ranks, -1, dtype=np.int64)
+    wait_tail = np.full(num_ranks, -1, dtype=np.int64)
+    running = np.empty((num_ranks, max_sequences), dtype=np.int64)
+    run_len = np.zeros(num_ranks, dtype=np.int64)
+    num_sched = np.zeros(num_ranks, dtype=np.int64)
+    blocks_used = np.zeros(num_ranks, dtype=np.int64)
+
+    # Per-worker state and the batch summary of the pass being started.
+    pass_end = np.full(num_workers, -1, dtype=np.int64)
+    summary = np.zeros((num_dp_ranks, 6), dtype=np.int64)
+    rank_ms = np.zeros(num_dp_ranks, dtype=np.float64)
+
+    # Servers.
+    tok_free = np.zeros(num_tok_servers, dtype=np.int64)
+    detok_free = np.zeros(num_workers * detok_workers, dtype=np.int64)
+    max_outputs = num_dp_ranks * max_sequences
+    out_token = np.empty(max_outputs, dtype=np.int64)
+    out_req = np.empty(max_outputs, dtype=np.int64)
+    out_final = np.zeros(max_outputs, dtype=np.bool_)
+    job_tokens = np.empty(max_outputs, dtype=np.int64)
+    job_final = np.zeros(max_outputs, dtype=np.bool_)
+
+    # Event queues: engine arrivals by (instant, k); closed-loop sends by instant.
+    arr_key = np.empty(n, dtype=np.int64)
+    arr_val = np.empty(n, dtype=np.int64)
+    arr_size = 0
+    # One entry per initial client and per request end: at most 2n.
+    send_key = np.empty(2 * n + 1, dtype=np.int64)
+    send_val = np.zeros(2 * n + 1, dtype=np.int64)
+    send_size = 0
+    next_row = 0  # next row to send (both loops send rows in table order)
+
+    if closed_loop:
+        for _ in range(min(concurrency, n)):
+            send_size = _heap_push_nb(send_key, send_val, send_size, 0, 0)
+        for k in range(n):
+            send_ns[k] = -1
+
+    while True:
+        # Next instant: the earliest pending event.
+        t = NO_CAP
+        for w in range(num_workers):
+            if pass_end[w] >= 0 and pass_end[w] < t:
+                t = pass_end[w]
+        if arr_size > 0 and arr_key[0] < t:
+            t = arr_key[0]
+        if closed_loop:
+            if send_size > 0 and next_row < n and send_key[0] < t:
+                t = send_key[0]
+        elif next_row < n and send_ns[next_row] < t:
+            t = send_ns[next_row]
+        if t == NO_CAP or t > cap_ns:
+            break
+
+        progressed = True
+        while progressed:
+            progressed = False
+            # (a) pass ends, by worker index; within a pass by rank, running order.
+            for w in range(num_workers):
+                if pass_end[w] != t:
+                    continue
+                pass_end[w] = -1
+                progressed = True
+                num_out = 0
+                for r in range(num_dp_ranks):
+                    g = w * num_dp_ranks + r
+                    keep = 0
+                    for i in range(run_len[g]):
+                        k = running[g, i]
+                        finished = False
+                        if i < num_sched[g]:
+                            computed[k] += sched_n[k]
+                            if computed[k] == input_tokens[k] + generated[k]:
+                                j = generated[k]
+                                generated[k] = j + 1
+                                tok = token_offset[k] + j
+                                token_emit_ns[tok] = t
+                                if j == 0:
+                                    first_emit_ns[k] = t
+                                finished = (
+                                    j + 1 == output_tokens[k]
+                                    or input_tokens[k] + j + 1 >= seq_limit
+                                )
+                                if detok_mode == DETOK_OFF:
+                                    token_recv_ns[tok] = t
+                                    if finished and closed_loop:
+                                        send_size = _heap_push_nb(
+                                            send_key, send_val, send_size, t + think_ns, 0
+                                        )
+                                elif detok_mode == DETOK_IN_KERNEL:
+                                    out_token[num_out] = tok
+                                    out_req[num_out] = k
+                                    out_final[num_out] = finished
+                                    num_out += 1
+                                else:
+                                    emit_log[num_emitted] = tok
+                                num_emitted += 1
+                                if finished:
+                                    finish_ns[k] = t
+                                    blocks_used[g] -= held[k]
+                                    held[k] = 0
+                        if not finished:
+                            running[g, keep] = k
+                            keep += 1
+                    run_len[g] = keep
+                    num_sched[g] = 0
+
+                # (b) this pass's detokenizer jobs: per server, in server order,
+                # the server's outputs in rank then running order, cut in chunks.
+                if detok_mode == DETOK_IN_KERNEL:
+                    for s in range(detok_workers):
+                        send_size = _detokenize_pass_nb(
+                            t,
+                            s,
+                            w * detok_workers + s,
+                            num_out,
+                            out_token,
+                            out_req,
+                            out_final,
+                            detok_server,
+                            token_offset,
+                            chunk_size,
+                            base_ms,
+                            per_output_us,
+                            first_output_us,
+                            final_output_us,
+                            detok_free,
+                            token_recv_ns,
+                            job_tokens,
+                            job_final,
+                            closed_loop,
+                            think_ns,
+                            send_key,
+                            send_val,
+                            send_size,
+                        )
+
+            # (b)+(c) sends at t, in table order.
+            while next_row < n:
+                if closed_loop:
+                    if send_size == 0 or send_key[0] != t:
+                        break
+                    send_size = _heap_pop_nb(send_key, send_val, send_size)
+                    send_ns[next_row] = t
+                elif send_ns[next_row] != t:
+                    break
+                k = next_row
+                next_row += 1
+                progressed = True
+                # (d) tokenizer job, FIFO per server in send order.
+                server = tok_server[k]
+                start = max(t, tok_free[server])
+                end = start + tok_service_ns[k]
+                tok_free[server] = end
+                arr_size = _heap_push_nb(arr_key, arr_val, arr_size, end, k)
+
+            # (d) engine arrivals at t, in send order; rejections end at once.
+            while arr_size > 0 and arr_key[0] == t:
+                k = arr_val[0]
+                arr_size = _heap_pop_nb(arr_key, arr_val, arr_size)
+                progressed = True
+                arrival_ns[k] = t
+                if input_tokens[k] >= seq_limit:
+                    reject_ns[k] = t
+                    if closed_loop:
+                        send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
+                else:
+                    _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, rank_of[k], k)
+
+        # (e) idle workers with work start passes, by worker index.
+        for w in range(num_workers):
+            if pass_end[w] >= 0:
+                continue
+            while True:
+                any_batch = False
+                any_preempted = False
+                worst_ms = 0.0
+                for r in range(num_dp_ranks):
+                    g = w * num_dp_ranks + r
+                    budget = max_batched_tokens
+                    preempted = False
+                    for c in range(6):
+                        summary[r, c] = 0
+                    # Step 1: running requests in running order.
+                    i = 0
+                    while i < run_len[g]:
+                        k = running[g, i]
+                        known = input_tokens[k] + generated[k]
+                        n_tok = min(known - computed[k], budget)
+                        if n_tok == 0:
+                            break
+                        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+                        self_preempted = False
+                        while grow > num_blocks - blocks_used[g]:
+                            run_len[g] -= 1
+                            victim = running[g, run_len[g]]
+                            blocks_used[g] -= held[victim]
+                            held[victim] = 0
+                            computed[victim] = 0
+                            num_preemptions[victim] += 1
+                            _wait_push_front_nb(
+                                wait_head, wait_tail, wait_next, wait_prev, g, victim
+                            )
+                            preempted = True
+                            if victim == k:
+                                self_preempted = True
+                                break
+                        if self_preempted:
+                            break
+                        blocks_used[g] += grow
+                        held[k] += grow
+                        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
+                        budget -= n_tok
+                        i += 1
+                    num_sched[g] = i
+                    # Step 2: waiting requests, FIFO, with head-of-line blocking.
+                    if not preempted:
+                        while wait_head[g] >= 0 and run_len[g] < max_sequences and budget > 0:
+                            k = wait_head[g]
+                            n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
+                            grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+                            if grow > num_blocks - blocks_used[g]:
+                                break
+                            _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
+                            running[g, run_len[g]] = k
+                            run_len[g] += 1
+                            num_sched[g] += 1
+                            blocks_used[g] += grow
+                            held[k] += grow
+                            if first_admit_ns[k] < 0:
+                                first_admit_ns[k] = t
+                            _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
+                            budget -= n_tok
+                    if num_sched[g] > 0:
+                        any_batch = True
+                    any_preempted = any_preempted or preempted
+                    ms = rank_time_ms_nb(
+                        timing_model,
+                        timing_params,
+                        summary[r, 0],
+                        summary[r, 1],
+                        summary[r, 2],
+                        summary[r, 3],
+                        summary[r, 4],
+                    )
+                    if not (ms >= 0.0 and ms < np.inf):
+                        bad_batch[0] = w
+                        bad_batch[1] = r
+                        for c in range(5):
+                            bad_batch[2 + c] = summary[r, c]
+                        bad_batch[7] = ms
+                        return BAD_TIMING, pass_log_rows, num_emitted
+                    rank_ms[r] = ms
+                    summary[r, 5] = blocks_used[g]
+                    if ms > worst_ms:
+                        worst_ms = ms
+                if any_batch:
+                    end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
+                    pass_end[w] = end
+                    if record_passes:
+                        if pass_log_rows + num_dp_ranks > pass_log.shape[0]:
+                            return PASS_LOG_FULL, pass_log_rows, num_emitted
+                        for r in range(num_dp_ranks):
+                            row = pass_log_rows
+                            pass_log[row, PASS_WORKER] = w
+                            pass_log[row, PASS_RANK] = r
+                            pass_log[row, PASS_START] = t
+                            pass_log[row, PASS_END] = end
+                            for c in range(6):
+                                pass_log[row, PASS_NUM_PREFILL + c] = summary[r, c]
+                            pass_ms[row] = rank_ms[r]
+                            pass_log_rows += 1
+                    break
+                if not any_preempted:
+                    break  # nothing schedulable: the worker stays idle
+                # Only preemptions happened: try again at once (SPEC §5 (e)).
+
+    return OK, pass_log_rows, num_emitted
+
+
+@njit(cache=True)
+def _detokenize_pass_nb(
+    t,
+    s,
+    server,
+    num_out,
+    out_token,
+    out_req,
+    out_final,
+    detok_server,
+    token_offset,
+    chunk_size,
+    base_ms,
+    per_output_us,
+    first_output_us,
+    final_output_us,
+    detok_free,
+    token_recv_ns,
+    job_tokens,
+    job_final,
+    closed_loop,
+    think_ns,
+    send_key,
+    send_val,
+    send_size,
+):
+    """Queue one server's outputs of the pass ending at t as FIFO jobs (SPEC §7).
+
+    Stamps the receipts of the jobs' tokens and, in a closed loop, queues the
+    send released by each request-final token.  Returns the send-heap size.
+    """
+    count = 0
+    n_first = 0
+    n_final = 0
+    for e in range(num_out + 1):
+        flush = e == num_out
+        if not flush:
+            k = out_req[e]
+            if detok_server[k] != s:
+                continue
+            job_tokens[count] = out_token[e]
+            job_final[count] = out_final[e]
+            count += 1
+            if out_token[e] == token_offset[k]:
+                n_first += 1
+            if out_final[e]:
+                n_final += 1
+            flush = count == chunk_size
+        if flush and count > 0:
+            ms = (
+                base_ms
+                + per_output_us * count / 1000
+                + first_output_us * n_first / 1000
+                + final_output_us * n_final / 1000
+            )
+            end = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
+            detok_free[server] = end
+            for q in range(count):
+                token_recv_ns[job_tokens[q]] = end
+                if closed_loop and job_final[q]:
+                    send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
+            count = 0
+            n_first = 0
+            n_final = 0
+    return send_size
+
+
+@njit(cache=True)
+def _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n):
+    """Add n_tok tokens of request k to rank r's batch summary (SPEC §8)."""
+    sched_n[k] = n_tok
+    if n_tok == 1 and computed[k] >= input_tokens[k] - 1:
+        summary[r, 3] += 1  # num_decode
+        summary[r, 4] += computed[k] + 1  # decode_kv_tokens
+    else:
+        summary[r, 0] += 1  # num_prefill
+        summary[r, 1] += n_tok  # prefill_tokens
+        summary[r, 2] += computed[k] + n_tok  # prefill_kv_tokens

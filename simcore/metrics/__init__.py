@@ -1,0 +1,1 @@
+"""Per-request results and summary metrics in the language of ``vllm bench serve``."""

@@ -1,0 +1,230 @@
+"""Per-request table, token and pass tables, and the run summary (SPEC §10).
+
+Every metric is defined once in :data:`DISTRIBUTIONS` and ``docs/metrics.md``.
+Statistics follow ``vllm bench serve``: ``numpy.percentile`` with linear
+interpolation, population std (ddof = 0), and null (None) for an empty
+distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from simcore.config import GoodputConfig, MetricsConfig
+from simcore.engine import nb
+from simcore.engine.api import EngineRun
+from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
+from simcore.units import NOT_YET
+
+COMPLETED, REJECTED, INCOMPLETE = 0, 1, 2
+STATUS_NAMES = ("completed", "rejected", "incomplete")
+
+#: Summary distributions: name -> per-request column (itl is pooled per token).
+DISTRIBUTIONS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": None, "e2el": "e2el_ms"}
+
+
+def _span_ms(end_ns: np.ndarray, start_ns: np.ndarray) -> np.ndarray:
+    """``(end - start) / 1e6`` where both instants happened, else NaN."""
+    both = (end_ns != NOT_YET) & (start_ns != NOT_YET)
+    return np.where(both, (end_ns - start_ns) / 1e6, np.nan)
+
+
+def _instant_ms(ns: np.ndarray) -> np.ndarray:
+    return np.where(ns != NOT_YET, ns / 1e6, np.nan)
+
+
+class RequestColumns:
+    """Per-request instants and metrics derived from an engine run (int64 ns)."""
+
+    def __init__(self, run: EngineRun):
+        offset = run.token_offset
+        recv = run.token_recv_ns
+        # A request's receipts are non-decreasing in token order (one FIFO
+        # server), so the tokens received by the cap are a prefix of its tokens.
+        received_before = np.concatenate(([0], np.cumsum(recv != NOT_YET)))
+        num_received = received_before[offset[1:]] - received_before[offset[:-1]]
+        has_first = num_received > 0
+        last = np.maximum(recv.shape[0] - 1, 0)
+        padded = recv if recv.shape[0] else np.full(1, NOT_YET, dtype=np.int64)
+        first_index = np.minimum(offset[:-1], last)
+        last_index = np.clip(offset[:-1] + num_received - 1, 0, last)
+        self.first_recv_ns = np.where(has_first, padded[first_index], NOT_YET)
+        self.last_recv_ns = np.where(has_first, padded[last_index], NOT_YET)
+
+        final_received = (run.finish_ns != NOT_YET) & (num_received == run.generated) & has_first
+        self.status = np.full(run.generated.shape[0], INCOMPLETE, dtype=np.int8)
+        self.status[final_received] = COMPLETED
+        self.status[run.reject_ns != NOT_YET] = REJECTED
+        self.completed = self.status == COMPLETED
+        self.run = run
+
+        self.ttft_ms = _span_ms(self.first_recv_ns, run.send_ns)
+        end_ns = np.where(self.completed, self.last_recv_ns, NOT_YET)
+        self.e2el_ms = _span_ms(end_ns, run.send_ns)
+        several = self.completed & (run.generated >= 2)
+        self.tpot_ms = np.where(
+            several,
+            _span_ms(self.last_recv_ns, self.first_recv_ns) / np.maximum(run.generated - 1, 1),
+            np.nan,
+        )
+        # TTFT stages (aggregated: the prompt's pass emits the first token).
+        prompt_done_ns = run.first_emit_ns
+        zero_where_done = np.where(prompt_done_ns != NOT_YET, 0.0, np.nan)
+        self.stages = {
+            "tokenization_ms": _span_ms(run.arrival_ns, run.send_ns),
+            "queue_ms": _span_ms(run.first_admit_ns, run.arrival_ns),
+            "prefill_ms": _span_ms(prompt_done_ns, run.first_admit_ns),
+            "transfer_ms": zero_where_done,
+            "decode_wait_ms": zero_where_done,
+            "detokenization_ms": _span_ms(self.first_recv_ns, run.first_emit_ns),
+        }
+
+    def itl_ms(self) -> np.ndarray:
+        """Every gap between consecutive receipts of one completed request, pooled."""
+        run = self.run
+        recv = run.token_recv_ns
+        if recv.size < 2:
+            return np.zeros(0)
+        request_of_token = np.repeat(np.arange(run.generated.shape[0]), np.diff(run.token_offset))
+        same = request_of_token[1:] == request_of_token[:-1]
+        usable = same & self.completed[request_of_token[1:]] & (recv[1:] != NOT_YET) & (recv[:-1] != NOT_YET)
+        return (recv[1:][usable] - recv[:-1][usable]) / 1e6
+
+
+def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns) -> pa.Table:
+    run = cols.run
+    status = pa.DictionaryArray.from_arrays(
+        pa.array(cols.status, type=pa.int8()), pa.array(STATUS_NAMES, type=pa.string())
+    )
+    data = {
+        "request_id": request_id,
+        "status": status,
+        "worker": run.worker,
+        "rank": run.rank,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "generated_tokens": run.generated,
+        "num_preemptions": run.num_preemptions,
+        "send_ms": _instant_ms(run.send_ns),
+        "engine_arrival_ms": _instant_ms(run.arrival_ns),
+        "first_admit_ms": _instant_ms(run.first_admit_ns),
+        "first_token_emit_ms": _instant_ms(run.first_emit_ns),
+        "first_token_ms": _instant_ms(cols.first_recv_ns),
+        "last_token_ms": _instant_ms(cols.last_recv_ns),
+        "ttft_ms": cols.ttft_ms,
+        "tpot_ms": cols.tpot_ms,
+        "e2el_ms": cols.e2el_ms,
+        **cols.stages,
+    }
+    arrays = [
+        pa.array(value, from_pandas=True) if isinstance(value, np.ndarray) else value
+        for value in data.values()
+    ]
+    return conform(pa.table(arrays, names=list(data)), REQUESTS_SCHEMA)
+
+
+def tokens_table(request_id: pa.Array, run: EngineRun) -> pa.Table:
+    counts = np.diff(run.token_offset)
+    emitted = run.token_emit_ns != NOT_YET
+    request_of_token = np.repeat(np.arange(counts.shape[0]), counts)[emitted]
+    index = (np.arange(run.token_emit_ns.shape[0]) - np.repeat(run.token_offset[:-1], counts))[emitted]
+    table = pa.table(
+        {
+            "request_id": request_id.take(pa.array(request_of_token)),
+            "index": index,
+            "emitted_ms": run.token_emit_ns[emitted] / 1e6,
+            "received_ms": pa.array(_instant_ms(run.token_recv_ns[emitted]), from_pandas=True),
+        }
+    )
+    return conform(table, TOKENS_SCHEMA)
+
+
+def passes_table(run: EngineRun) -> pa.Table:
+    log = run.pass_log
+    table = pa.table(
+        {
+            "worker": log[:, nb.PASS_WORKER],
+            "rank": log[:, nb.PASS_RANK],
+            "start_ms": log[:, nb.PASS_START] / 1e6,
+            "end_ms": log[:, nb.PASS_END] / 1e6,
+            "num_prefill": log[:, nb.PASS_NUM_PREFILL],
+            "prefill_tokens": log[:, nb.PASS_PREFILL_TOKENS],
+            "prefill_kv_tokens": log[:, nb.PASS_PREFILL_KV_TOKENS],
+            "num_decode": log[:, nb.PASS_NUM_DECODE],
+            "decode_kv_tokens": log[:, nb.PASS_DECODE_KV_TOKENS],
+            "rank_time_ms": run.pass_ms,
+            "blocks_in_use": log[:, nb.PASS_BLOCKS_IN_USE],
+        }
+    )
+    return conform(table, PASSES_SCHEMA)
+
+
+def percentile_key(p: float) -> str:
+    """``p99`` for an integral percentile, ``p99.9`` otherwise (SPEC §10)."""
+    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
+
+
+def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
+    """mean/median/std/min/max and percentiles of one metric, None when empty."""
+    empty = values.size == 0
+    stats = {
+        f"mean_{name}_ms": None if empty else float(np.mean(values)),
+        f"median_{name}_ms": None if empty else float(np.median(values)),
+        f"std_{name}_ms": None if empty else float(np.std(values)),
+        f"min_{name}_ms": None if empty else float(np.min(values)),
+        f"max_{name}_ms": None if empty else float(np.max(values)),
+    }
+    for p in percentiles:
+        stats[f"{percentile_key(p)}_{name}_ms"] = None if empty else float(np.percentile(values, p))
+    return stats
+
+
+def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsConfig) -> dict:
+    """The SPEC §10 summary, keyed like ``vllm bench serve``'s result JSON."""
+    run = cols.run
+    done = cols.completed
+    completed = int(done.sum())
+    total_input = int(input_tokens[done].sum())
+    total_output = int(run.generated[done].sum())
+    sent = run.send_ns[run.send_ns != NOT_YET]
+    duration_s = None
+    if completed:
+        duration_s = float((cols.last_recv_ns[done].max() - sent.min()) / 1e9)
+
+    def per_second(count):
+        return None if duration_s is None else count / duration_s
+
+    summary = {
+        "num_requests": int(done.shape[0]),
+        "completed": completed,
+        "rejected": int((cols.status == REJECTED).sum()),
+        "incomplete": int((cols.status == INCOMPLETE).sum()),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "duration_s": duration_s,
+        "request_throughput": per_second(completed),
+        "output_throughput": per_second(total_output),
+        "total_token_throughput": per_second(total_input + total_output),
+        "request_goodput": _goodput(cols, metrics.goodput, per_second),
+    }
+    for name, column in DISTRIBUTIONS.items():
+        values = cols.itl_ms() if column is None else getattr(cols, column)[done]
+        summary.update(distribution_stats(name, values, metrics.percentiles))
+    for stage in TTFT_STAGES:
+        values = cols.stages[stage][done]
+        summary[f"mean_{stage}"] = float(np.mean(values)) if values.size else None
+    return summary
+
+
+def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | None:
+    if not slo.enabled:
+        return None
+    good = cols.completed.copy()
+    if slo.ttft_ms is not None:
+        good &= cols.ttft_ms <= slo.ttft_ms
+    if slo.tpot_ms is not None:  # does not apply below 2 tokens (tpot is NaN there)
+        good &= np.isnan(cols.tpot_ms) | (cols.tpot_ms <= slo.tpot_ms)
+    if slo.e2el_ms is not None:
+        good &= cols.e2el_ms <= slo.e2el_ms
+    return per_second(int(good.sum()))

@@ -1,0 +1,92 @@
+"""Arrow schemas of the result tables, declared once (SPEC §10).
+
+Every field carries ``unit`` and ``description`` metadata; ``docs/results.md``
+is checked against these declarations by the tests.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+
+
+def _field(name: str, type_: pa.DataType, unit: str, description: str, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata={"unit": unit, "description": description})
+
+
+def _schema(fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION})
+
+
+STATUS_TYPE = pa.dictionary(pa.int8(), pa.string())
+
+#: TTFT stages in the order they happen; they sum to ttft_ms (SPEC §10).
+TTFT_STAGES = (
+    "tokenization_ms",
+    "queue_ms",
+    "prefill_ms",
+    "transfer_ms",
+    "decode_wait_ms",
+    "detokenization_ms",
+)
+
+REQUESTS_SCHEMA = _schema(
+    [
+        _field("request_id", pa.string(), "", "request id (unique)", nullable=False),
+        _field("status", STATUS_TYPE, "", "completed, rejected or incomplete", nullable=False),
+        _field("worker", pa.int32(), "", "receiving worker (row k: k mod replicas)", nullable=False),
+        _field("rank", pa.int32(), "", "receiving attention-DP rank ((k div replicas) mod attention_dp)", nullable=False),
+        _field("input_tokens", pa.int64(), "tokens", "prompt length", nullable=False),
+        _field("output_tokens", pa.int64(), "tokens", "requested output length", nullable=False),
+        _field("generated_tokens", pa.int64(), "tokens", "tokens emitted by the engine by the cap", nullable=False),
+        _field("num_preemptions", pa.int64(), "", "times the request was preempted (recompute)", nullable=False),
+        _field("send_ms", pa.float64(), "ms", "instant the client sent the request"),
+        _field("engine_arrival_ms", pa.float64(), "ms", "instant the engine received it (after tokenization)"),
+        _field("first_admit_ms", pa.float64(), "ms", "start of the pass that first admitted it"),
+        _field("first_token_emit_ms", pa.float64(), "ms", "end of the pass that emitted its first token"),
+        _field("first_token_ms", pa.float64(), "ms", "instant the client received the first token"),
+        _field("last_token_ms", pa.float64(), "ms", "instant the client received its last token (by the cap)"),
+        _field("ttft_ms", pa.float64(), "ms", "first_token - send"),
+        _field("tpot_ms", pa.float64(), "ms", "(last - first token) / (generated - 1), completed with >= 2 tokens"),
+        _field("e2el_ms", pa.float64(), "ms", "last token - send, completed requests"),
+        _field("tokenization_ms", pa.float64(), "ms", "TTFT stage: send -> engine arrival"),
+        _field("queue_ms", pa.float64(), "ms", "TTFT stage: engine arrival -> first admission"),
+        _field("prefill_ms", pa.float64(), "ms", "TTFT stage: first admission -> end of the pass that computed the prompt"),
+        _field("transfer_ms", pa.float64(), "ms", "TTFT stage: KV transfer (P/D; else 0)"),
+        _field("decode_wait_ms", pa.float64(), "ms", "TTFT stage: transfer end -> first visible token (P/D; else 0)"),
+        _field("detokenization_ms", pa.float64(), "ms", "TTFT stage: first token emitted -> received"),
+    ]
+)
+
+PASSES_SCHEMA = _schema(
+    [
+        _field("worker", pa.int32(), "", "worker index", nullable=False),
+        _field("rank", pa.int32(), "", "attention-DP rank within the worker", nullable=False),
+        _field("start_ms", pa.float64(), "ms", "pass start", nullable=False),
+        _field("end_ms", pa.float64(), "ms", "pass end (the slowest rank)", nullable=False),
+        _field("num_prefill", pa.int64(), "", "prefill entries in the rank's batch", nullable=False),
+        _field("prefill_tokens", pa.int64(), "tokens", "sum of n over prefill entries", nullable=False),
+        _field("prefill_kv_tokens", pa.int64(), "tokens", "sum of computed + n over prefill entries", nullable=False),
+        _field("num_decode", pa.int64(), "", "decode entries in the rank's batch", nullable=False),
+        _field("decode_kv_tokens", pa.int64(), "tokens", "sum of computed + 1 over decode entries", nullable=False),
+        _field("rank_time_ms", pa.float64(), "ms", "the rank's own time from the timing model", nullable=False),
+        _field("blocks_in_use", pa.int64(), "blocks", "KV blocks in use right after batching", nullable=False),
+    ]
+)
+
+TOKENS_SCHEMA = _schema(
+    [
+        _field("request_id", pa.string(), "", "request id", nullable=False),
+        _field("index", pa.int64(), "", "token index within the request's output", nullable=False),
+        _field("emitted_ms", pa.float64(), "ms", "end of the pass that emitted the token", nullable=False),
+        _field("received_ms", pa.float64(), "ms", "instant the client received it (null after the cap)"),
+    ]
+)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast ``table`` to ``schema``; any drift in column names is an error."""
+    if table.column_names != schema.names:
+        raise ValueError(f"result columns {table.column_names} do not match the schema {schema.names}")
+    return table.cast(schema)

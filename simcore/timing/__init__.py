@@ -1,0 +1,1 @@
+"""Timing models: the duration of one rank's batch (SPEC §8)."""

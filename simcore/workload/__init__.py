@@ -1,0 +1,1 @@
+"""Workload sources and loads: which requests exist and when they are sent."""

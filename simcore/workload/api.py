@@ -1,0 +1,248 @@
+"""Request tables (SPEC §1) and send instants (SPEC §2).
+
+A workload is a struct of arrays, one per column, indexed by row = send
+sequence number.  All randomness is drawn here, outside any kernel, from one
+``numpy.random.Generator`` seeded with ``seed``, in a fixed order: input
+lengths, then output lengths, then inter-send gaps.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from simcore.config import ConfigError, LoadConfig, SimConfig, WorkloadConfig
+from simcore.units import ms_array_to_ns
+
+REQUIRED_COLUMNS = ("request_id", "input_tokens", "output_tokens")
+
+
+@dataclass(frozen=True)
+class RequestTable:
+    """The requests of one run.
+
+    Attributes
+    ----------
+    request_id : pyarrow.StringArray
+        Unique ids (default ``"r{index}"``).
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Prompt and requested output lengths, tokens, >= 1.
+    send_ms : ndarray(float64, ndim=1) or None
+        Trace send instants, ms, non-decreasing (None without such a column).
+    """
+
+    request_id: pa.Array
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    send_ms: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.input_tokens.shape[0]
+
+
+def default_ids(n: int) -> pa.Array:
+    return pa.array([f"r{i}" for i in range(n)], type=pa.string())
+
+
+def synthetic_lengths(
+    rng: np.random.Generator, dist: str, mean: int, std: float, range_ratio: float, n: int
+) -> np.ndarray:
+    """``n`` token lengths >= 1 of one column (SPEC §1)."""
+    if dist == "fixed":
+        return np.full(n, mean, dtype=np.int64)
+    if dist == "uniform":
+        return rng.integers(math.floor(mean * range_ratio), mean, size=n, endpoint=True).astype(
+            np.int64
+        )
+    if dist == "normal":
+        draws = rng.normal(mean, std, size=n)
+    else:  # lognormal with the given mean and std of the lengths themselves
+        sigma2 = math.log1p((std / mean) ** 2)
+        draws = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), size=n)
+    return np.maximum(np.rint(draws), 1).astype(np.int64)
+
+
+def synthetic_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> RequestTable:
+    n = cfg.num_requests
+    inputs = synthetic_lengths(rng, cfg.input_dist, cfg.input_tokens, cfg.input_std, cfg.range_ratio, n)
+    outputs = synthetic_lengths(
+        rng, cfg.output_dist, cfg.output_tokens, cfg.output_std, cfg.range_ratio, n
+    )
+    return RequestTable(default_ids(n), inputs, outputs)
+
+
+def read_table_file(path: str) -> pa.Table:
+    """Read a CSV or Parquet request table; errors name the file (and line)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"workload.path: no such file: {path}")
+    suffix = file.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        try:
+            return pq.read_table(file)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ConfigError(f"{path}: not a readable Parquet file ({exc})") from None
+    if suffix == ".csv":
+        return _read_csv(file)
+    raise ConfigError(f"workload.path: {path}: expected a .csv or .parquet file")
+
+
+def _read_csv(file: Path) -> pa.Table:
+    """A small strict CSV reader so that a bad row is reported with its line."""
+    with file.open(newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        try:
+            header = [name.strip() for name in next(reader)]
+        except StopIteration:
+            raise ConfigError(f"{file}:1: empty file, expected a header row") from None
+        columns: dict[str, list] = {name: [] for name in header}
+        for row in reader:
+            line = reader.line_num
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise ConfigError(
+                    f"{file}:{line}: expected {len(header)} fields ({', '.join(header)}), got {len(row)}"
+                )
+            for name, value in zip(header, row):
+                columns[name].append(_parse_field(file, line, name, value.strip()))
+    return pa.table({name: pa.array(values) for name, values in columns.items()})
+
+
+def _parse_field(file: Path, line: int, name: str, value: str):
+    if name == "request_id":
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{file}:{line}: {name} must be a number, got {value!r}") from None
+    if name in ("input_tokens", "output_tokens"):
+        if not number.is_integer():
+            raise ConfigError(f"{file}:{line}: {name} must be an integer, got {value!r}")
+        return int(number)
+    return number
+
+
+def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> RequestTable:
+    """Validate a user request table (from a file or the Python API)."""
+    missing = [c for c in ("input_tokens", "output_tokens") if c not in table.column_names]
+    if missing:
+        raise ConfigError(
+            f"{origin}: missing column(s) {', '.join(missing)}; a request table needs "
+            "request_id (optional), input_tokens, output_tokens and, for load.type=trace, send_ms"
+        )
+    known = set(REQUIRED_COLUMNS) | {"send_ms"}
+    extra = [c for c in table.column_names if c not in known]
+    if extra:
+        raise ConfigError(f"{origin}: unknown column(s) {', '.join(extra)}")
+    if num_requests is not None:
+        if num_requests > table.num_rows:
+            raise ConfigError(
+                f"workload.num_requests={num_requests} but {origin} has {table.num_rows} rows"
+            )
+        table = table.slice(0, num_requests)
+    n = table.num_rows
+    if n == 0:
+        raise ConfigError(f"{origin}: the request table has no rows")
+    lengths = {}
+    for name in ("input_tokens", "output_tokens"):
+        column = table.column(name)
+        if column.null_count:
+            raise ConfigError(f"{origin}: {name} has a missing value at {_row(origin, _first_null(column))}")
+        values = column.to_numpy()
+        if not np.issubdtype(values.dtype, np.integer):
+            bad = ~np.isfinite(values) | (values != np.round(values))
+            if bad.any():
+                raise ConfigError(
+                    f"{origin}: {name} must be an integer at {_row(origin, int(np.argmax(bad)))}, "
+                    f"got {values[np.argmax(bad)]!r}"
+                )
+        values = values.astype(np.int64)
+        if (values < 1).any():
+            i = int(np.argmax(values < 1))
+            raise ConfigError(f"{origin}: {name} must be >= 1 at {_row(origin, i)}, got {values[i]}")
+        lengths[name] = values
+    if "request_id" in table.column_names:
+        ids = table.column("request_id").combine_chunks().cast(pa.string())
+        if ids.null_count:
+            raise ConfigError(f"{origin}: request_id has a missing value at {_row(origin, _first_null(ids))}")
+        counts = pc.value_counts(ids)
+        dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+        if len(dup):
+            first = dup[0]["values"].as_py()
+            where = int(pc.index(ids, first).as_py())
+            second = where + 1 + int(pc.index(ids.slice(where + 1), first).as_py())
+            raise ConfigError(
+                f"{origin}: duplicate request_id {first!r} at {_row(origin, second)} "
+                f"(first at {_row(origin, where)})"
+            )
+    else:
+        ids = default_ids(n)
+    send_ms = None
+    if "send_ms" in table.column_names:
+        column = table.column("send_ms")
+        if column.null_count:
+            raise ConfigError(f"{origin}: send_ms has a missing value at {_row(origin, _first_null(column))}")
+        send_ms = column.to_numpy().astype(np.float64)
+        bad = ~np.isfinite(send_ms)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ConfigError(f"{origin}: send_ms must be finite at {_row(origin, i)}, got {send_ms[i]}")
+        dec = np.flatnonzero(np.diff(send_ms) < 0)
+        if dec.size:
+            i = int(dec[0]) + 1
+            raise ConfigError(
+                f"{origin}: send_ms must be non-decreasing (rows are sent in order); "
+                f"{_row(origin, i)} has {send_ms[i]} after {send_ms[i - 1]}"
+            )
+    return RequestTable(ids, lengths["input_tokens"], lengths["output_tokens"], send_ms)
+
+
+def _first_null(column) -> int:
+    mask = pc.is_null(column)
+    return int(pc.index(mask, True).as_py())
+
+
+def _row(origin: str, index: int) -> str:
+    """Where row ``index`` is: a CSV file line (after the header) or a row number."""
+    if origin.lower().endswith(".csv"):
+        return f"line {index + 2}"
+    return f"row {index}"
+
+
+def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
+    """The run's request table: the API override, the configured file, or synthetic."""
+    if requests is not None:
+        return table_requests(requests, "requests", cfg.workload.num_requests)
+    if cfg.workload.source == "table":
+        table = read_table_file(cfg.workload.path)
+        return table_requests(table, cfg.workload.path, cfg.workload.num_requests)
+    return synthetic_requests(cfg.workload, rng)
+
+
+def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Generator) -> np.ndarray | None:
+    """Open-loop send instants, ns (SPEC §2); None for a closed loop."""
+    n = len(requests)
+    if load.type == "closed_loop":
+        return None
+    if load.type == "trace":
+        if requests.send_ms is None:
+            raise ConfigError("load.type=trace needs a send_ms column in the request table")
+        send_ms = (requests.send_ms - requests.send_ms[0]) / load.speedup
+    elif load.type == "constant_rate":
+        send_ms = np.arange(n, dtype=np.float64) * 1000 / load.request_rate
+    else:
+        mean_gap_ms = 1000 / load.request_rate
+        if load.type == "poisson":
+            gaps = rng.exponential(mean_gap_ms, size=n - 1)
+        else:  # gamma: shape = burstiness, mean gap kept at 1000 / rate
+            gaps = rng.gamma(load.burstiness, mean_gap_ms / load.burstiness, size=n - 1)
+        send_ms = np.concatenate(([0.0], np.cumsum(gaps)))
+    return ms_array_to_ns(send_ms)

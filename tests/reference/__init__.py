@@ -1,0 +1,6 @@
+"""Slow, pure-Python reference implementation of SPEC.md (aggregated mode, policy vllm).
+
+Written independently of ``simcore`` straight from ``SPEC.md`` so that the fast
+engine can be compared with it request by request, to the nanosecond.
+``sim.simulate`` runs the engine; ``metrics.summarize`` computes the SPEC §10 summary.
+"""

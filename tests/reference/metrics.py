@@ -1,0 +1,149 @@
+"""Reference SPEC §10 summary computed in pure Python from ``sim.simulate`` output.
+
+Distributions and stage means cover completed requests only.  Means and stds use
+``math.fsum`` (correctly rounded sums), so they may differ from numpy's pairwise sums
+in the last bits: compare them with a tight relative tolerance, not bit for bit.
+Percentiles follow ``numpy.percentile(method="linear")`` step by step.
+"""
+
+from __future__ import annotations
+
+import math
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def percentile_key(p) -> str:
+    """SPEC §10: an integral P prints as an integer (p99), others as written (p99.9)."""
+    p = float(p)
+    return f"p{int(p)}" if p.is_integer() else f"p{p!r}"
+
+
+def percentile(sorted_values, p):
+    """numpy.percentile's default "linear" method, written out.
+
+    position = (n - 1) * (p / 100); interpolate between floor and ceil of it
+    (numpy's _lerp: a + (b - a) * g, or b - (b - a) * (1 - g) when g >= 0.5).
+    """
+    n = len(sorted_values)
+    pos = (n - 1) * (float(p) / 100)
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    g = pos - lo
+    a, b = sorted_values[lo], sorted_values[hi]
+    diff = b - a
+    if g >= 0.5:
+        return b - diff * (1 - g)
+    return a + diff * g
+
+
+def mean(values):
+    return math.fsum(values) / len(values)
+
+
+def describe(values, percentiles, name, out):
+    """mean/median/std/min/max/pP of one distribution (None for an empty one)."""
+    keys = ["mean", "median", "std", "min", "max"] + [percentile_key(p) for p in percentiles]
+    if not values:
+        for key in keys:
+            out[f"{key}_{name}_ms"] = None
+        return
+    xs = sorted(values)
+    m = mean(xs)
+    out[f"mean_{name}_ms"] = m
+    out[f"median_{name}_ms"] = percentile(xs, 50)
+    out[f"std_{name}_ms"] = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / len(xs))  # population
+    out[f"min_{name}_ms"] = xs[0]
+    out[f"max_{name}_ms"] = xs[-1]
+    for p in percentiles:
+        out[f"{percentile_key(p)}_{name}_ms"] = percentile(xs, p)
+
+
+def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap_ns):
+    reqs = sim_result["requests"]
+    tokens = sim_result["tokens"]
+    out = {}
+    completed = [k for k, r in enumerate(reqs) if r["status"] == "completed"]
+    out["num_requests"] = len(reqs)
+    out["completed"] = len(completed)
+    out["rejected"] = sum(1 for r in reqs if r["status"] == "rejected")
+    out["incomplete"] = sum(1 for r in reqs if r["status"] == "incomplete")
+    out["total_input_tokens"] = sum(int(input_tokens[k]) for k in completed)
+    out["total_output_tokens"] = sum(reqs[k]["generated_tokens"] for k in completed)
+
+    # duration: last final receipt of a completed request - first send
+    if completed:
+        first_send = min(r["send_ns"] for r in reqs if r["send_ns"] is not None)
+        last_end = max(reqs[k]["end_ns"] for k in completed)
+        if cap_ns is not None:
+            assert last_end <= cap_ns
+        duration_s = (last_end - first_send) / 1e9
+    else:
+        duration_s = None
+    out["duration_s"] = duration_s
+    if duration_s is None:
+        out["request_throughput"] = None
+        out["output_throughput"] = None
+        out["total_token_throughput"] = None
+    else:
+        out["request_throughput"] = len(completed) / duration_s
+        out["output_throughput"] = out["total_output_tokens"] / duration_s
+        out["total_token_throughput"] = (
+            out["total_input_tokens"] + out["total_output_tokens"]) / duration_s
+
+    # per-request metrics (vllm bench serve definitions), completed requests only
+    ttft, tpot, itl, e2el = [], [], [], []
+    per_request = {}
+    for k in completed:
+        r = reqs[k]
+        t_ttft = (r["first_recv_ns"] - r["send_ns"]) / 1e6
+        t_e2el = (r["last_recv_ns"] - r["send_ns"]) / 1e6
+        ttft.append(t_ttft)
+        e2el.append(t_e2el)
+        t_tpot = None
+        if r["generated_tokens"] >= 2:
+            t_tpot = ((r["last_recv_ns"] - r["first_recv_ns"]) / 1e6) / (r["generated_tokens"] - 1)
+            tpot.append(t_tpot)
+        recvs = [recv for _, recv in tokens[k]]
+        assert all(x is not None for x in recvs)
+        for a, b in zip(recvs, recvs[1:]):
+            itl.append((b - a) / 1e6)  # zero gaps kept
+        per_request[k] = (t_ttft, t_tpot, t_e2el)
+
+    # goodput: completed requests meeting every set SLO, per second
+    slo_ttft = goodput.get("ttft_ms")
+    slo_tpot = goodput.get("tpot_ms")
+    slo_e2el = goodput.get("e2el_ms")
+    if slo_ttft is None and slo_tpot is None and slo_e2el is None:
+        out["request_goodput"] = None
+    elif duration_s is None:
+        out["request_goodput"] = None
+    else:
+        good = 0
+        for k, (t_ttft, t_tpot, t_e2el) in per_request.items():
+            ok = True
+            if slo_ttft is not None and not t_ttft <= slo_ttft:
+                ok = False
+            if slo_tpot is not None and t_tpot is not None and not t_tpot <= slo_tpot:
+                ok = False
+            if slo_e2el is not None and not t_e2el <= slo_e2el:
+                ok = False
+            good += ok
+        out["request_goodput"] = good / duration_s
+
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        describe(values, percentiles, name, out)
+
+    # TTFT stage means (aggregated: transfer and decode_wait are 0)
+    stages = {
+        "tokenization": ("send_ns", "arrival_ns"),
+        "queue": ("arrival_ns", "first_admit_ns"),
+        "prefill": ("first_admit_ns", "first_emit_ns"),
+        "detokenization": ("first_emit_ns", "first_recv_ns"),
+    }
+    for stage, (a, b) in stages.items():
+        vals = [(reqs[k][b] - reqs[k][a]) / 1e6 for k in completed]
+        out[f"mean_{stage}_ms"] = mean(vals) if vals else None
+    out["mean_transfer_ms"] = 0.0 if completed else None
+    out["mean_decode_wait_ms"] = 0.0 if completed else None
+    return out

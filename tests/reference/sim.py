@@ -1,0 +1,516 @@
+"""Slow, obviously-correct reference simulator (SPEC.md §0-§5, §7-§9; aggregated, vllm).
+
+Everything here is plain Python on int nanoseconds (SPEC §0).  Clarity is preferred
+over speed: one Python object per request, per rank and per worker, and an explicit
+event loop that processes one instant at a time in the SPEC §5 equal-time order.
+
+Not covered: P/D disaggregation (§6), prefix caching, the aic/table timing models.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+FNV_OFFSET_BASIS = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+MASK64 = (1 << 64) - 1
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def fnv1a64(text: str) -> int:
+    """64-bit FNV-1a of the UTF-8 bytes of ``text`` (SPEC §4, §7)."""
+    h = FNV_OFFSET_BASIS
+    for byte in text.encode("utf-8"):
+        h ^= byte
+        h = (h * FNV_PRIME) & MASK64
+    return h
+
+
+def ms_to_ns(ms: float) -> int:
+    """SPEC §0: ``int(numpy.rint(ms * 1e6))``; Python's round() is also half-to-even."""
+    return int(round(float(ms) * 1e6))
+
+
+# ---------------------------------------------------------------- state objects
+
+
+class Request:
+    """One row of the request table and its engine/client state."""
+
+    def __init__(self, row, request_id, input_tokens, output_tokens, worker, rank,
+                 tok_server, detok_server):
+        self.row = row
+        self.request_id = request_id
+        self.input_tokens = int(input_tokens)
+        self.output_tokens = int(output_tokens)
+        self.worker = worker          # SPEC §3: k mod W
+        self.rank = rank              # SPEC §3: (k div W) mod R
+        self.tok_server = tok_server  # SPEC §4
+        self.detok_server = detok_server  # SPEC §7
+        # engine state (SPEC §5)
+        self.computed = 0
+        self.generated = 0
+        self.held_blocks = 0
+        self.num_preemptions = 0
+        # outcome
+        self.rejected = False
+        self.completed = False  # final token received by the client
+        # instants (int ns, None = did not happen by the cap)
+        self.send_ns = None
+        self.arrival_ns = None
+        self.first_admit_ns = None
+        self.first_emit_ns = None
+        self.first_recv_ns = None
+        self.last_recv_ns = None
+        self.end_ns = None
+        # tokens: [emit_ns, recv_ns or None, is_final]
+        self.tokens = []
+
+    @property
+    def known(self):
+        """SPEC §5: known = input_tokens + generated."""
+        return self.input_tokens + self.generated
+
+
+class Rank:
+    """One attention-DP rank: its own scheduler queues and KV cache (SPEC §3, §5)."""
+
+    def __init__(self, index):
+        self.index = index
+        self.running = []        # admission order
+        self.waiting = deque()   # FIFO
+        self.used_blocks = 0
+
+    def has_work(self):
+        return bool(self.running) or bool(self.waiting)
+
+
+class Pass:
+    """A pass in progress on one worker."""
+
+    def __init__(self, start_ns, end_ns, batches, summaries, times_ms, blocks):
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.batches = batches      # per rank: list of (request, n, is_decode) in running order
+        self.summaries = summaries  # per rank: §8 batch summary dict
+        self.times_ms = times_ms    # per rank: float ms
+        self.blocks = blocks        # per rank: blocks in use right after batching
+
+
+class Worker:
+    def __init__(self, index, num_ranks, tok_servers, detok_servers):
+        self.index = index
+        self.ranks = [Rank(r) for r in range(num_ranks)]
+        self.tok_free = [0] * tok_servers      # tokenizer server free instants (SPEC §4)
+        self.detok_free = [0] * detok_servers  # detokenizer server free instants (SPEC §7)
+        self.current = None                    # Pass or None (idle)
+
+    def has_work(self):
+        return any(rank.has_work() for rank in self.ranks)
+
+
+# ---------------------------------------------------------------- simulator
+
+
+class ReferenceSim:
+    def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns):
+        n_rows = len(request_ids)
+        assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
+        load = config["load"]
+        pool = config["engine"]["aggregated"]
+        self.closed_loop = load["type"] == "closed_loop"
+        if not self.closed_loop:
+            assert send_ns is not None and len(send_ns) == n_rows
+        self.concurrency = int(load["concurrency"])
+        self.think_ns = ms_to_ns(load["think_time_ms"])
+
+        self.W = int(pool["replicas"])
+        self.R = int(pool["attention_dp"])
+        self.max_batched_tokens = int(pool["max_batched_tokens"])
+        self.max_sequences = int(pool["max_sequences"])
+        self.num_blocks = int(pool["num_blocks"])
+        self.block_size = int(pool["block_size"])
+        capacity = self.num_blocks * self.block_size
+        ctx = pool["context_length"]
+        self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
+
+        timing = config["timing"]
+        self.timing_type = timing["type"]
+        if self.timing_type not in ("fixed", "linear"):
+            raise NotImplementedError(f"reference has no timing model {self.timing_type!r}")
+        self.t_prefill_ms = float(timing["prefill_ms"])
+        self.t_decode_ms = float(timing["decode_ms"])
+        self.t_base_ms = float(timing["base_ms"])
+        self.t_per_prefill_token_us = float(timing["per_prefill_token_us"])
+        self.t_per_decode_seq_us = float(timing["per_decode_seq_us"])
+        self.t_per_kv_token_ns = float(timing["per_kv_token_ns"])
+
+        tok = config["tokenization"]
+        self.tok_workers = int(tok["workers"])
+        self.tok_base_ms = float(tok["base_ms"])
+        self.tok_per_input_us = float(tok["per_input_us"])
+
+        det = config["detokenization"]
+        self.detok_workers = int(det["workers"])
+        self.detok_base_ms = float(det["base_ms"])
+        self.detok_per_output_us = float(det["per_output_us"])
+        self.detok_first_us = float(det["first_output_us"])
+        self.detok_final_us = float(det["final_output_us"])
+        self.detok_chunk = None if det["chunk_size"] is None else int(det["chunk_size"])
+        # SPEC §7: the stage is off when all four costs are 0 (receipt = emission).
+        self.detok_on = (self.detok_base_ms != 0.0 or self.detok_per_output_us != 0.0
+                         or self.detok_first_us != 0.0 or self.detok_final_us != 0.0)
+
+        cap = config["max_time_ms"]
+        self.cap_ns = None if cap is None else ms_to_ns(cap)  # SPEC §9
+
+        self.workers = [Worker(w, self.R, self.tok_workers, self.detok_workers)
+                        for w in range(self.W)]
+        self.requests = []
+        for k in range(n_rows):
+            h = fnv1a64(str(request_ids[k]))
+            self.requests.append(Request(
+                row=k, request_id=request_ids[k],
+                input_tokens=input_tokens[k], output_tokens=output_tokens[k],
+                worker=k % self.W, rank=(k // self.W) % self.R,
+                tok_server=h % self.tok_workers, detok_server=h % self.detok_workers,
+            ))
+
+        # Pending events.
+        #  sends: deque of (t, row), rows in table order with non-decreasing t (SPEC §2)
+        #  arrivals: heap of (t, row)  -- tokenization job ends / engine arrivals
+        #  receipts: heap of (t, seq, [(request, token_index), ...]) -- detok job ends
+        self.sends = deque()
+        self.arrivals = []
+        self.receipts = []
+        self.receipt_seq = 0
+        self.next_unsent = 0  # closed loop: next row to send
+        if self.closed_loop:
+            first = min(self.concurrency, n_rows)
+            for k in range(first):
+                self.sends.append((0, k))
+            self.next_unsent = first
+        else:
+            prev = None
+            for k in range(n_rows):
+                t = int(send_ns[k])
+                assert prev is None or t >= prev, "send_ns must be non-decreasing"
+                prev = t
+                self.sends.append((t, k))
+        self.pass_records = []
+
+    # ------------------------------------------------------------ event loop
+
+    def in_cap(self, t):
+        return self.cap_ns is None or t <= self.cap_ns
+
+    def next_time(self):
+        candidates = []
+        for w in self.workers:
+            if w.current is not None:
+                candidates.append(w.current.end_ns)
+        if self.sends:
+            candidates.append(self.sends[0][0])
+        if self.arrivals:
+            candidates.append(self.arrivals[0][0])
+        if self.receipts:
+            candidates.append(self.receipts[0][0])
+        return min(candidates) if candidates else None
+
+    def run(self):
+        last_t = -1
+        while True:
+            t = self.next_time()
+            if t is None or not self.in_cap(t):  # SPEC §9: events after the cap never happen
+                break
+            assert t > last_t, "time must advance"
+            last_t = t
+            self.process_instant(t)
+        return self.result()
+
+    def process_instant(self, t):
+        """SPEC §5 equal-time order: repeat (a)-(d) until nothing is left at t, then (e)."""
+        while True:
+            progressed = False
+            # (a) pass ends, by worker index
+            for w in self.workers:
+                if w.current is not None and w.current.end_ns == t:
+                    self.end_pass(w, t)
+                    progressed = True
+            # (b) detokenization job ends and client receipts
+            while self.receipts and self.receipts[0][0] == t:
+                _, _, items = heapq.heappop(self.receipts)
+                self.receive(items, t)
+                progressed = True
+            # (c) sends at t, in table order
+            while self.sends and self.sends[0][0] == t:
+                _, row = self.sends.popleft()
+                self.send(self.requests[row], t)
+                progressed = True
+            # (d) tokenization job ends = engine arrivals, in send order
+            while self.arrivals and self.arrivals[0][0] == t:
+                _, row = heapq.heappop(self.arrivals)
+                self.arrive(self.requests[row], t)
+                progressed = True
+            if not progressed:
+                break
+        # (e) idle workers with work try to start a pass, by worker index
+        for w in self.workers:
+            if w.current is None and w.has_work():
+                self.try_start(w, t)
+
+    # ------------------------------------------------------------ client side
+
+    def client_end(self, t):
+        """SPEC §2: a request ended at the client at t -> closed loop sends the next row."""
+        if self.closed_loop and self.next_unsent < len(self.requests):
+            send_t = t + self.think_ns
+            assert not self.sends or self.sends[-1][0] <= send_t
+            self.sends.append((send_t, self.next_unsent))
+            self.next_unsent += 1
+
+    def send(self, req, t):
+        """SPEC §4: the request becomes one FIFO job on its tokenizer server."""
+        req.send_ns = t
+        w = self.workers[req.worker]
+        service_ms = self.tok_base_ms + self.tok_per_input_us * req.input_tokens / 1000
+        service_ns = ms_to_ns(service_ms)
+        start = max(t, w.tok_free[req.tok_server])
+        end = start + service_ns
+        w.tok_free[req.tok_server] = end
+        heapq.heappush(self.arrivals, (end, req.row))
+
+    def arrive(self, req, t):
+        """SPEC §5: engine arrival on the rank; rejection if input_tokens >= L."""
+        req.arrival_ns = t
+        if req.input_tokens >= self.L:
+            req.rejected = True
+            req.end_ns = t  # the rejection reaches the client at once
+            self.client_end(t)
+            return
+        self.workers[req.worker].ranks[req.rank].waiting.append(req)
+
+    def receive(self, items, t):
+        """SPEC §7: the client receives every token of a detokenization job at t."""
+        for req, idx in items:
+            token = req.tokens[idx]
+            token[1] = t
+            req.last_recv_ns = t
+            if idx == 0:
+                req.first_recv_ns = t
+            if token[2]:  # the final token: the request ends at the client
+                req.completed = True
+                req.end_ns = t
+                self.client_end(t)
+
+    # ------------------------------------------------------------ engine side
+
+    def blocks_for(self, tokens):
+        return -(-tokens // self.block_size)  # ceil
+
+    def build_batch(self, rank):
+        """SPEC §5 pass start for one rank. Returns (batch, preempted, admitted)."""
+        B = self.max_batched_tokens
+        batch = []
+        admitted = []
+        preempted = False
+
+        def fits(req, n):
+            extra = self.blocks_for(req.computed + n) - req.held_blocks
+            return rank.used_blocks + extra <= self.num_blocks
+
+        def schedule(req, n):
+            is_decode = n == 1 and req.computed >= req.input_tokens - 1
+            new_held = self.blocks_for(req.computed + n)
+            rank.used_blocks += new_held - req.held_blocks
+            req.held_blocks = new_held
+            batch.append((req, n, is_decode))
+
+        # Step 1: running requests, in running order.
+        i = 0
+        while i < len(rank.running):
+            req = rank.running[i]
+            n = min(req.known - req.computed, B)
+            if n == 0:
+                break
+            self_victim = False
+            while not fits(req, n):
+                victim = rank.running.pop()  # the LAST running request
+                rank.used_blocks -= victim.held_blocks
+                victim.held_blocks = 0
+                victim.computed = 0
+                victim.num_preemptions += 1
+                rank.waiting.appendleft(victim)  # FRONT of waiting
+                preempted = True
+                if victim is req:
+                    self_victim = True
+                    break
+            if self_victim:
+                break
+            schedule(req, n)
+            B -= n
+            i += 1
+
+        # Step 2: waiting requests, FIFO, with head-of-line blocking.
+        while (rank.waiting and len(rank.running) < self.max_sequences and B > 0
+               and not preempted):
+            req = rank.waiting[0]
+            n = min(req.known - req.computed, B)
+            if not fits(req, n):
+                break
+            rank.waiting.popleft()
+            rank.running.append(req)
+            schedule(req, n)
+            admitted.append(req)
+            B -= n
+        return batch, preempted, admitted
+
+    def summarize_batch(self, batch):
+        """SPEC §8 batch summary (computed is still the value before the pass)."""
+        s = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
+                 num_decode=0, decode_kv_tokens=0)
+        for req, n, is_decode in batch:
+            if is_decode:
+                s["num_decode"] += 1
+                s["decode_kv_tokens"] += req.computed + 1
+            else:
+                s["num_prefill"] += 1
+                s["prefill_tokens"] += n
+                s["prefill_kv_tokens"] += req.computed + n
+        return s
+
+    def rank_time_ms(self, s):
+        """SPEC §8 timing model for one rank's batch; an empty batch takes 0."""
+        if s["num_prefill"] == 0 and s["num_decode"] == 0:
+            return 0.0
+        if self.timing_type == "fixed":
+            return ((self.t_prefill_ms if s["num_prefill"] > 0 else 0.0)
+                    + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
+        kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
+        ms = (self.t_base_ms
+              + self.t_per_prefill_token_us * s["prefill_tokens"] / 1000
+              + self.t_per_decode_seq_us * s["num_decode"] / 1000
+              + self.t_per_kv_token_ns * kv / 1e6)
+        if not math.isfinite(ms) or ms < 0:
+            raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
+        return ms
+
+    def try_start(self, w, t):
+        """SPEC §5 pass start on an idle worker with work (retried after preempt-only)."""
+        while True:
+            batches, summaries, times, blocks = [], [], [], []
+            any_preempted = False
+            for rank in w.ranks:
+                batch, preempted, admitted = self.build_batch(rank)
+                any_preempted = any_preempted or preempted
+                for req in admitted:
+                    if req.first_admit_ns is None:
+                        req.first_admit_ns = t  # first admission only
+                s = self.summarize_batch(batch)
+                batches.append(batch)
+                summaries.append(s)
+                times.append(self.rank_time_ms(s))
+                blocks.append(rank.used_blocks)
+            if any(batches):
+                dur_ns = max(1, ms_to_ns(max(times)))  # §0: max over ranks, converted once
+                w.current = Pass(t, t + dur_ns, batches, summaries, times, blocks)
+                return
+            if not any_preempted:
+                return  # all batches empty: the worker stays idle
+            # only preemptions happened: try again at once
+
+    def end_pass(self, w, t):
+        """SPEC §5 pass end, then SPEC §7 detokenization jobs."""
+        p = w.current
+        w.current = None
+        outputs = []  # (request, token_index), in rank then running order
+        for rank, batch in zip(w.ranks, p.batches):
+            for req, n, _ in batch:
+                req.computed += n
+                if req.computed == req.known:
+                    idx = req.generated
+                    req.generated += 1
+                    final = (req.generated == req.output_tokens
+                             or req.input_tokens + req.generated >= self.L)
+                    req.tokens.append([t, None, final])
+                    if idx == 0:
+                        req.first_emit_ns = t
+                    outputs.append((req, idx))
+                    if final:  # finish: free blocks, leave running
+                        rank.used_blocks -= req.held_blocks
+                        req.held_blocks = 0
+                        rank.running.remove(req)
+        # the pass record (only passes ending by the cap get here)
+        for r in range(self.R):
+            rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
+            rec.update(p.summaries[r])
+            rec["rank_time_ms"] = p.times_ms[r]
+            rec["blocks_in_use"] = p.blocks[r]
+            self.pass_records.append(rec)
+        self.make_detok_jobs(w, t, outputs)
+
+    def make_detok_jobs(self, w, t, outputs):
+        if not outputs:
+            return
+        if not self.detok_on:
+            self.push_receipt(t, outputs)  # receipt = emission
+            return
+        for server in range(self.detok_workers):  # jobs created in server-index order
+            mine = [o for o in outputs if o[0].detok_server == server]
+            if not mine:
+                continue  # no outputs: no job
+            size = len(mine) if self.detok_chunk is None else self.detok_chunk
+            for lo in range(0, len(mine), size):
+                job = mine[lo:lo + size]
+                k = len(job)
+                n_first = sum(1 for req, idx in job if idx == 0)
+                n_final = sum(1 for req, idx in job if req.tokens[idx][2])
+                service_ms = (self.detok_base_ms
+                              + self.detok_per_output_us * k / 1000
+                              + self.detok_first_us * n_first / 1000
+                              + self.detok_final_us * n_final / 1000)
+                start = max(t, w.detok_free[server])
+                end = start + ms_to_ns(service_ms)
+                w.detok_free[server] = end
+                self.push_receipt(end, job)
+
+    def push_receipt(self, end, items):
+        heapq.heappush(self.receipts, (end, self.receipt_seq, list(items)))
+        self.receipt_seq += 1
+
+    # ------------------------------------------------------------ output
+
+    def result(self):
+        requests, tokens = [], []
+        for req in self.requests:
+            if req.rejected:
+                status = "rejected"
+            elif req.completed:
+                status = "completed"
+            else:
+                status = "incomplete"
+            requests.append(dict(
+                status=status,
+                worker=req.worker,
+                rank=req.rank,
+                generated_tokens=req.generated,
+                num_preemptions=req.num_preemptions,
+                send_ns=req.send_ns,
+                arrival_ns=req.arrival_ns,
+                first_admit_ns=req.first_admit_ns,
+                first_emit_ns=req.first_emit_ns,
+                first_recv_ns=req.first_recv_ns,
+                last_recv_ns=req.last_recv_ns,
+                end_ns=req.end_ns,
+            ))
+            tokens.append([(emit, recv) for emit, recv, _ in req.tokens])
+        return dict(requests=requests, tokens=tokens, passes=self.pass_records)
+
+
+def simulate(config, request_ids, input_tokens, output_tokens, send_ns):
+    """Run the reference simulation; see the module docstring and the task brief."""
+    return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns).run()
