@@ -193,8 +193,9 @@ def simulate_engine(
             is_final,
             detok,
         )
-    if cap_ns is not None:
+    if cap_ns is not None:  # nothing stamped after the cap happened (SPEC §9)
         token_recv[token_recv > cap_ns] = -1
+        out["send_ns"][out["send_ns"] > cap_ns] = -1
 
     pass_log = pass_ms = None
     if record_passes:

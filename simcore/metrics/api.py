@@ -210,6 +210,7 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
     }
     for name, column in DISTRIBUTIONS.items():
         values = cols.itl_ms() if column is None else getattr(cols, column)[done]
+        values = values[~np.isnan(values)]  # tpot exists from 2 tokens on
         summary.update(distribution_stats(name, values, metrics.percentiles))
     for stage in TTFT_STAGES:
         values = cols.stages[stage][done]

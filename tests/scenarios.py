@@ -1,0 +1,142 @@
+"""Random small scenarios and adapters shared by the reference-comparison tests."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+
+from simcore.config import load_config, merge_config
+from simcore.engine.api import simulate_engine
+from simcore.metrics.api import RequestColumns, STATUS_NAMES, summarize
+from simcore.workload.api import RequestTable
+
+
+def random_scenario(seed: int, closed: bool | None = None, detokenize: bool | None = None) -> dict:
+    """A small random scenario: config mapping, lengths, ids and open-loop sends.
+
+    ``closed`` and ``detokenize`` force the loop type and the detokenizer stage
+    on or off; None draws them.
+    """
+    rnd = random.Random(seed)
+    n = rnd.randint(1, 24)
+    closed = rnd.random() < 0.5 if closed is None else closed
+    block_size = rnd.choice([1, 2, 4, 8])
+    num_blocks = rnd.randint(2, 48)
+    tight = rnd.random() < 0.5  # small KV: preemption and head-of-line blocking
+    inputs = [rnd.randint(1, 12 if tight else 48) for _ in range(n)]
+    outputs = [rnd.randint(1, 10) for _ in range(n)]
+    if rnd.random() < 0.2:  # some prompts at or over the limit: rejections
+        num_blocks = rnd.randint(2, 6)
+    context_length = rnd.choice([None, None, rnd.randint(4, 40)])
+    if rnd.random() < 0.5:
+        timing = {"type": "fixed", "prefill_ms": rnd.choice([0.0, 1.5, 2.0000004]), "decode_ms": rnd.choice([0.0, 0.75, 1.0])}
+    else:
+        timing = {
+            "type": "linear",
+            "base_ms": rnd.choice([0.0, 0.5, 1.25]),
+            "per_prefill_token_us": rnd.choice([0.0, 10.0, 33.3]),
+            "per_decode_seq_us": rnd.choice([0.0, 20.0, 7.7]),
+            "per_kv_token_ns": rnd.choice([0.0, 40.0, 123.4]),
+        }
+    tokenization = {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0}
+    if rnd.random() < 0.5:
+        tokenization = {"workers": rnd.randint(1, 3), "base_ms": rnd.choice([0.0, 0.2, 1.1]), "per_input_us": rnd.choice([0.0, 15.0, 50.5])}
+    detokenization = {"workers": 1, "base_ms": 0.0, "per_output_us": 0.0, "chunk_size": None, "first_output_us": 0.0, "final_output_us": 0.0}
+    if (rnd.random() < 0.6) if detokenize is None else detokenize:
+        detokenization = {
+            "workers": rnd.randint(1, 3),
+            "base_ms": rnd.choice([0.3, 2.85]),
+            "per_output_us": rnd.choice([0.0, 61.6, 250.0]),
+            "chunk_size": rnd.choice([None, None, 1, 2, 3]),
+            "first_output_us": rnd.choice([0.0, 0.0, 100.0]),
+            "final_output_us": rnd.choice([0.0, 0.0, 70.0]),
+        }
+    config = {
+        "workload": {"num_requests": n},
+        "load": {"type": "closed_loop", "concurrency": rnd.randint(1, 6), "think_time_ms": rnd.choice([0.0, 0.0, 0.4])}
+        if closed
+        else {"type": "trace"},
+        "engine": {
+            "aggregated": {
+                "replicas": rnd.randint(1, 3),
+                "attention_dp": rnd.randint(1, 2),
+                "max_batched_tokens": rnd.randint(2, 64),
+                "max_sequences": rnd.randint(1, 6),
+                "num_blocks": num_blocks,
+                "block_size": block_size,
+                "context_length": context_length,
+            }
+        },
+        "timing": timing,
+        "tokenization": tokenization,
+        "detokenization": detokenization,
+        "max_time_ms": rnd.choice([None, None, None, rnd.uniform(0.5, 20.0)]),
+        "metrics": {"goodput": {"ttft_ms": rnd.choice([None, 5.0]), "tpot_ms": None, "e2el_ms": rnd.choice([None, 30.0])}},
+    }
+    send_ns = None
+    if not closed:
+        t, send_ns = 0, []
+        for _ in range(n):
+            send_ns.append(t)
+            t += rnd.choice([0, 0, 1, 250_000, 1_000_000, rnd.randint(0, 5_000_000)])
+    ids = [f"req-{seed}-{k}" for k in range(n)]
+    return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids}
+
+
+def _mapping_for_core(scenario: dict) -> dict:
+    config = scenario["config"]
+    if config["load"]["type"] == "trace":
+        config = merge_config(config)
+        config["workload"]["source"] = "table"
+        config["workload"]["path"] = "unused.csv"
+    return config
+
+
+def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = True):
+    """Run the numba path on a scenario; returns (EngineRun, RequestColumns, summary)."""
+    cfg = load_config(_mapping_for_core(scenario))
+    table = RequestTable(
+        pa.array(scenario["ids"], type=pa.string()),
+        np.array(scenario["inputs"], dtype=np.int64),
+        np.array(scenario["outputs"], dtype=np.int64),
+    )
+    send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
+    run = simulate_engine(cfg, table, send, record_passes=record_passes, detok_path=detok_path)
+    cols = RequestColumns(run)
+    return run, cols, summarize(cols, table.input_tokens, cfg.metrics)
+
+
+def fast_as_reference(run, cols) -> dict:
+    """The numba results in the reference simulator's output shape."""
+
+    def opt(value):
+        return None if value == -1 else int(value)
+
+    requests, tokens = [], []
+    for k in range(run.generated.shape[0]):
+        lo, hi = run.token_offset[k], run.token_offset[k] + run.generated[k]
+        tokens.append([(int(e), opt(r)) for e, r in zip(run.token_emit_ns[lo:hi], run.token_recv_ns[lo:hi])])
+        requests.append(
+            {
+                "status": STATUS_NAMES[cols.status[k]],
+                "worker": int(run.worker[k]),
+                "rank": int(run.rank[k]),
+                "generated_tokens": int(run.generated[k]),
+                "num_preemptions": int(run.num_preemptions[k]),
+                "send_ns": opt(run.send_ns[k]),
+                "arrival_ns": opt(run.arrival_ns[k]),
+                "first_admit_ns": opt(run.first_admit_ns[k]),
+                "first_emit_ns": opt(run.first_emit_ns[k]),
+                "first_recv_ns": opt(cols.first_recv_ns[k]),
+                "last_recv_ns": opt(cols.last_recv_ns[k]),
+            }
+        )
+    passes = None
+    if run.pass_log is not None:
+        keys = ["worker", "rank", "start_ns", "end_ns", "num_prefill", "prefill_tokens", "prefill_kv_tokens", "num_decode", "decode_kv_tokens", "blocks_in_use"]
+        passes = [
+            dict(zip(keys, map(int, row)), rank_time_ms=float(ms)) for row, ms in zip(run.pass_log, run.pass_ms)
+        ]
+    return {"requests": requests, "tokens": tokens, "passes": passes}

@@ -1,0 +1,81 @@
+"""The numba engine against the slow pure-Python reference (tests/reference),
+request by request and token by token, to the nanosecond, on random small
+scenarios; and the two detokenization paths against each other."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from simcore.config import merge_config
+from tests.reference.metrics import summarize as reference_summarize
+from tests.reference.sim import simulate as reference_simulate
+from tests.scenarios import fast_as_reference, random_scenario, run_fast
+
+NUM_SCENARIOS = 400
+REQUEST_KEYS = ["status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns"]
+
+
+def reference(scenario):
+    config = merge_config(scenario["config"])
+    return config, reference_simulate(config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"])
+
+
+def assert_summaries_equal(fast: dict, slow: dict):
+    assert fast.keys() == slow.keys()
+    for key, value in slow.items():
+        if value is None or fast[key] is None:
+            assert fast[key] is value, key
+        elif key.startswith(("mean_", "std_", "median_")) or key.endswith("throughput") or key == "request_goodput":
+            # sums: numpy's pairwise summation vs math.fsum differ in the last bits;
+            # numpy.median averages the middle pair, the reference interpolates at 50%
+            assert math.isclose(fast[key], value, rel_tol=1e-12, abs_tol=1e-12), key
+        else:
+            assert fast[key] == value, key
+
+
+@pytest.mark.parametrize("seed", range(NUM_SCENARIOS))
+def test_engine_matches_reference(seed):
+    scenario = random_scenario(seed)
+    config, slow = reference(scenario)
+    run, cols, summary = run_fast(scenario)
+    fast = fast_as_reference(run, cols)
+    for k, (f, s) in enumerate(zip(fast["requests"], slow["requests"])):
+        assert {key: f[key] for key in REQUEST_KEYS} == {key: s[key] for key in REQUEST_KEYS}, f"request {k}"
+    assert fast["tokens"] == slow["tokens"]
+    assert fast["passes"] == slow["passes"]
+    cap_ns = None if config["max_time_ms"] is None else round(config["max_time_ms"] * 1e6)
+    slow_summary = reference_summarize(slow, scenario["inputs"], scenario["outputs"], config["metrics"]["percentiles"], config["metrics"]["goodput"], cap_ns)
+    assert_summaries_equal(summary, slow_summary)
+
+
+def test_scenarios_cover_the_features():
+    """The random scenarios exercise what they are meant to (guards the generator)."""
+    seen = dict(preempted=0, rejected=0, truncated=0, incomplete=0, closed=0, open=0, detok_servers=0, chunked=0, multi_rank=0)
+    for seed in range(NUM_SCENARIOS):
+        s = random_scenario(seed)
+        _, slow = reference(s)
+        reqs = slow["requests"]
+        c = s["config"]
+        seen["preempted"] += any(r["num_preemptions"] > 0 for r in reqs)
+        seen["rejected"] += any(r["status"] == "rejected" for r in reqs)
+        seen["incomplete"] += any(r["status"] == "incomplete" for r in reqs)
+        seen["truncated"] += any(r["status"] == "completed" and r["generated_tokens"] < o for r, o in zip(reqs, s["outputs"]))
+        seen["closed"] += c["load"]["type"] == "closed_loop"
+        seen["open"] += c["load"]["type"] == "trace"
+        seen["detok_servers"] += c["detokenization"]["workers"] > 1 and c["detokenization"]["base_ms"] > 0
+        seen["chunked"] += c["detokenization"]["chunk_size"] is not None
+        seen["multi_rank"] += c["engine"]["aggregated"]["replicas"] * c["engine"]["aggregated"]["attention_dp"] > 1
+    assert all(count >= 10 for count in seen.values()), seen
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_detokenization_paths_agree_on_open_loop(seed):
+    """Vectorised-after-the-run and in-kernel detokenization give identical receipts."""
+    scenario = random_scenario(seed, closed=False, detokenize=True)
+    after, _, _ = run_fast(scenario, detok_path="after_run", record_passes=False)
+    inside, _, _ = run_fast(scenario, detok_path="kernel", record_passes=False)
+    np.testing.assert_array_equal(after.token_emit_ns, inside.token_emit_ns)
+    np.testing.assert_array_equal(after.token_recv_ns, inside.token_recv_ns)
