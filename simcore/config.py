@@ -497,8 +497,3 @@ def _check_combinations(cfg: SimConfig) -> None:
             f"load.speedup is only used by load.type=trace, got {ld.speedup!r} "
             f"with load.type={ld.type}"
         )
-    if ld.type == "trace" and w.source == "synthetic":
-        raise ConfigError(
-            "load.type=trace needs send times from a trace: set workload.source=table "
-            "with a send_ms column"
-        )

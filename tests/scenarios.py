@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from simcore.config import load_config, merge_config
+from simcore.config import load_config
 from simcore.engine.api import simulate_engine
 from simcore.metrics.api import RequestColumns, STATUS_NAMES, summarize
 from simcore.workload.api import RequestTable
@@ -85,18 +85,9 @@ def random_scenario(seed: int, closed: bool | None = None, detokenize: bool | No
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids}
 
 
-def _mapping_for_core(scenario: dict) -> dict:
-    config = scenario["config"]
-    if config["load"]["type"] == "trace":
-        config = merge_config(config)
-        config["workload"]["source"] = "table"
-        config["workload"]["path"] = "unused.csv"
-    return config
-
-
 def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = True):
     """Run the numba path on a scenario; returns (EngineRun, RequestColumns, summary)."""
-    cfg = load_config(_mapping_for_core(scenario))
+    cfg = load_config(scenario["config"])
     table = RequestTable(
         pa.array(scenario["ids"], type=pa.string()),
         np.array(scenario["inputs"], dtype=np.int64),

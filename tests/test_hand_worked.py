@@ -29,8 +29,6 @@ def run(requests: list[tuple], *, load=None, detok=None, tok=None, pool=None, ti
     }
     if tok:
         config["tokenization"] = tok
-    if config["load"]["type"] == "trace":
-        config["workload"] = {"source": "table", "path": "in-memory", "num_requests": None}
     result = simcore.run(config, requests=pa.table(columns))
     rows = {row["request_id"]: row for row in result.requests.to_pylist()}
     received = {}

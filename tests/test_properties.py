@@ -140,8 +140,6 @@ def test_same_seed_gives_identical_tables():
 def test_zero_costs_are_bit_identical_to_stages_off(seed):
     scenario = random_scenario(seed)
     config = merge_config(scenario["config"])
-    if config["load"]["type"] == "trace":
-        config["workload"].update(source="table", path="in-memory", num_requests=None)
     columns = {"request_id": scenario["ids"], "input_tokens": scenario["inputs"], "output_tokens": scenario["outputs"]}
     if scenario["send_ns"] is not None:
         columns["send_ms"] = [t / 1e6 for t in scenario["send_ns"]]
@@ -194,7 +192,7 @@ def test_open_loop_send_instants_follow_the_load():
 
 def test_trace_send_times_are_shifted_and_sped_up():
     table = pa.table({"input_tokens": [10, 10, 10], "output_tokens": [1, 1, 1], "send_ms": [100.0, 150.0, 300.0]})
-    config = {"workload": {"source": "table", "path": "in-memory", "num_requests": None}, "load": {"type": "trace", "speedup": 2.0}}
+    config = {"load": {"type": "trace", "speedup": 2.0}}
     result = simcore.run(config, requests=table)
     assert result.requests.column("send_ms").to_pylist() == [0.0, 25.0, 100.0]
     assert result.requests.column("request_id").to_pylist() == ["r0", "r1", "r2"]
