@@ -26,6 +26,16 @@ class ConfigError(ValueError):
 # ~2 x 8e9 FLOP (~30 us at ~550 dense TFLOP/s), a KV token read of 128 KiB costs
 # ~40 ns, and each decoding sequence adds sampling/bookkeeping overhead.
 # num_blocks: (80 GB x 0.9 - 16 GB weights) / 128 KiB per token / 16 per block.
+_POOL_DEFAULTS = {
+    "replicas": 1,
+    "attention_dp": 1,
+    "max_batched_tokens": 8192,
+    "max_sequences": 256,
+    "num_blocks": 26_000,
+    "block_size": 16,
+    "context_length": None,
+}
+
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "workload": {
@@ -51,15 +61,10 @@ DEFAULTS: dict[str, Any] = {
     "engine": {
         "mode": "aggregated",
         "policy": "vllm",
-        "aggregated": {
-            "replicas": 1,
-            "attention_dp": 1,
-            "max_batched_tokens": 8192,
-            "max_sequences": 256,
-            "num_blocks": 26_000,
-            "block_size": 16,
-            "context_length": None,
-        },
+        "aggregated": _POOL_DEFAULTS,
+        "prefill": _POOL_DEFAULTS,
+        "decode": _POOL_DEFAULTS,
+        "kv_transfer": {"bandwidth_gb_per_second": None, "bytes_per_token": None},
     },
     "timing": {
         "type": "linear",
@@ -91,7 +96,8 @@ WORKLOAD_SOURCES = ("synthetic", "table")
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
 LOAD_TYPES = ("closed_loop", "constant_rate", "poisson", "gamma", "trace")
 OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
-ENGINE_MODES = ("aggregated",)
+ENGINE_MODES = ("aggregated", "disaggregated")
+POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 POLICIES = ("vllm",)
 TIMING_TYPES = ("fixed", "linear")
 
@@ -215,7 +221,7 @@ class LoadConfig:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """One pool of identical workers (the aggregated pool; later prefill/decode)."""
+    """One pool of identical workers: the aggregated pool, or prefill or decode."""
 
     replicas: int
     attention_dp: int
@@ -237,10 +243,35 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class KVTransferConfig:
+    bandwidth_gb_per_second: float | None
+    bytes_per_token: float | None
+
+    def transfer_ms(self, input_tokens: np.ndarray) -> np.ndarray:
+        """SPEC §6: ``input x bytes_per_token / (bandwidth x 1e9) x 1e3`` ms (0 when off)."""
+        if self.bandwidth_gb_per_second is None:
+            return np.zeros(input_tokens.shape[0], dtype=np.float64)
+        return (
+            input_tokens.astype(np.float64)
+            * self.bytes_per_token
+            / (self.bandwidth_gb_per_second * 1e9)
+            * 1e3
+        )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     mode: str
     policy: str
     aggregated: PoolConfig
+    prefill: PoolConfig
+    decode: PoolConfig
+    kv_transfer: KVTransferConfig
+
+    @property
+    def pools(self) -> tuple[PoolConfig, ...]:
+        """The pools in worker-index order (aggregated; or prefill, then decode)."""
+        return tuple(getattr(self, name) for name in POOLS[self.mode])
 
 
 @dataclass(frozen=True)
@@ -357,6 +388,18 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             mode=_choice("engine.mode", e["mode"], ENGINE_MODES),
             policy=_choice("engine.policy", e["policy"], POLICIES),
             aggregated=_pool("engine.aggregated", e["aggregated"]),
+            prefill=_pool("engine.prefill", e["prefill"]),
+            decode=_pool("engine.decode", e["decode"]),
+            kv_transfer=KVTransferConfig(
+                bandwidth_gb_per_second=_optional_number(
+                    "engine.kv_transfer.bandwidth_gb_per_second",
+                    e["kv_transfer"]["bandwidth_gb_per_second"],
+                    strict=True,
+                ),
+                bytes_per_token=_optional_number(
+                    "engine.kv_transfer.bytes_per_token", e["kv_transfer"]["bytes_per_token"]
+                ),
+            ),
         ),
         timing=TimingConfig(
             type=_choice("timing.type", t["type"], TIMING_TYPES),
@@ -447,6 +490,23 @@ def _pool(prefix: str, raw: Mapping[str, Any]) -> PoolConfig:
 
 def _check_combinations(cfg: SimConfig) -> None:
     w, ld = cfg.workload, cfg.load
+    engine = cfg.engine
+    unused = [name for name in ("aggregated", "prefill", "decode") if name not in POOLS[engine.mode]]
+    if engine.mode == "aggregated":
+        unused.append("kv_transfer")
+    for name in unused:
+        default = DEFAULTS["engine"][name]
+        for key, value in cfg.resolved["engine"][name].items():
+            if value != default[key]:
+                raise ConfigError(
+                    f"engine.{name}.{key} is not used with engine.mode={engine.mode}, got {value!r}"
+                )
+    transfer = engine.kv_transfer
+    if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None):
+        raise ConfigError(
+            "engine.kv_transfer.bandwidth_gb_per_second and engine.kv_transfer.bytes_per_token "
+            "must be set together (both null: transfers take no time)"
+        )
     if w.source == "table" and w.path is None:
         raise ConfigError("workload.path must be set when workload.source=table")
     if w.source == "synthetic" and w.path is not None:

@@ -86,6 +86,8 @@ def simulate_engine(
         raise ValueError("a closed loop needs receipts inside the kernel (detok_path='kernel')")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
+    if cfg.engine.mode != "aggregated":
+        raise ConfigError(f"engine.mode={cfg.engine.mode} is not simulated yet")
     pool = cfg.engine.aggregated
     n = len(requests)
     input_tokens = np.ascontiguousarray(requests.input_tokens, dtype=np.int64)
