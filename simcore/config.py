@@ -61,9 +61,10 @@ DEFAULTS: dict[str, Any] = {
     "engine": {
         "mode": "aggregated",
         "policy": "vllm",
-        "aggregated": _POOL_DEFAULTS,
-        "prefill": _POOL_DEFAULTS,
-        "decode": _POOL_DEFAULTS,
+        # Separate copies: deepcopy would keep one shared dict shared.
+        "aggregated": dict(_POOL_DEFAULTS),
+        "prefill": dict(_POOL_DEFAULTS),
+        "decode": dict(_POOL_DEFAULTS),
         "kv_transfer": {"bandwidth_gb_per_second": None, "bytes_per_token": None},
     },
     "timing": {

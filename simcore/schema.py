@@ -19,6 +19,7 @@ def _schema(fields: list[pa.Field]) -> pa.Schema:
     return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION})
 
 
+#: Small enums (status, pool) become dictionary-encoded strings.
 STATUS_TYPE = pa.dictionary(pa.int8(), pa.string())
 
 #: TTFT stages in the order they happen; they sum to ttft_ms (SPEC §10).
@@ -37,6 +38,10 @@ REQUESTS_SCHEMA = _schema(
         _field("status", STATUS_TYPE, "", "completed, rejected or incomplete", nullable=False),
         _field("worker", pa.int32(), "", "receiving worker (row k: k mod replicas)", nullable=False),
         _field("rank", pa.int32(), "", "receiving attention-DP rank ((k div replicas) mod attention_dp)", nullable=False),
+        _field("prefill_worker", pa.int32(), "", "P/D: prefill worker (= worker); null when aggregated"),
+        _field("prefill_rank", pa.int32(), "", "P/D: prefill rank (= rank); null when aggregated"),
+        _field("decode_worker", pa.int32(), "", "P/D: decode worker, global index (prefill workers come first); null until handed off"),
+        _field("decode_rank", pa.int32(), "", "P/D: rank within the decode worker; null until handed off"),
         _field("input_tokens", pa.int64(), "tokens", "prompt length", nullable=False),
         _field("output_tokens", pa.int64(), "tokens", "requested output length", nullable=False),
         _field("generated_tokens", pa.int64(), "tokens", "tokens emitted by the engine by the cap", nullable=False),
@@ -50,6 +55,8 @@ REQUESTS_SCHEMA = _schema(
         _field("ttft_ms", pa.float64(), "ms", "first_token - send"),
         _field("tpot_ms", pa.float64(), "ms", "(last - first token) / (generated - 1), completed with >= 2 tokens"),
         _field("e2el_ms", pa.float64(), "ms", "last token - send, completed requests"),
+        _field("transfer_start_ms", pa.float64(), "ms", "P/D: KV transfer start (end of the prefill pass that computed the prompt)"),
+        _field("transfer_end_ms", pa.float64(), "ms", "P/D: KV transfer end (the request enters its decode rank)"),
         _field("tokenization_ms", pa.float64(), "ms", "TTFT stage: send -> engine arrival"),
         _field("queue_ms", pa.float64(), "ms", "TTFT stage: engine arrival -> first admission"),
         _field("prefill_ms", pa.float64(), "ms", "TTFT stage: first admission -> end of the pass that computed the prompt"),
@@ -61,7 +68,8 @@ REQUESTS_SCHEMA = _schema(
 
 PASSES_SCHEMA = _schema(
     [
-        _field("worker", pa.int32(), "", "worker index", nullable=False),
+        _field("pool", STATUS_TYPE, "", "aggregated, prefill or decode", nullable=False),
+        _field("worker", pa.int32(), "", "global worker index (prefill workers, then decode)", nullable=False),
         _field("rank", pa.int32(), "", "attention-DP rank within the worker", nullable=False),
         _field("start_ms", pa.float64(), "ms", "pass start", nullable=False),
         _field("end_ms", pa.float64(), "ms", "pass end (the slowest rank)", nullable=False),

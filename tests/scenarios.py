@@ -9,15 +9,30 @@ import pyarrow as pa
 
 from simcore.config import load_config
 from simcore.engine.api import simulate_engine
-from simcore.metrics.api import RequestColumns, STATUS_NAMES, summarize
+from simcore.metrics.api import POOL_NAMES, RequestColumns, STATUS_NAMES, summarize
 from simcore.workload.api import RequestTable
 
 
-def random_scenario(seed: int, closed: bool | None = None, detokenize: bool | None = None) -> dict:
+def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_length) -> dict:
+    return {
+        "replicas": rnd.randint(1, 3),
+        "attention_dp": rnd.randint(1, 2),
+        "max_batched_tokens": rnd.randint(2, 64),
+        "max_sequences": rnd.randint(1, 6),
+        "num_blocks": num_blocks,
+        "block_size": block_size,
+        "context_length": context_length,
+    }
+
+
+def random_scenario(
+    seed: int, closed: bool | None = None, detokenize: bool | None = None, disaggregated: bool = False
+) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
     ``closed`` and ``detokenize`` force the loop type and the detokenizer stage
-    on or off; None draws them.
+    on or off; None draws them.  ``disaggregated`` draws independent prefill
+    and decode pools (tight KV on either) and a KV transfer, on or off.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -58,23 +73,25 @@ def random_scenario(seed: int, closed: bool | None = None, detokenize: bool | No
         "load": {"type": "closed_loop", "concurrency": rnd.randint(1, 6), "think_time_ms": rnd.choice([0.0, 0.0, 0.4])}
         if closed
         else {"type": "trace"},
-        "engine": {
-            "aggregated": {
-                "replicas": rnd.randint(1, 3),
-                "attention_dp": rnd.randint(1, 2),
-                "max_batched_tokens": rnd.randint(2, 64),
-                "max_sequences": rnd.randint(1, 6),
-                "num_blocks": num_blocks,
-                "block_size": block_size,
-                "context_length": context_length,
-            }
-        },
+        "engine": {"aggregated": _random_pool(rnd, num_blocks, block_size, context_length)},
         "timing": timing,
         "tokenization": tokenization,
         "detokenization": detokenization,
         "max_time_ms": rnd.choice([None, None, None, rnd.uniform(0.5, 20.0)]),
         "metrics": {"goodput": {"ttft_ms": rnd.choice([None, 5.0]), "tpot_ms": None, "e2el_ms": rnd.choice([None, 30.0])}},
     }
+    if disaggregated:
+        config["engine"] = {
+            "mode": "disaggregated",
+            "prefill": _random_pool(rnd, rnd.choice([num_blocks, rnd.randint(2, 12)]), rnd.choice([1, 4, 8]), rnd.choice([None, None, rnd.randint(4, 40)])),
+            "decode": _random_pool(rnd, rnd.choice([num_blocks, rnd.randint(2, 12)]), rnd.choice([1, 4, 8]), context_length),
+            "kv_transfer": rnd.choice(
+                [
+                    {"bandwidth_gb_per_second": None, "bytes_per_token": None},
+                    {"bandwidth_gb_per_second": rnd.choice([1.0, 25.0]), "bytes_per_token": rnd.choice([1e5, 131072.0])},
+                ]
+            ),
+        }
     send_ns = None
     if not closed:
         t, send_ns = 0, []
@@ -122,12 +139,20 @@ def fast_as_reference(run, cols) -> dict:
                 "first_emit_ns": opt(run.first_emit_ns[k]),
                 "first_recv_ns": opt(cols.first_recv_ns[k]),
                 "last_recv_ns": opt(cols.last_recv_ns[k]),
+                "prefill_worker": int(run.worker[k]) if run.disaggregated else None,
+                "prefill_rank": int(run.rank[k]) if run.disaggregated else None,
+                "decode_worker": opt(run.decode_worker[k]),
+                "decode_rank": opt(run.decode_rank[k]),
+                "prompt_done_ns": opt(run.prompt_done_ns[k]),
+                "transfer_start_ns": opt(run.prompt_done_ns[k]) if run.disaggregated else None,
+                "transfer_end_ns": opt(run.transfer_end_ns[k]),
             }
         )
     passes = None
     if run.pass_log is not None:
         keys = ["worker", "rank", "start_ns", "end_ns", "num_prefill", "prefill_tokens", "prefill_kv_tokens", "num_decode", "decode_kv_tokens", "blocks_in_use"]
         passes = [
-            dict(zip(keys, map(int, row)), rank_time_ms=float(ms)) for row, ms in zip(run.pass_log, run.pass_ms)
+            dict(zip(keys, map(int, row)), rank_time_ms=float(ms), pool=POOL_NAMES[run.worker_role[row[0]]])
+            for row, ms in zip(run.pass_log, run.pass_ms)
         ]
     return {"requests": requests, "tokens": tokens, "passes": passes}

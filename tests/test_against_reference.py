@@ -15,7 +15,13 @@ from tests.reference.sim import simulate as reference_simulate
 from tests.scenarios import fast_as_reference, random_scenario, run_fast
 
 NUM_SCENARIOS = 400
-REQUEST_KEYS = ["status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns"]
+NUM_PD_SCENARIOS = 300
+REQUEST_KEYS = [
+    "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
+    "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
+    "prefill_rank", "decode_worker", "decode_rank", "prompt_done_ns", "transfer_start_ns",
+    "transfer_end_ns",
+]
 
 
 def reference(scenario):
@@ -38,7 +44,15 @@ def assert_summaries_equal(fast: dict, slow: dict):
 
 @pytest.mark.parametrize("seed", range(NUM_SCENARIOS))
 def test_engine_matches_reference(seed):
-    scenario = random_scenario(seed)
+    compare_with_reference(random_scenario(seed))
+
+
+@pytest.mark.parametrize("seed", range(NUM_PD_SCENARIOS))
+def test_disaggregated_engine_matches_reference(seed):
+    compare_with_reference(random_scenario(seed, disaggregated=True))
+
+
+def compare_with_reference(scenario):
     config, slow = reference(scenario)
     run, cols, summary = run_fast(scenario)
     fast = fast_as_reference(run, cols)
@@ -71,10 +85,26 @@ def test_scenarios_cover_the_features():
     assert all(count >= 10 for count in seen.values()), seen
 
 
+def test_disaggregated_scenarios_cover_the_features():
+    seen = dict(preempted=0, rejected_on_prefill=0, rejected_on_decode=0, transfer=0, no_transfer=0, detok_servers=0, incomplete=0)
+    for seed in range(NUM_PD_SCENARIOS):
+        s = random_scenario(seed, disaggregated=True)
+        _, slow = reference(s)
+        reqs = slow["requests"]
+        seen["preempted"] += any(r["num_preemptions"] > 0 for r in reqs)
+        seen["rejected_on_prefill"] += any(r["status"] == "rejected" and r["transfer_end_ns"] is None for r in reqs)
+        seen["rejected_on_decode"] += any(r["status"] == "rejected" and r["transfer_end_ns"] is not None for r in reqs)
+        seen["transfer"] += any(r["transfer_end_ns"] is not None and r["transfer_end_ns"] > r["prompt_done_ns"] for r in reqs)
+        seen["no_transfer"] += s["config"]["engine"]["kv_transfer"]["bandwidth_gb_per_second"] is None
+        seen["detok_servers"] += s["config"]["detokenization"]["workers"] > 1 and s["config"]["detokenization"]["base_ms"] > 0
+        seen["incomplete"] += any(r["status"] == "incomplete" for r in reqs)
+    assert all(count >= 10 for count in seen.values()), seen
+
+
 @pytest.mark.parametrize("seed", range(200))
 def test_detokenization_paths_agree_on_open_loop(seed):
     """Vectorised-after-the-run and in-kernel detokenization give identical receipts."""
-    scenario = random_scenario(seed, closed=False, detokenize=True)
+    scenario = random_scenario(seed, closed=False, detokenize=True, disaggregated=seed % 2 == 1)
     after, _, _ = run_fast(scenario, detok_path="after_run", record_passes=False)
     inside, _, _ = run_fast(scenario, detok_path="kernel", record_passes=False)
     np.testing.assert_array_equal(after.token_emit_ns, inside.token_emit_ns)

@@ -19,7 +19,7 @@ from simcore.client.api import (
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.timing.api import timing_arrays
-from simcore.units import ms_to_ns
+from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
@@ -31,7 +31,10 @@ class EngineRun:
 
     Per request: ``send_ns``, ``arrival_ns``, ``first_admit_ns``,
     ``first_emit_ns``, ``finish_ns`` (engine finish), ``reject_ns``,
-    ``generated``, ``num_preemptions``, ``worker``, ``rank``.  Per token (request
+    ``generated``, ``num_preemptions``, ``worker``, ``rank`` (the receiving
+    placement), ``prompt_done_ns`` (end of the pass that computed the prompt),
+    and in P/D ``transfer_end_ns``, ``decode_worker`` (global index) and
+    ``decode_rank`` (-1 until handed off; all -1 when aggregated).  Per token (request
     k's at ``token_offset[k]:token_offset[k + 1]``): ``token_emit_ns``,
     ``token_recv_ns`` (receipts after the cap already set to -1).
     ``passes``: int64 log (``nb.PASS_*`` columns) and float64 ``pass_ms`` of
@@ -48,10 +51,16 @@ class EngineRun:
     num_preemptions: np.ndarray
     worker: np.ndarray
     rank: np.ndarray
+    prompt_done_ns: np.ndarray
+    transfer_end_ns: np.ndarray
+    decode_worker: np.ndarray
+    decode_rank: np.ndarray
     token_offset: np.ndarray
     token_emit_ns: np.ndarray
     token_recv_ns: np.ndarray
     cap_ns: int | None
+    disaggregated: bool
+    worker_role: np.ndarray
     pass_log: np.ndarray | None
     pass_ms: np.ndarray | None
 
@@ -86,23 +95,26 @@ def simulate_engine(
         raise ValueError("a closed loop needs receipts inside the kernel (detok_path='kernel')")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
-    if cfg.engine.mode != "aggregated":
-        raise ConfigError(f"engine.mode={cfg.engine.mode} is not simulated yet")
-    pool = cfg.engine.aggregated
+    pools = cfg.engine.pools
     n = len(requests)
     input_tokens = np.ascontiguousarray(requests.input_tokens, dtype=np.int64)
     output_tokens = np.ascontiguousarray(requests.output_tokens, dtype=np.int64)
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
     num_tokens = int(token_offset[-1])
+    topo = _topology(pools)
 
+    # Placement by send sequence number k over the receiving pool (SPEC §3).
     k = np.arange(n, dtype=np.int64)
-    worker = k % pool.replicas
-    rank = (k // pool.replicas) % pool.attention_dp
+    receiving = pools[0]
+    worker = k % receiving.replicas
+    rank = (k // receiving.replicas) % receiving.attention_dp
+    recv_rank = topo["worker_first_rank"][worker] + rank
 
     tok = cfg.tokenization
     tok_server = worker * tok.workers + server_index(requests.request_id, tok.workers)
     tok_service = tokenization_service_ns(tok, input_tokens)
+    transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens))
 
     detok = cfg.detokenization
     if not detok.enabled:
@@ -120,13 +132,16 @@ def simulate_engine(
     # log doubles (and the run repeats) in the rare case this estimate is short.
     pass_rows = 0
     if record_passes:
-        chunks = int(np.sum(-(-input_tokens // pool.max_batched_tokens)))
-        pass_rows = (num_tokens + chunks + pool.replicas) * pool.attention_dp
+        budget = min(pool.max_batched_tokens for pool in pools)
+        chunks = int(np.sum(-(-input_tokens // budget)))
+        pass_rows = (num_tokens + chunks * len(pools) + len(topo["worker_role"])) * int(
+            topo["worker_num_ranks"].max()
+        )
     while True:
         out = _allocate(n, num_tokens, mode, pass_rows)
         if not closed:
             out["send_ns"][:] = send_ns
-        status, rows, num_emitted = nb.simulate_aggregated_nb(
+        status, rows, num_emitted = nb.simulate_engine_nb(
             input_tokens,
             output_tokens,
             token_offset,
@@ -134,21 +149,25 @@ def simulate_engine(
             closed,
             cfg.load.concurrency,
             ms_to_ns(cfg.load.think_time_ms),
+            recv_rank,
             tok_server,
             tok_service,
-            pool.replicas * tok.workers,
+            receiving.replicas * tok.workers,
+            transfer_ns,
             mode,
             detok_server,
             detok.workers,
             detokenization_params(detok),
             detok.chunk_size or 0,
-            pool.replicas,
-            pool.attention_dp,
-            pool.max_batched_tokens,
-            pool.max_sequences,
-            pool.num_blocks,
-            pool.block_size,
-            pool.sequence_limit,
+            topo["worker_role"],
+            topo["worker_first_rank"],
+            topo["worker_num_ranks"],
+            pools[-1].replicas if cfg.engine.mode == "disaggregated" else 0,
+            topo["rank_max_batched_tokens"],
+            topo["rank_max_sequences"],
+            topo["rank_num_blocks"],
+            topo["rank_block_size"],
+            topo["rank_seq_limit"],
             timing_model,
             timing_params,
             nb.NO_CAP if cap_ns is None else cap_ns,
@@ -157,6 +176,9 @@ def simulate_engine(
             out["first_emit_ns"],
             out["finish_ns"],
             out["reject_ns"],
+            out["handoff_ns"],
+            out["transfer_end_ns"],
+            out["decode_rank"],
             out["generated"],
             out["num_preemptions"],
             out["token_emit_ns"],
@@ -190,7 +212,9 @@ def simulate_engine(
         token_recv = detokenize_after_run(
             emit_log,
             out["token_emit_ns"],
-            (worker * detok.workers + detok_server)[request_of_token],
+            (topo["rank_worker"][out["decode_rank"]] * detok.workers + detok_server)[request_of_token]
+            if cfg.engine.mode == "disaggregated"
+            else (worker * detok.workers + detok_server)[request_of_token],
             is_first,
             is_final,
             detok,
@@ -210,6 +234,7 @@ def simulate_engine(
         order = np.lexsort((pass_log[:, nb.PASS_RANK], pass_log[:, nb.PASS_WORKER], pass_log[:, nb.PASS_END]))
         pass_log, pass_ms = pass_log[order], pass_ms[order]
 
+    decode = out["decode_rank"] >= 0
     return EngineRun(
         send_ns=out["send_ns"],
         arrival_ns=out["arrival_ns"],
@@ -221,20 +246,63 @@ def simulate_engine(
         num_preemptions=out["num_preemptions"],
         worker=worker,
         rank=rank,
+        prompt_done_ns=out["handoff_ns"] if cfg.engine.mode == "disaggregated" else out["first_emit_ns"],
+        transfer_end_ns=out["transfer_end_ns"],
+        decode_worker=np.where(decode, topo["rank_worker"][out["decode_rank"]], -1),
+        decode_rank=np.where(decode, out["decode_rank"] - topo["worker_first_rank"][topo["rank_worker"][out["decode_rank"]]], -1),
         token_offset=token_offset,
         token_emit_ns=out["token_emit_ns"],
         token_recv_ns=token_recv,
         cap_ns=cap_ns,
+        disaggregated=cfg.engine.mode == "disaggregated",
+        worker_role=topo["worker_role"],
         pass_log=pass_log,
         pass_ms=pass_ms,
     )
+
+
+def _topology(pools) -> dict[str, np.ndarray]:
+    """Workers and ranks of the deployment as flat per-worker and per-rank arrays."""
+    roles = [nb.ROLE_AGGREGATED] if len(pools) == 1 else [nb.ROLE_PREFILL, nb.ROLE_DECODE]
+    worker_role, worker_num_ranks, ranks = [], [], []
+    for role, pool in zip(roles, pools):
+        worker_role += [role] * pool.replicas
+        worker_num_ranks += [pool.attention_dp] * pool.replicas
+        ranks += [pool] * pool.num_ranks
+    worker_num_ranks = np.array(worker_num_ranks, dtype=np.int64)
+    first_rank = np.concatenate(([0], np.cumsum(worker_num_ranks)[:-1])).astype(np.int64)
+
+    def per_rank(field):
+        return np.array([getattr(pool, field) for pool in ranks], dtype=np.int64)
+
+    return {
+        "worker_role": np.array(worker_role, dtype=np.int64),
+        "worker_first_rank": first_rank,
+        "worker_num_ranks": worker_num_ranks,
+        "rank_worker": np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks),
+        "rank_max_batched_tokens": per_rank("max_batched_tokens"),
+        "rank_max_sequences": per_rank("max_sequences"),
+        "rank_num_blocks": per_rank("num_blocks"),
+        "rank_block_size": per_rank("block_size"),
+        "rank_seq_limit": per_rank("sequence_limit"),
+    }
 
 
 def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int) -> dict[str, np.ndarray]:
     """Caller-allocated kernel outputs, initialised to their "not yet" values."""
     out = {
         name: np.full(n, -1, dtype=np.int64)
-        for name in ("send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns")
+        for name in (
+            "send_ns",
+            "arrival_ns",
+            "first_admit_ns",
+            "first_emit_ns",
+            "finish_ns",
+            "reject_ns",
+            "handoff_ns",
+            "transfer_end_ns",
+            "decode_rank",
+        )
     }
     out["generated"] = np.zeros(n, dtype=np.int64)
     out["num_preemptions"] = np.zeros(n, dtype=np.int64)

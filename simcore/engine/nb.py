@@ -1,4 +1,4 @@
-"""Engine replay kernel: the discrete-event loop over engine passes (SPEC §2-5, 7, 9).
+"""Engine replay kernel: the discrete-event loop over engine passes (SPEC §2-7, 9).
 
 Contract
 --------
@@ -16,10 +16,10 @@ Contract
   receipts release sends) or ``DETOK_DEFERRED`` (emission order is logged and
   ``simcore.client.api.detokenize_after_run`` computes receipts afterwards).
 
-The equal-time rule of SPEC §5 is the loop in ``simulate_aggregated_nb``: at an
+The equal-time rule of SPEC §5 is the loop in ``simulate_engine_nb``: at an
 instant t it repeats (a) pass ends by worker, (b)+(c) receipts releasing sends
-and the sends themselves in table order, (d) tokenizer jobs and engine arrivals
-in send order, until nothing is left at t; then (e) idle workers start passes.
+and the sends themselves in table order, (d) tokenizer jobs, engine arrivals
+in send order and KV-transfer ends in handoff order, until nothing is left at t; then (e) idle workers start passes.
 Receipts are known when their pass ends, so a closed-loop send is queued then,
 at ``receipt + think``, which is the same instant SPEC §2 gives it.
 """
@@ -38,6 +38,10 @@ BAD_TIMING = 2
 DETOK_OFF = 0
 DETOK_IN_KERNEL = 1
 DETOK_DEFERRED = 2
+
+ROLE_AGGREGATED = 0
+ROLE_PREFILL = 1
+ROLE_DECODE = 2
 
 NO_CAP = np.iinfo(np.int64).max
 
@@ -146,7 +150,7 @@ def _blocks_for_nb(tokens, block_size):
 
 
 @njit(cache=True)
-def simulate_aggregated_nb(
+def simulate_engine_nb(
     input_tokens,
     output_tokens,
     token_offset,
@@ -154,21 +158,25 @@ def simulate_aggregated_nb(
     closed_loop,
     concurrency,
     think_ns,
+    recv_rank,
     tok_server,
     tok_service_ns,
     num_tok_servers,
+    transfer_ns,
     detok_mode,
     detok_server,
     detok_workers,
     detok_params,
     chunk_size,
-    num_workers,
-    num_dp_ranks,
-    max_batched_tokens,
-    max_sequences,
-    num_blocks,
-    block_size,
-    seq_limit,
+    worker_role,
+    worker_first_rank,
+    worker_num_ranks,
+    num_decode_workers,
+    rank_max_batched_tokens,
+    rank_max_sequences,
+    rank_num_blocks,
+    rank_block_size,
+    rank_seq_limit,
     timing_model,
     timing_params,
     cap_ns,
@@ -177,6 +185,9 @@ def simulate_aggregated_nb(
     first_emit_ns,
     finish_ns,
     reject_ns,
+    handoff_ns,
+    transfer_end_ns,
+    decode_rank,
     generated,
     num_preemptions,
     token_emit_ns,
@@ -186,7 +197,10 @@ def simulate_aggregated_nb(
     pass_ms,
     bad_batch,
 ):
-    """Simulate an aggregated deployment with the ``vllm`` policy.
+    """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
+
+    Workers have global indices: the aggregated pool, or the prefill pool then
+    the decode pool (SPEC §3); ranks are numbered globally, worker by worker.
 
     Parameters
     ----------
@@ -203,28 +217,36 @@ def simulate_aggregated_nb(
         Number of closed-loop clients.
     think_ns : int
         Closed-loop think time between a request's end and the next send, ns.
+    recv_rank : ndarray(int64, ndim=1)
+        Global rank that receives each request (aggregated or prefill pool).
     tok_server : ndarray(int64, ndim=1)
-        Global tokenizer server of each request (``worker x workers + server``).
+        Global tokenizer server of each request.
     tok_service_ns : ndarray(int64, ndim=1)
         Tokenizer job service of each request, ns (all 0: stage off).
     num_tok_servers : int
         Number of tokenizer servers over all workers.
+    transfer_ns : ndarray(int64, ndim=1)
+        KV-transfer duration of each request, ns (P/D).
     detok_mode : int
         ``DETOK_OFF``, ``DETOK_IN_KERNEL`` or ``DETOK_DEFERRED``.
     detok_server : ndarray(int64, ndim=1)
         Detokenizer server of each request within its worker (``0 .. workers-1``).
     detok_workers : int
-        Detokenizer servers per worker.
+        Detokenizer servers per token-emitting worker.
     detok_params : ndarray(float64, ndim=1)
         ``[base_ms, per_output_us, first_output_us, final_output_us]``.
     chunk_size : int
         Most outputs per detokenizer job (0: no limit).
-    num_workers, num_dp_ranks : int
-        Replicas W and attention-DP ranks R per worker.
-    max_batched_tokens, max_sequences, num_blocks, block_size : int
+    worker_role : ndarray(int64, ndim=1)
+        ``ROLE_AGGREGATED``, ``ROLE_PREFILL`` or ``ROLE_DECODE`` per worker.
+    worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
+        Each worker's first global rank and number of attention-DP ranks.
+    num_decode_workers : int
+        Decode workers (the last ones); 0 when aggregated.
+    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
         Per-rank scheduler limits and KV cache (blocks, tokens per block).
-    seq_limit : int
-        The rank's sequence limit L, tokens.
+    rank_seq_limit : ndarray(int64, ndim=1)
+        Per-rank sequence limit L, tokens.
     timing_model : int
         Timing-model code of ``simcore.timing.nb``.
     timing_params : ndarray(float64, ndim=1)
@@ -234,6 +256,9 @@ def simulate_aggregated_nb(
     arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns : ndarray(int64, ndim=1)
         Out, per request, ns, ``-1`` initialised: engine arrival, first
         admission (pass start), first token emission, engine finish, rejection.
+    handoff_ns, transfer_end_ns, decode_rank : ndarray(int64, ndim=1)
+        Out, per request, ``-1`` initialised (P/D): end of the prefill pass that
+        computed the prompt, KV-transfer end, global decode rank.
     generated, num_preemptions : ndarray(int64, ndim=1)
         Out, per request, zero initialised: tokens emitted, preemptions.
     token_emit_ns, token_recv_ns : ndarray(int64, ndim=1)
@@ -261,10 +286,13 @@ def simulate_aggregated_nb(
         Tokens emitted (rows written to ``emit_log`` in deferred mode).
     """
     n = input_tokens.shape[0]
-    num_ranks = num_workers * num_dp_ranks
+    num_workers = worker_role.shape[0]
+    num_ranks = rank_num_blocks.shape[0]
+    first_decode_worker = num_workers - num_decode_workers
     record_passes = pass_log.shape[0] > 0
     pass_log_rows = 0
     num_emitted = 0
+    num_handoffs = 0
     base_ms = detok_params[0]
     per_output_us = detok_params[1]
     first_output_us = detok_params[2]
@@ -276,39 +304,40 @@ def simulate_aggregated_nb(
     sched_n = np.zeros(n, dtype=np.int64)
     wait_next = np.full(n, -1, dtype=np.int64)
     wait_prev = np.full(n, -1, dtype=np.int64)
-    # Placement by send sequence number k: worker k mod W, rank (k div W) mod R.
-    rank_of = np.empty(n, dtype=np.int64)
-    for k in range(n):
-        w = k % num_workers
-        rank_of[k] = w * num_dp_ranks + (k // num_workers) % num_dp_ranks
 
     # Per-rank state.
     wait_head = np.full(num_ranks, -1, dtype=np.int64)
     wait_tail = np.full(num_ranks, -1, dtype=np.int64)
-    running = np.empty((num_ranks, max_sequences), dtype=np.int64)
+    running = np.empty((num_ranks, rank_max_sequences.max()), dtype=np.int64)
     run_len = np.zeros(num_ranks, dtype=np.int64)
     num_sched = np.zeros(num_ranks, dtype=np.int64)
     blocks_used = np.zeros(num_ranks, dtype=np.int64)
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
-    summary = np.zeros((num_dp_ranks, 6), dtype=np.int64)
-    rank_ms = np.zeros(num_dp_ranks, dtype=np.float64)
+    max_ranks = worker_num_ranks.max()
+    summary = np.zeros((max_ranks, 6), dtype=np.int64)
+    rank_ms = np.zeros(max_ranks, dtype=np.float64)
 
-    # Servers.
+    # Servers and the outputs of the pass being ended.
     tok_free = np.zeros(num_tok_servers, dtype=np.int64)
     detok_free = np.zeros(num_workers * detok_workers, dtype=np.int64)
-    max_outputs = num_dp_ranks * max_sequences
+    max_outputs = max_ranks * rank_max_sequences.max()
     out_token = np.empty(max_outputs, dtype=np.int64)
     out_req = np.empty(max_outputs, dtype=np.int64)
     out_final = np.zeros(max_outputs, dtype=np.bool_)
     job_tokens = np.empty(max_outputs, dtype=np.int64)
     job_final = np.zeros(max_outputs, dtype=np.bool_)
 
-    # Event queues: engine arrivals by (instant, k); closed-loop sends by instant.
+    # Event queues: engine arrivals by (instant, k); KV-transfer ends by
+    # (instant, handoff number); closed-loop sends by instant.
     arr_key = np.empty(n, dtype=np.int64)
     arr_val = np.empty(n, dtype=np.int64)
     arr_size = 0
+    xfer_key = np.empty(n, dtype=np.int64)
+    xfer_val = np.empty(n, dtype=np.int64)
+    xfer_size = 0
+    handoff_req = np.empty(n, dtype=np.int64)
     # One entry per initial client and per request end: at most 2n.
     send_key = np.empty(2 * n + 1, dtype=np.int64)
     send_val = np.zeros(2 * n + 1, dtype=np.int64)
@@ -329,6 +358,8 @@ def simulate_aggregated_nb(
                 t = pass_end[w]
         if arr_size > 0 and arr_key[0] < t:
             t = arr_key[0]
+        if xfer_size > 0 and xfer_key[0] < t:
+            t = xfer_key[0]
         if closed_loop:
             if send_size > 0 and next_row < n and send_key[0] < t:
                 t = send_key[0]
@@ -346,45 +377,57 @@ def simulate_aggregated_nb(
                     continue
                 pass_end[w] = -1
                 progressed = True
+                hidden = worker_role[w] == ROLE_PREFILL
                 num_out = 0
-                for r in range(num_dp_ranks):
-                    g = w * num_dp_ranks + r
+                for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
                     keep = 0
                     for i in range(run_len[g]):
                         k = running[g, i]
-                        finished = False
+                        leaves = False
                         if i < num_sched[g]:
                             computed[k] += sched_n[k]
                             if computed[k] == input_tokens[k] + generated[k]:
-                                j = generated[k]
-                                generated[k] = j + 1
-                                tok = token_offset[k] + j
-                                token_emit_ns[tok] = t
-                                if j == 0:
-                                    first_emit_ns[k] = t
-                                finished = (
-                                    j + 1 == output_tokens[k]
-                                    or input_tokens[k] + j + 1 >= seq_limit
-                                )
-                                if detok_mode == DETOK_OFF:
-                                    token_recv_ns[tok] = t
-                                    if finished and closed_loop:
-                                        send_size = _heap_push_nb(
-                                            send_key, send_val, send_size, t + think_ns, 0
-                                        )
-                                elif detok_mode == DETOK_IN_KERNEL:
-                                    out_token[num_out] = tok
-                                    out_req[num_out] = k
-                                    out_final[num_out] = finished
-                                    num_out += 1
+                                if hidden:
+                                    # Prompt computed: hand off; the sampled token
+                                    # is not sent and the blocks stay held until
+                                    # the transfer ends (SPEC §6).
+                                    leaves = True
+                                    handoff_ns[k] = t
+                                    handoff_req[num_handoffs] = k
+                                    xfer_size = _heap_push_nb(
+                                        xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
+                                    )
+                                    num_handoffs += 1
                                 else:
-                                    emit_log[num_emitted] = tok
-                                num_emitted += 1
-                                if finished:
-                                    finish_ns[k] = t
-                                    blocks_used[g] -= held[k]
-                                    held[k] = 0
-                        if not finished:
+                                    j = generated[k]
+                                    generated[k] = j + 1
+                                    tok = token_offset[k] + j
+                                    token_emit_ns[tok] = t
+                                    if j == 0:
+                                        first_emit_ns[k] = t
+                                    leaves = (
+                                        j + 1 == output_tokens[k]
+                                        or input_tokens[k] + j + 1 >= rank_seq_limit[g]
+                                    )
+                                    if detok_mode == DETOK_OFF:
+                                        token_recv_ns[tok] = t
+                                        if leaves and closed_loop:
+                                            send_size = _heap_push_nb(
+                                                send_key, send_val, send_size, t + think_ns, 0
+                                            )
+                                    elif detok_mode == DETOK_IN_KERNEL:
+                                        out_token[num_out] = tok
+                                        out_req[num_out] = k
+                                        out_final[num_out] = leaves
+                                        num_out += 1
+                                    else:
+                                        emit_log[num_emitted] = tok
+                                    num_emitted += 1
+                                    if leaves:
+                                        finish_ns[k] = t
+                                        blocks_used[g] -= held[k]
+                                        held[k] = 0
+                        if not leaves:
                             running[g, keep] = k
                             keep += 1
                     run_len[g] = keep
@@ -392,7 +435,7 @@ def simulate_aggregated_nb(
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
                 # the server's outputs in rank then running order, cut in chunks.
-                if detok_mode == DETOK_IN_KERNEL:
+                if detok_mode == DETOK_IN_KERNEL and num_out > 0:
                     for s in range(detok_workers):
                         send_size = _detokenize_pass_nb(
                             t,
@@ -434,8 +477,7 @@ def simulate_aggregated_nb(
                 progressed = True
                 # (d) tokenizer job, FIFO per server in send order.
                 server = tok_server[k]
-                start = max(t, tok_free[server])
-                end = start + tok_service_ns[k]
+                end = max(t, tok_free[server]) + tok_service_ns[k]
                 tok_free[server] = end
                 arr_size = _heap_push_nb(arr_key, arr_val, arr_size, end, k)
 
@@ -445,24 +487,45 @@ def simulate_aggregated_nb(
                 arr_size = _heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 arrival_ns[k] = t
-                if input_tokens[k] >= seq_limit:
-                    reject_ns[k] = t
-                    if closed_loop:
-                        send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
-                else:
-                    _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, rank_of[k], k)
+                send_size = _enter_rank_nb(
+                    k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
+                    think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+                )
+
+            # (d) KV-transfer ends at t, in handoff order: free the prefill
+            # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
+            while xfer_size > 0 and xfer_key[0] == t:
+                h = xfer_val[0]
+                xfer_size = _heap_pop_nb(xfer_key, xfer_val, xfer_size)
+                progressed = True
+                k = handoff_req[h]
+                blocks_used[recv_rank[k]] -= held[k]
+                held[k] = 0
+                transfer_end_ns[k] = t
+                w = first_decode_worker + h % num_decode_workers
+                g = worker_first_rank[w] + (h // num_decode_workers) % worker_num_ranks[w]
+                decode_rank[k] = g
+                computed[k] = input_tokens[k] - 1
+                send_size = _enter_rank_nb(
+                    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
+                    think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+                )
 
         # (e) idle workers with work start passes, by worker index.
         for w in range(num_workers):
             if pass_end[w] >= 0:
                 continue
+            first_rank = worker_first_rank[w]
+            num_dp = worker_num_ranks[w]
             while True:
                 any_batch = False
                 any_preempted = False
                 worst_ms = 0.0
-                for r in range(num_dp_ranks):
-                    g = w * num_dp_ranks + r
-                    budget = max_batched_tokens
+                for r in range(num_dp):
+                    g = first_rank + r
+                    budget = rank_max_batched_tokens[g]
+                    block_size = rank_block_size[g]
+                    free_limit = rank_num_blocks[g]
                     preempted = False
                     for c in range(6):
                         summary[r, c] = 0
@@ -476,7 +539,7 @@ def simulate_aggregated_nb(
                             break
                         grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
                         self_preempted = False
-                        while grow > num_blocks - blocks_used[g]:
+                        while grow > free_limit - blocks_used[g]:
                             run_len[g] -= 1
                             victim = running[g, run_len[g]]
                             blocks_used[g] -= held[victim]
@@ -500,11 +563,15 @@ def simulate_aggregated_nb(
                     num_sched[g] = i
                     # Step 2: waiting requests, FIFO, with head-of-line blocking.
                     if not preempted:
-                        while wait_head[g] >= 0 and run_len[g] < max_sequences and budget > 0:
+                        while (
+                            wait_head[g] >= 0
+                            and run_len[g] < rank_max_sequences[g]
+                            and budget > 0
+                        ):
                             k = wait_head[g]
                             n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
                             grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
-                            if grow > num_blocks - blocks_used[g]:
+                            if grow > free_limit - blocks_used[g]:
                                 break
                             _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
                             running[g, run_len[g]] = k
@@ -543,9 +610,9 @@ def simulate_aggregated_nb(
                     end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
                     pass_end[w] = end
                     if record_passes:
-                        if pass_log_rows + num_dp_ranks > pass_log.shape[0]:
+                        if pass_log_rows + num_dp > pass_log.shape[0]:
                             return PASS_LOG_FULL, pass_log_rows, num_emitted
-                        for r in range(num_dp_ranks):
+                        for r in range(num_dp):
                             row = pass_log_rows
                             pass_log[row, PASS_WORKER] = w
                             pass_log[row, PASS_RANK] = r
@@ -561,6 +628,25 @@ def simulate_aggregated_nb(
                 # Only preemptions happened: try again at once (SPEC §5 (e)).
 
     return OK, pass_log_rows, num_emitted
+
+
+@njit(cache=True)
+def _enter_rank_nb(
+    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop, think_ns,
+    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+):
+    """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
+
+    A rejection ends at the client at once, releasing a closed-loop send.
+    Returns the send-heap size.
+    """
+    if input_tokens[k] >= rank_seq_limit[g]:
+        reject_ns[k] = t
+        if closed_loop:
+            send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
+    else:
+        _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+    return send_size
 
 
 @njit(cache=True)

@@ -19,6 +19,7 @@ from simcore.units import NOT_YET
 
 COMPLETED, REJECTED, INCOMPLETE = 0, 1, 2
 STATUS_NAMES = ("completed", "rejected", "incomplete")
+POOL_NAMES = ("aggregated", "prefill", "decode")  # indexed by the kernel's ROLE_* codes
 
 #: Summary distributions: name -> per-request column (itl is pooled per token).
 DISTRIBUTIONS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": None, "e2el": "e2el_ms"}
@@ -68,15 +69,18 @@ class RequestColumns:
             _span_ms(self.last_recv_ns, self.first_recv_ns) / np.maximum(run.generated - 1, 1),
             np.nan,
         )
-        # TTFT stages (aggregated: the prompt's pass emits the first token).
-        prompt_done_ns = run.first_emit_ns
-        zero_where_done = np.where(prompt_done_ns != NOT_YET, 0.0, np.nan)
+        # TTFT stages; aggregated, the prompt's pass emits the first token.
+        if run.disaggregated:
+            transfer = _span_ms(run.transfer_end_ns, run.prompt_done_ns)
+            decode_wait = _span_ms(run.first_emit_ns, run.transfer_end_ns)
+        else:
+            transfer = decode_wait = np.where(run.prompt_done_ns != NOT_YET, 0.0, np.nan)
         self.stages = {
             "tokenization_ms": _span_ms(run.arrival_ns, run.send_ns),
             "queue_ms": _span_ms(run.first_admit_ns, run.arrival_ns),
-            "prefill_ms": _span_ms(prompt_done_ns, run.first_admit_ns),
-            "transfer_ms": zero_where_done,
-            "decode_wait_ms": zero_where_done,
+            "prefill_ms": _span_ms(run.prompt_done_ns, run.first_admit_ns),
+            "transfer_ms": transfer,
+            "decode_wait_ms": decode_wait,
             "detokenization_ms": _span_ms(self.first_recv_ns, run.first_emit_ns),
         }
 
@@ -102,6 +106,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "status": status,
         "worker": run.worker,
         "rank": run.rank,
+        **_pd_placement(run),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "generated_tokens": run.generated,
@@ -115,6 +120,8 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "ttft_ms": cols.ttft_ms,
         "tpot_ms": cols.tpot_ms,
         "e2el_ms": cols.e2el_ms,
+        "transfer_start_ms": _instant_ms(run.prompt_done_ns if run.disaggregated else np.full_like(run.send_ns, NOT_YET)),
+        "transfer_end_ms": _instant_ms(run.transfer_end_ns),
         **cols.stages,
     }
     arrays = [
@@ -122,6 +129,21 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         for value in data.values()
     ]
     return conform(pa.table(arrays, names=list(data)), REQUESTS_SCHEMA)
+
+
+def _pd_placement(run: EngineRun) -> dict[str, pa.Array]:
+    """P/D placement columns: prefill (receiving) and decode worker/rank; null when aggregated."""
+    def nullable(values, valid):
+        return pa.array(values, type=pa.int32(), mask=~valid)
+
+    receiving = np.full(run.worker.shape[0], run.disaggregated)
+    handed_off = run.decode_rank != NOT_YET
+    return {
+        "prefill_worker": nullable(run.worker, receiving),
+        "prefill_rank": nullable(run.rank, receiving),
+        "decode_worker": nullable(run.decode_worker, handed_off),
+        "decode_rank": nullable(run.decode_rank, handed_off),
+    }
 
 
 def tokens_table(request_id: pa.Array, run: EngineRun) -> pa.Table:
@@ -142,8 +164,10 @@ def tokens_table(request_id: pa.Array, run: EngineRun) -> pa.Table:
 
 def passes_table(run: EngineRun) -> pa.Table:
     log = run.pass_log
+    roles = run.worker_role[log[:, nb.PASS_WORKER]].astype(np.int8)
     table = pa.table(
         {
+            "pool": pa.DictionaryArray.from_arrays(pa.array(roles, type=pa.int8()), pa.array(POOL_NAMES)),
             "worker": log[:, nb.PASS_WORKER],
             "rank": log[:, nb.PASS_RANK],
             "start_ms": log[:, nb.PASS_START] / 1e6,

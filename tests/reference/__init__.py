@@ -1,4 +1,4 @@
-"""Slow, pure-Python reference implementation of SPEC.md (aggregated mode, policy vllm).
+"""Slow, pure-Python reference implementation of SPEC.md (aggregated and P/D modes, policy vllm).
 
 Written independently of ``simcore`` straight from ``SPEC.md`` so that the fast
 engine can be compared with it request by request, to the nanosecond.

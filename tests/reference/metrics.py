@@ -1,4 +1,5 @@
-"""Reference SPEC §10 summary computed in pure Python from ``sim.simulate`` output.
+"""Reference SPEC §10 summary computed in pure Python from ``sim.simulate`` output
+(aggregated and disaggregated modes).
 
 Distributions and stage means cover completed requests only.  Means and stds use
 ``math.fsum`` (correctly rounded sums), so they may differ from numpy's pairwise sums
@@ -134,16 +135,24 @@ def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
         describe(values, percentiles, name, out)
 
-    # TTFT stage means (aggregated: transfer and decode_wait are 0)
+    # TTFT stage means over completed requests (SPEC §10).  The stages partition
+    # send -> first receipt: tokenization (send -> arrival), queue (arrival -> first
+    # admission), prefill (first admission -> prompt done), transfer (prompt done ->
+    # transfer end; 0 in aggregated mode), decode_wait (transfer end -> first emission;
+    # 0 in aggregated mode), detokenization (first emission -> first receipt).
+    disaggregated = sim_result.get("mode", "aggregated") == "disaggregated"
     stages = {
         "tokenization": ("send_ns", "arrival_ns"),
         "queue": ("arrival_ns", "first_admit_ns"),
-        "prefill": ("first_admit_ns", "first_emit_ns"),
+        "prefill": ("first_admit_ns", "prompt_done_ns"),
+        "transfer": ("prompt_done_ns", "transfer_end_ns"),
+        "decode_wait": ("transfer_end_ns", "first_emit_ns"),
         "detokenization": ("first_emit_ns", "first_recv_ns"),
     }
     for stage, (a, b) in stages.items():
-        vals = [(reqs[k][b] - reqs[k][a]) / 1e6 for k in completed]
+        if stage in ("transfer", "decode_wait") and not disaggregated:
+            vals = [0.0 for k in completed]
+        else:
+            vals = [(reqs[k][b] - reqs[k][a]) / 1e6 for k in completed]
         out[f"mean_{stage}_ms"] = mean(vals) if vals else None
-    out["mean_transfer_ms"] = 0.0 if completed else None
-    out["mean_decode_wait_ms"] = 0.0 if completed else None
     return out

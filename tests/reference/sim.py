@@ -1,10 +1,32 @@
-"""Slow, obviously-correct reference simulator (SPEC.md §0-§5, §7-§9; aggregated, vllm).
+"""Slow, obviously-correct reference simulator (SPEC.md §0-§9; policy vllm).
 
 Everything here is plain Python on int nanoseconds (SPEC §0).  Clarity is preferred
 over speed: one Python object per request, per rank and per worker, and an explicit
 event loop that processes one instant at a time in the SPEC §5 equal-time order.
 
-Not covered: P/D disaggregation (§6), prefix caching, the aic/table timing models.
+Modes: ``engine.mode = "aggregated"`` (one pool) and ``"disaggregated"`` (SPEC §6: a
+prefill pool, then a decode pool; global worker indices 0..Wp-1 are prefill workers,
+Wp..Wp+Wd-1 decode workers).  P/D decisions where SPEC is silent:
+
+- A prefill rank schedules by the §5 rules.  At a prefill pass end a request whose
+  ``computed == known`` (= input_tokens, generated 0) is handed off: no token is
+  emitted, it leaves ``running`` at once (with the finished requests), its prefill
+  blocks stay used (not preemptible) until its transfer ends.  Handoffs are numbered
+  h = 0, 1, ... in pass-end order (global worker index, rank, running order).
+- Transfer: 0 ns when ``kv_transfer`` is off, else
+  ``ms = ((input * bytes_per_token) / (bandwidth_gb_per_second * 1e9)) * 1e3``,
+  ``ns = rint(ms * 1e6)``; start = the handing-off pass end.
+- Transfer ends run in phase (d) after engine arrivals, in handoff order.  At a
+  transfer end the prefill blocks are freed; the decode placement is worker
+  ``Wp + h mod Wd``, rank ``(h div Wd) mod Rd``; ``input >= L_decode`` rejects it
+  there (it ends at the client at once); otherwise it joins the BACK of the decode
+  rank's ``waiting`` with computed = input - 1, generated = 0, holding 0 blocks.
+- ``first_admit`` stays the prefill admission.  Tokenizer servers belong to prefill
+  workers, detokenizer servers to decode workers.  Transfer ends after the time cap
+  never happen (the request stays incomplete; decode_worker/decode_rank and
+  transfer_end are None).
+
+Not covered: prefix caching, the aic/table timing models.
 """
 
 from __future__ import annotations
@@ -47,15 +69,20 @@ class Request:
         self.request_id = request_id
         self.input_tokens = int(input_tokens)
         self.output_tokens = int(output_tokens)
-        self.worker = worker          # SPEC §3: k mod W
+        self.worker = worker          # SPEC §3: k mod W (P/D: over the prefill pool)
         self.rank = rank              # SPEC §3: (k div W) mod R
         self.tok_server = tok_server  # SPEC §4
         self.detok_server = detok_server  # SPEC §7
-        # engine state (SPEC §5)
+        # engine state (SPEC §5), on the rank the request is on now
         self.computed = 0
         self.generated = 0
         self.held_blocks = 0
         self.num_preemptions = 0
+        # P/D state (SPEC §6)
+        self.handoff = None           # h, assigned at the prefill pass end
+        self.transfer_blocks = 0      # prefill blocks held while transferring
+        self.decode_worker = None     # global worker index, set at the transfer end
+        self.decode_rank = None
         # outcome
         self.rejected = False
         self.completed = False  # final token received by the client
@@ -63,6 +90,9 @@ class Request:
         self.send_ns = None
         self.arrival_ns = None
         self.first_admit_ns = None
+        self.prompt_done_ns = None
+        self.transfer_start_ns = None
+        self.transfer_end_ns = None
         self.first_emit_ns = None
         self.first_recv_ns = None
         self.last_recv_ns = None
@@ -74,6 +104,26 @@ class Request:
     def known(self):
         """SPEC §5: known = input_tokens + generated."""
         return self.input_tokens + self.generated
+
+
+class Pool:
+    """A pool of identical workers (aggregated, prefill or decode), SPEC §3."""
+
+    def __init__(self, name, params, first_worker):
+        self.name = name
+        self.first_worker = first_worker  # global index of its worker 0
+        self.W = int(params["replicas"])
+        self.R = int(params["attention_dp"])
+        self.max_batched_tokens = int(params["max_batched_tokens"])
+        self.max_sequences = int(params["max_sequences"])
+        self.num_blocks = int(params["num_blocks"])
+        self.block_size = int(params["block_size"])
+        capacity = self.num_blocks * self.block_size
+        ctx = params["context_length"]
+        self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
+
+    def blocks_for(self, tokens):
+        return -(-tokens // self.block_size)  # ceil
 
 
 class Rank:
@@ -102,9 +152,10 @@ class Pass:
 
 
 class Worker:
-    def __init__(self, index, num_ranks, tok_servers, detok_servers):
-        self.index = index
-        self.ranks = [Rank(r) for r in range(num_ranks)]
+    def __init__(self, index, pool, tok_servers, detok_servers):
+        self.index = index                     # global worker index
+        self.pool = pool
+        self.ranks = [Rank(r) for r in range(pool.R)]
         self.tok_free = [0] * tok_servers      # tokenizer server free instants (SPEC §4)
         self.detok_free = [0] * detok_servers  # detokenizer server free instants (SPEC §7)
         self.current = None                    # Pass or None (idle)
@@ -121,22 +172,29 @@ class ReferenceSim:
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
-        pool = config["engine"]["aggregated"]
+        engine = config["engine"]
         self.closed_loop = load["type"] == "closed_loop"
         if not self.closed_loop:
             assert send_ns is not None and len(send_ns) == n_rows
         self.concurrency = int(load["concurrency"])
         self.think_ns = ms_to_ns(load["think_time_ms"])
 
-        self.W = int(pool["replicas"])
-        self.R = int(pool["attention_dp"])
-        self.max_batched_tokens = int(pool["max_batched_tokens"])
-        self.max_sequences = int(pool["max_sequences"])
-        self.num_blocks = int(pool["num_blocks"])
-        self.block_size = int(pool["block_size"])
-        capacity = self.num_blocks * self.block_size
-        ctx = pool["context_length"]
-        self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
+        self.mode = engine.get("mode", "aggregated")
+        if self.mode == "aggregated":
+            self.recv_pool = Pool("aggregated", engine["aggregated"], 0)
+            self.emit_pool = self.recv_pool
+            pools = [self.recv_pool]
+        elif self.mode == "disaggregated":
+            self.recv_pool = Pool("prefill", engine["prefill"], 0)
+            self.emit_pool = Pool("decode", engine["decode"], self.recv_pool.W)
+            pools = [self.recv_pool, self.emit_pool]
+        else:
+            raise ValueError(f"unknown engine.mode {self.mode!r}")
+        self.disaggregated = self.mode == "disaggregated"
+        kv = engine.get("kv_transfer") or {}
+        self.kv_bandwidth = kv.get("bandwidth_gb_per_second")
+        self.kv_bytes_per_token = kv.get("bytes_per_token")
+        assert (self.kv_bandwidth is None) == (self.kv_bytes_per_token is None)
 
         timing = config["timing"]
         self.timing_type = timing["type"]
@@ -168,26 +226,34 @@ class ReferenceSim:
         cap = config["max_time_ms"]
         self.cap_ns = None if cap is None else ms_to_ns(cap)  # SPEC §9
 
-        self.workers = [Worker(w, self.R, self.tok_workers, self.detok_workers)
-                        for w in range(self.W)]
+        # Workers in global index order: aggregated; or prefill, then decode (SPEC §3).
+        self.workers = []
+        for pool in pools:
+            for _ in range(pool.W):
+                self.workers.append(Worker(len(self.workers), pool, self.tok_workers,
+                                           self.detok_workers))
+        rp = self.recv_pool
         self.requests = []
         for k in range(n_rows):
             h = fnv1a64(str(request_ids[k]))
             self.requests.append(Request(
                 row=k, request_id=request_ids[k],
                 input_tokens=input_tokens[k], output_tokens=output_tokens[k],
-                worker=k % self.W, rank=(k // self.W) % self.R,
+                worker=rp.first_worker + k % rp.W, rank=(k // rp.W) % rp.R,
                 tok_server=h % self.tok_workers, detok_server=h % self.detok_workers,
             ))
 
         # Pending events.
         #  sends: deque of (t, row), rows in table order with non-decreasing t (SPEC §2)
         #  arrivals: heap of (t, row)  -- tokenization job ends / engine arrivals
+        #  transfers: heap of (t, h, row) -- KV-transfer ends (P/D), in handoff order
         #  receipts: heap of (t, seq, [(request, token_index), ...]) -- detok job ends
         self.sends = deque()
         self.arrivals = []
+        self.transfers = []
         self.receipts = []
         self.receipt_seq = 0
+        self.next_handoff = 0  # P/D: the next handoff number h
         self.next_unsent = 0  # closed loop: next row to send
         if self.closed_loop:
             first = min(self.concurrency, n_rows)
@@ -217,6 +283,8 @@ class ReferenceSim:
             candidates.append(self.sends[0][0])
         if self.arrivals:
             candidates.append(self.arrivals[0][0])
+        if self.transfers:
+            candidates.append(self.transfers[0][0])
         if self.receipts:
             candidates.append(self.receipts[0][0])
         return min(candidates) if candidates else None
@@ -236,7 +304,7 @@ class ReferenceSim:
         """SPEC §5 equal-time order: repeat (a)-(d) until nothing is left at t, then (e)."""
         while True:
             progressed = False
-            # (a) pass ends, by worker index
+            # (a) pass ends, by global worker index
             for w in self.workers:
                 if w.current is not None and w.current.end_ns == t:
                     self.end_pass(w, t)
@@ -251,14 +319,19 @@ class ReferenceSim:
                 _, row = self.sends.popleft()
                 self.send(self.requests[row], t)
                 progressed = True
-            # (d) tokenization job ends = engine arrivals, in send order
+            # (d) tokenization job ends = engine arrivals, in send order ...
             while self.arrivals and self.arrivals[0][0] == t:
                 _, row = heapq.heappop(self.arrivals)
                 self.arrive(self.requests[row], t)
                 progressed = True
+            # ... then KV-transfer ends, in handoff order (P/D)
+            while self.transfers and self.transfers[0][0] == t:
+                _, _, row = heapq.heappop(self.transfers)
+                self.transfer_end(self.requests[row], t)
+                progressed = True
             if not progressed:
                 break
-        # (e) idle workers with work try to start a pass, by worker index
+        # (e) idle workers with work try to start a pass, by global worker index
         for w in self.workers:
             if w.current is None and w.has_work():
                 self.try_start(w, t)
@@ -284,15 +357,56 @@ class ReferenceSim:
         w.tok_free[req.tok_server] = end
         heapq.heappush(self.arrivals, (end, req.row))
 
+    def reject(self, req, t):
+        """SPEC §5: a rejection carries no output and reaches the client at once."""
+        req.rejected = True
+        req.end_ns = t
+        self.client_end(t)
+
     def arrive(self, req, t):
-        """SPEC §5: engine arrival on the rank; rejection if input_tokens >= L."""
+        """SPEC §5: engine arrival on the (prefill) rank; rejection if input_tokens >= L."""
         req.arrival_ns = t
-        if req.input_tokens >= self.L:
-            req.rejected = True
-            req.end_ns = t  # the rejection reaches the client at once
-            self.client_end(t)
+        if req.input_tokens >= self.recv_pool.L:
+            self.reject(req, t)
             return
         self.workers[req.worker].ranks[req.rank].waiting.append(req)
+
+    def transfer_ns(self, req):
+        """SPEC §6: ((input * bytes_per_token) / (bandwidth * 1e9)) * 1e3 ms, 0 when off."""
+        if self.kv_bandwidth is None:
+            return 0
+        ms = ((float(req.input_tokens) * float(self.kv_bytes_per_token))
+              / (float(self.kv_bandwidth) * 1e9)) * 1e3
+        return ms_to_ns(ms)
+
+    def hand_off(self, req, rank, t):
+        """SPEC §6: prompt computed on the prefill rank -> it leaves running (the caller
+        removes it), keeps its prefill blocks, and its KV transfer starts at t."""
+        h = self.next_handoff
+        self.next_handoff += 1
+        req.handoff = h
+        req.transfer_blocks = req.held_blocks  # still counted in rank.used_blocks
+        req.held_blocks = 0
+        req.transfer_start_ns = t
+        heapq.heappush(self.transfers, (t + self.transfer_ns(req), h, req.row))
+
+    def transfer_end(self, req, t):
+        """SPEC §6: free the prefill blocks; enter the decode rank (or be rejected there)."""
+        req.transfer_end_ns = t
+        prefill_rank = self.workers[req.worker].ranks[req.rank]
+        prefill_rank.used_blocks -= req.transfer_blocks
+        req.transfer_blocks = 0
+        dp = self.emit_pool
+        h = req.handoff
+        req.decode_worker = dp.first_worker + h % dp.W
+        req.decode_rank = (h // dp.W) % dp.R
+        if req.input_tokens >= dp.L:
+            self.reject(req, t)
+            return
+        req.computed = req.input_tokens - 1
+        req.generated = 0
+        req.held_blocks = 0
+        self.workers[req.decode_worker].ranks[req.decode_rank].waiting.append(req)  # BACK
 
     def receive(self, items, t):
         """SPEC §7: the client receives every token of a detokenization job at t."""
@@ -309,23 +423,20 @@ class ReferenceSim:
 
     # ------------------------------------------------------------ engine side
 
-    def blocks_for(self, tokens):
-        return -(-tokens // self.block_size)  # ceil
-
-    def build_batch(self, rank):
+    def build_batch(self, pool, rank):
         """SPEC §5 pass start for one rank. Returns (batch, preempted, admitted)."""
-        B = self.max_batched_tokens
+        B = pool.max_batched_tokens
         batch = []
         admitted = []
         preempted = False
 
         def fits(req, n):
-            extra = self.blocks_for(req.computed + n) - req.held_blocks
-            return rank.used_blocks + extra <= self.num_blocks
+            extra = pool.blocks_for(req.computed + n) - req.held_blocks
+            return rank.used_blocks + extra <= pool.num_blocks
 
         def schedule(req, n):
             is_decode = n == 1 and req.computed >= req.input_tokens - 1
-            new_held = self.blocks_for(req.computed + n)
+            new_held = pool.blocks_for(req.computed + n)
             rank.used_blocks += new_held - req.held_blocks
             req.held_blocks = new_held
             batch.append((req, n, is_decode))
@@ -356,7 +467,7 @@ class ReferenceSim:
             i += 1
 
         # Step 2: waiting requests, FIFO, with head-of-line blocking.
-        while (rank.waiting and len(rank.running) < self.max_sequences and B > 0
+        while (rank.waiting and len(rank.running) < pool.max_sequences and B > 0
                and not preempted):
             req = rank.waiting[0]
             n = min(req.known - req.computed, B)
@@ -405,11 +516,11 @@ class ReferenceSim:
             batches, summaries, times, blocks = [], [], [], []
             any_preempted = False
             for rank in w.ranks:
-                batch, preempted, admitted = self.build_batch(rank)
+                batch, preempted, admitted = self.build_batch(w.pool, rank)
                 any_preempted = any_preempted or preempted
                 for req in admitted:
                     if req.first_admit_ns is None:
-                        req.first_admit_ns = t  # first admission only
+                        req.first_admit_ns = t  # first admission only (P/D: on prefill)
                 s = self.summarize_batch(batch)
                 batches.append(batch)
                 summaries.append(s)
@@ -424,32 +535,43 @@ class ReferenceSim:
             # only preemptions happened: try again at once
 
     def end_pass(self, w, t):
-        """SPEC §5 pass end, then SPEC §7 detokenization jobs."""
+        """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization."""
         p = w.current
         w.current = None
+        pool = w.pool
+        hands_off = pool.name == "prefill"
         outputs = []  # (request, token_index), in rank then running order
         for rank, batch in zip(w.ranks, p.batches):
             for req, n, _ in batch:
                 req.computed += n
-                if req.computed == req.known:
-                    idx = req.generated
-                    req.generated += 1
-                    final = (req.generated == req.output_tokens
-                             or req.input_tokens + req.generated >= self.L)
-                    req.tokens.append([t, None, final])
-                    if idx == 0:
-                        req.first_emit_ns = t
-                    outputs.append((req, idx))
-                    if final:  # finish: free blocks, leave running
-                        rank.used_blocks -= req.held_blocks
-                        req.held_blocks = 0
-                        rank.running.remove(req)
+                if req.computed != req.known:
+                    continue
+                if req.prompt_done_ns is None:
+                    req.prompt_done_ns = t  # the prompt is computed (first time)
+                if hands_off:  # SPEC §6: hidden token, hand off, leave running
+                    assert req.generated == 0 and req.computed == req.input_tokens
+                    self.hand_off(req, rank, t)
+                    rank.running.remove(req)
+                    continue
+                idx = req.generated
+                req.generated += 1
+                final = (req.generated == req.output_tokens
+                         or req.input_tokens + req.generated >= pool.L)
+                req.tokens.append([t, None, final])
+                if idx == 0:
+                    req.first_emit_ns = t
+                outputs.append((req, idx))
+                if final:  # finish: free blocks, leave running
+                    rank.used_blocks -= req.held_blocks
+                    req.held_blocks = 0
+                    rank.running.remove(req)
         # the pass record (only passes ending by the cap get here)
-        for r in range(self.R):
+        for r in range(pool.R):
             rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
             rec.update(p.summaries[r])
             rec["rank_time_ms"] = p.times_ms[r]
             rec["blocks_in_use"] = p.blocks[r]
+            rec["pool"] = pool.name
             self.pass_records.append(rec)
         self.make_detok_jobs(w, t, outputs)
 
@@ -493,22 +615,30 @@ class ReferenceSim:
                 status = "completed"
             else:
                 status = "incomplete"
+            pd = self.disaggregated
             requests.append(dict(
                 status=status,
                 worker=req.worker,
                 rank=req.rank,
+                prefill_worker=req.worker if pd else None,
+                prefill_rank=req.rank if pd else None,
+                decode_worker=req.decode_worker,   # None unless its transfer ended by the cap
+                decode_rank=req.decode_rank,
                 generated_tokens=req.generated,
                 num_preemptions=req.num_preemptions,
                 send_ns=req.send_ns,
                 arrival_ns=req.arrival_ns,
                 first_admit_ns=req.first_admit_ns,
+                prompt_done_ns=req.prompt_done_ns,
+                transfer_start_ns=req.transfer_start_ns,
+                transfer_end_ns=req.transfer_end_ns,
                 first_emit_ns=req.first_emit_ns,
                 first_recv_ns=req.first_recv_ns,
                 last_recv_ns=req.last_recv_ns,
                 end_ns=req.end_ns,
             ))
             tokens.append([(emit, recv) for emit, recv, _ in req.tokens])
-        return dict(requests=requests, tokens=tokens, passes=self.pass_records)
+        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records)
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns):
