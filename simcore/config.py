@@ -26,14 +26,55 @@ class ConfigError(ValueError):
 # ~2 x 8e9 FLOP (~30 us at ~550 dense TFLOP/s), a KV token read of 128 KiB costs
 # ~40 ns, and each decoding sequence adds sampling/bookkeeping overhead.
 # num_blocks: (80 GB x 0.9 - 16 GB weights) / 128 KiB per token / 16 per block.
+# Pool keys left null take the policy's own default (POLICY_DEFAULTS).
 _POOL_DEFAULTS = {
     "replicas": 1,
     "attention_dp": 1,
-    "max_batched_tokens": 8192,
-    "max_sequences": 256,
-    "num_blocks": 26_000,
-    "block_size": 16,
+    "max_batched_tokens": None,
+    "max_sequences": None,
+    "num_blocks": None,
+    "block_size": None,
     "context_length": None,
+    "chunked_prefill_size": None,
+    "max_prefill_tokens": None,
+    "schedule_conservativeness": None,
+}
+
+#: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
+#: an 80 GB GPU at 0.9 memory utilisation, (80 x 0.9 - 16) GB / 128 KiB per token.
+DEFAULT_KV_TOKENS = 416_000
+
+#: Per-policy defaults of the pool keys, from each engine's own defaults:
+#: vLLM (V1 engine, 0.11: block_size 16, max_num_seqs 256, max_num_batched_tokens
+#: 8192 for the API server); SGLang (0.5: page_size 1, chunked_prefill_size 8192,
+#: max_prefill_tokens 16384, schedule_conservativeness 1.0; max_running_requests
+#: is derived from memory there, 4096 here); TensorRT-LLM (1.0: tokens_per_block
+#: 32, max_num_tokens 8192, max_batch_size 2048).  None: the key is not used.
+POLICY_DEFAULTS = {
+    "vllm": {
+        "max_batched_tokens": 8192,
+        "max_sequences": 256,
+        "block_size": 16,
+        "chunked_prefill_size": None,
+        "max_prefill_tokens": None,
+        "schedule_conservativeness": None,
+    },
+    "sglang": {
+        "max_batched_tokens": None,
+        "max_sequences": 4096,
+        "block_size": 1,
+        "chunked_prefill_size": 8192,
+        "max_prefill_tokens": 16384,
+        "schedule_conservativeness": 1.0,
+    },
+    "trtllm": {
+        "max_batched_tokens": 8192,
+        "max_sequences": 2048,
+        "block_size": 32,
+        "chunked_prefill_size": None,
+        "max_prefill_tokens": None,
+        "schedule_conservativeness": None,
+    },
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -99,7 +140,7 @@ LOAD_TYPES = ("closed_loop", "constant_rate", "poisson", "gamma", "trace")
 OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
 ENGINE_MODES = ("aggregated", "disaggregated")
 POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
-POLICIES = ("vllm",)
+POLICIES = tuple(POLICY_DEFAULTS)
 TIMING_TYPES = ("fixed", "linear")
 
 
@@ -226,11 +267,14 @@ class PoolConfig:
 
     replicas: int
     attention_dp: int
-    max_batched_tokens: int
+    max_batched_tokens: int | None  # vllm, trtllm: the per-pass token budget
     max_sequences: int
     num_blocks: int
     block_size: int
     context_length: int | None
+    chunked_prefill_size: int | None  # sglang
+    max_prefill_tokens: int | None  # sglang
+    schedule_conservativeness: float | None  # sglang
 
     @property
     def num_ranks(self) -> int:
@@ -388,9 +432,9 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
         engine=EngineConfig(
             mode=_choice("engine.mode", e["mode"], ENGINE_MODES),
             policy=_choice("engine.policy", e["policy"], POLICIES),
-            aggregated=_pool("engine.aggregated", e["aggregated"]),
-            prefill=_pool("engine.prefill", e["prefill"]),
-            decode=_pool("engine.decode", e["decode"]),
+            aggregated=_pool("engine.aggregated", e["aggregated"], e["policy"]),
+            prefill=_pool("engine.prefill", e["prefill"], e["policy"]),
+            decode=_pool("engine.decode", e["decode"], e["policy"]),
             kv_transfer=KVTransferConfig(
                 bandwidth_gb_per_second=_optional_number(
                     "engine.kv_transfer.bandwidth_gb_per_second",
@@ -477,15 +521,32 @@ def _percentiles(value: Any) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _pool(prefix: str, raw: Mapping[str, Any]) -> PoolConfig:
+def _pool(prefix: str, raw: Mapping[str, Any], policy: str) -> PoolConfig:
+    defaults = POLICY_DEFAULTS.get(policy, POLICY_DEFAULTS["vllm"])
+    for key, default in defaults.items():
+        if default is None and raw[key] is not None:
+            raise ConfigError(f"{prefix}.{key} is not used by engine.policy={policy}, got {raw[key]!r}")
+
+    def pick(key: str) -> Any:
+        return defaults[key] if raw[key] is None else raw[key]
+
+    block_size = _count(f"{prefix}.block_size", pick("block_size"))
+    num_blocks = raw["num_blocks"]
+    if num_blocks is None:
+        num_blocks = DEFAULT_KV_TOKENS // block_size
+    optional_counts = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
+    conservativeness = pick("schedule_conservativeness")
     return PoolConfig(
         replicas=_count(f"{prefix}.replicas", raw["replicas"]),
         attention_dp=_count(f"{prefix}.attention_dp", raw["attention_dp"]),
-        max_batched_tokens=_count(f"{prefix}.max_batched_tokens", raw["max_batched_tokens"]),
-        max_sequences=_count(f"{prefix}.max_sequences", raw["max_sequences"]),
-        num_blocks=_count(f"{prefix}.num_blocks", raw["num_blocks"]),
-        block_size=_count(f"{prefix}.block_size", raw["block_size"]),
+        max_sequences=_count(f"{prefix}.max_sequences", pick("max_sequences")),
+        num_blocks=_count(f"{prefix}.num_blocks", num_blocks),
+        block_size=block_size,
         context_length=_optional_count(f"{prefix}.context_length", raw["context_length"]),
+        **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
+        schedule_conservativeness=None
+        if conservativeness is None
+        else _number(f"{prefix}.schedule_conservativeness", conservativeness, strict=True),
     )
 
 

@@ -23,6 +23,7 @@ from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
+POLICY_CODES = {"vllm": nb.POLICY_VLLM, "sglang": nb.POLICY_SGLANG, "trtllm": nb.POLICY_TRTLLM}
 
 
 @dataclass
@@ -102,7 +103,7 @@ def simulate_engine(
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
     num_tokens = int(token_offset[-1])
-    topo = _topology(pools)
+    topo = _topology(pools, cfg.engine.policy)
 
     # Placement by send sequence number k over the receiving pool (SPEC §3).
     k = np.arange(n, dtype=np.int64)
@@ -132,7 +133,7 @@ def simulate_engine(
     # log doubles (and the run repeats) in the rare case this estimate is short.
     pass_rows = 0
     if record_passes:
-        budget = min(pool.max_batched_tokens for pool in pools)
+        budget = min(pool.max_batched_tokens or pool.chunked_prefill_size for pool in pools)
         chunks = int(np.sum(-(-input_tokens // budget)))
         pass_rows = (num_tokens + chunks * len(pools) + len(topo["worker_role"])) * int(
             topo["worker_num_ranks"].max()
@@ -168,6 +169,10 @@ def simulate_engine(
             topo["rank_num_blocks"],
             topo["rank_block_size"],
             topo["rank_seq_limit"],
+            topo["rank_policy"],
+            topo["rank_chunk_tokens"],
+            topo["rank_max_prefill_tokens"],
+            topo["ratio_params"],
             timing_model,
             timing_params,
             nb.NO_CAP if cap_ns is None else cap_ns,
@@ -261,7 +266,7 @@ def simulate_engine(
     )
 
 
-def _topology(pools) -> dict[str, np.ndarray]:
+def _topology(pools, policy: str) -> dict[str, np.ndarray]:
     """Workers and ranks of the deployment as flat per-worker and per-rank arrays."""
     roles = [nb.ROLE_AGGREGATED] if len(pools) == 1 else [nb.ROLE_PREFILL, nb.ROLE_DECODE]
     worker_role, worker_num_ranks, ranks = [], [], []
@@ -273,7 +278,19 @@ def _topology(pools) -> dict[str, np.ndarray]:
     first_rank = np.concatenate(([0], np.cumsum(worker_num_ranks)[:-1])).astype(np.int64)
 
     def per_rank(field):
-        return np.array([getattr(pool, field) for pool in ranks], dtype=np.int64)
+        return np.array([getattr(pool, field) or 0 for pool in ranks], dtype=np.int64)
+
+    # SGLang: chunked_prefill_size is split over the attention-DP ranks, and
+    # new_token_ratio starts at 0.7 x conservativeness, floors at 0.14 of that
+    # and decays to the floor over 600 decode steps (SGLang 0.5 defaults).
+    ratio = np.zeros((len(ranks), 3), dtype=np.float64)
+    chunk = np.zeros(len(ranks), dtype=np.int64)
+    for g, pool in enumerate(ranks):
+        if policy == "sglang":
+            init = 0.7 * pool.schedule_conservativeness
+            floor = init * 0.14
+            ratio[g] = (init, floor, (init - floor) / 600)
+            chunk[g] = max(pool.chunked_prefill_size // pool.attention_dp, 1)
 
     return {
         "worker_role": np.array(worker_role, dtype=np.int64),
@@ -285,6 +302,10 @@ def _topology(pools) -> dict[str, np.ndarray]:
         "rank_num_blocks": per_rank("num_blocks"),
         "rank_block_size": per_rank("block_size"),
         "rank_seq_limit": per_rank("sequence_limit"),
+        "rank_policy": np.full(len(ranks), POLICY_CODES[policy], dtype=np.int64),
+        "rank_chunk_tokens": chunk,
+        "rank_max_prefill_tokens": per_rank("max_prefill_tokens"),
+        "ratio_params": ratio,
     }
 
 

@@ -43,6 +43,14 @@ ROLE_AGGREGATED = 0
 ROLE_PREFILL = 1
 ROLE_DECODE = 2
 
+POLICY_VLLM = 0
+POLICY_SGLANG = 1
+POLICY_TRTLLM = 2
+
+# SGLang constants (python/sglang/srt/managers/schedule_policy.py, scheduler.py).
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+
 NO_CAP = np.iinfo(np.int64).max
 
 # Columns of the int64 pass log (one row per rank per pass).
@@ -177,6 +185,10 @@ def simulate_engine_nb(
     rank_num_blocks,
     rank_block_size,
     rank_seq_limit,
+    rank_policy,
+    rank_chunk_tokens,
+    rank_max_prefill_tokens,
+    ratio_params,
     timing_model,
     timing_params,
     cap_ns,
@@ -247,6 +259,13 @@ def simulate_engine_nb(
         Per-rank scheduler limits and KV cache (blocks, tokens per block).
     rank_seq_limit : ndarray(int64, ndim=1)
         Per-rank sequence limit L, tokens.
+    rank_policy : ndarray(int64, ndim=1)
+        ``POLICY_VLLM``, ``POLICY_SGLANG`` or ``POLICY_TRTLLM`` per rank.
+    rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=1)
+        SGLang per-rank prefill budgets (chunked_prefill_size / attention_dp,
+        max_prefill_tokens), tokens; unused by other policies.
+    ratio_params : ndarray(float64, ndim=2)
+        SGLang ``[init, min, decay]`` of new_token_ratio per rank.
     timing_model : int
         Timing-model code of ``simcore.timing.nb``.
     timing_params : ndarray(float64, ndim=1)
@@ -312,6 +331,7 @@ def simulate_engine_nb(
     run_len = np.zeros(num_ranks, dtype=np.int64)
     num_sched = np.zeros(num_ranks, dtype=np.int64)
     blocks_used = np.zeros(num_ranks, dtype=np.int64)
+    rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
@@ -384,8 +404,9 @@ def simulate_engine_nb(
                     for i in range(run_len[g]):
                         k = running[g, i]
                         leaves = False
-                        if i < num_sched[g]:
+                        if sched_n[k] > 0:
                             computed[k] += sched_n[k]
+                            sched_n[k] = 0
                             if computed[k] == input_tokens[k] + generated[k]:
                                 if hidden:
                                     # Prompt computed: hand off; the sampled token
@@ -523,66 +544,25 @@ def simulate_engine_nb(
                 worst_ms = 0.0
                 for r in range(num_dp):
                     g = first_rank + r
-                    budget = rank_max_batched_tokens[g]
-                    block_size = rank_block_size[g]
-                    free_limit = rank_num_blocks[g]
-                    preempted = False
                     for c in range(6):
                         summary[r, c] = 0
-                    # Step 1: running requests in running order.
-                    i = 0
-                    while i < run_len[g]:
-                        k = running[g, i]
-                        known = input_tokens[k] + generated[k]
-                        n_tok = min(known - computed[k], budget)
-                        if n_tok == 0:
-                            break
-                        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
-                        self_preempted = False
-                        while grow > free_limit - blocks_used[g]:
-                            run_len[g] -= 1
-                            victim = running[g, run_len[g]]
-                            blocks_used[g] -= held[victim]
-                            held[victim] = 0
-                            computed[victim] = 0
-                            num_preemptions[victim] += 1
-                            _wait_push_front_nb(
-                                wait_head, wait_tail, wait_next, wait_prev, g, victim
-                            )
-                            preempted = True
-                            if victim == k:
-                                self_preempted = True
-                                break
-                        if self_preempted:
-                            break
-                        blocks_used[g] += grow
-                        held[k] += grow
-                        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
-                        budget -= n_tok
-                        i += 1
-                    num_sched[g] = i
-                    # Step 2: waiting requests, FIFO, with head-of-line blocking.
-                    if not preempted:
-                        while (
-                            wait_head[g] >= 0
-                            and run_len[g] < rank_max_sequences[g]
-                            and budget > 0
-                        ):
-                            k = wait_head[g]
-                            n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
-                            grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
-                            if grow > free_limit - blocks_used[g]:
-                                break
-                            _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
-                            running[g, run_len[g]] = k
-                            run_len[g] += 1
-                            num_sched[g] += 1
-                            blocks_used[g] += grow
-                            held[k] += grow
-                            if first_admit_ns[k] < 0:
-                                first_admit_ns[k] = t
-                            _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
-                            budget -= n_tok
+                    if rank_policy[g] == POLICY_SGLANG:
+                        preempted = _build_sglang_batch_nb(
+                            g, r, t, input_tokens, output_tokens, generated, computed, held,
+                            sched_n, running, run_len, num_sched, blocks_used, wait_head,
+                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
+                            summary, rank_max_sequences, rank_num_blocks, rank_block_size,
+                            rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+                        )
+                    else:
+                        preempted = _build_vllm_batch_nb(
+                            g, r, t, input_tokens, output_tokens, generated, computed, held,
+                            sched_n, running, run_len, num_sched, blocks_used, wait_head,
+                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
+                            summary, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
+                            rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
+                            worker_role[w] == ROLE_PREFILL,
+                        )
                     if num_sched[g] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
@@ -714,6 +694,239 @@ def _detokenize_pass_nb(
             n_first = 0
             n_final = 0
     return send_size
+
+
+@njit(cache=True)
+def _build_vllm_batch_nb(
+    g, r, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
+    num_sched, blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
+    num_preemptions, summary, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
+    rank_block_size, rank_seq_limit, no_evict, prefill_role,
+):
+    """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
+
+    With ``no_evict`` (TensorRT-LLM GUARANTEED_NO_EVICT), a waiting request is
+    admitted only if its blocks to completion fit beside every running
+    request's reservation to completion; then allocations never fail.
+    """
+    budget = rank_max_batched_tokens[g]
+    block_size = rank_block_size[g]
+    num_blocks = rank_num_blocks[g]
+    preempted = False
+    # Step 1: running requests in running order.
+    i = 0
+    while i < run_len[g]:
+        k = running[g, i]
+        n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
+        if n_tok == 0:
+            break
+        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        self_preempted = False
+        while grow > num_blocks - blocks_used[g]:
+            run_len[g] -= 1
+            victim = running[g, run_len[g]]
+            blocks_used[g] -= held[victim]
+            held[victim] = 0
+            computed[victim] = 0
+            num_preemptions[victim] += 1
+            _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
+            preempted = True
+            if victim == k:
+                self_preempted = True
+                break
+        if self_preempted:
+            break
+        blocks_used[g] += grow
+        held[k] += grow
+        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
+        budget -= n_tok
+        i += 1
+    num_sched[g] = i
+    if preempted:
+        return True
+    # Blocks still promised to running requests until they complete (no-evict).
+    promised = 0
+    if no_evict:
+        for i in range(run_len[g]):
+            k = running[g, i]
+            promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role) - held[k]
+    # Step 2: waiting requests, FIFO, with head-of-line blocking.
+    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
+        k = wait_head[g]
+        n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
+        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        if grow > num_blocks - blocks_used[g]:
+            break
+        if no_evict:
+            footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
+            if footprint > num_blocks - blocks_used[g] - promised:
+                break
+            promised += footprint - grow
+        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
+        running[g, run_len[g]] = k
+        run_len[g] += 1
+        num_sched[g] += 1
+        blocks_used[g] += grow
+        held[k] += grow
+        if first_admit_ns[k] < 0:
+            first_admit_ns[k] = t
+        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
+        budget -= n_tok
+    return False
+
+
+@njit(cache=True)
+def _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill_role):
+    """Blocks request k holds at most until it completes on this rank (no-evict).
+
+    A prefill-role rank keeps only the prompt; elsewhere the prompt plus every
+    requested output token, capped at the sequence limit L.
+    """
+    if prefill_role:
+        return _blocks_for_nb(input_tokens[k], block_size)
+    return _blocks_for_nb(min(input_tokens[k] + output_tokens[k], seq_limit), block_size)
+
+
+@njit(cache=True)
+def _build_sglang_batch_nb(
+    g, r, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
+    num_sched, blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
+    num_preemptions, summary, rank_max_sequences, rank_num_blocks, rank_block_size,
+    rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+):
+    """Build rank g's batch with the SGLang policy (docs/policies.md); returns
+    whether it retracted a request.
+
+    Prefill first: an extend batch (the chunked request, then waiting requests
+    within the token budgets) if anything can be admitted; otherwise a decode
+    batch of every running request, retracting the requests with the fewest
+    generated tokens while the step's KV does not fit.
+    """
+    block_size = rank_block_size[g]
+    num_blocks = rank_num_blocks[g]
+    if run_len[g] == 0:
+        rank_ratio[g] = ratio_params[g, 0]
+    ratio = rank_ratio[g]
+    # Free tokens minus the output still expected from decoding requests.
+    rem_total = float((num_blocks - blocks_used[g]) * block_size)
+    partial = -1
+    for i in range(run_len[g]):
+        k = running[g, i]
+        remaining = input_tokens[k] + generated[k] - computed[k]
+        if remaining > 1:
+            partial = k
+        else:
+            rem_total -= min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) * ratio
+    rem_input = rank_max_prefill_tokens[g]
+    rem_chunk = rank_chunk_tokens[g]
+    scheduled = 0
+    if partial >= 0:
+        k = partial
+        need = input_tokens[k] + generated[k] - computed[k]
+        n_tok = min(need, rem_chunk)
+        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        if grow <= num_blocks - blocks_used[g]:
+            blocks_used[g] += grow
+            held[k] += grow
+            _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
+            scheduled += 1
+            rem_total -= n_tok
+            if n_tok == need:
+                rem_total -= min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
+            rem_input -= n_tok
+            rem_chunk -= n_tok
+    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
+        if rem_input <= 0 or rem_chunk <= 0:
+            break
+        k = wait_head[g]
+        need = input_tokens[k] + generated[k] - computed[k]
+        reserve = min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
+        if need + reserve >= rem_total:
+            break
+        n_tok = need
+        if need > rem_chunk:
+            n_tok = (rem_chunk // block_size) * block_size  # page-aligned chunk
+            if n_tok <= 0:
+                break
+        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        if grow > num_blocks - blocks_used[g]:
+            break
+        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
+        running[g, run_len[g]] = k
+        run_len[g] += 1
+        blocks_used[g] += grow
+        held[k] += grow
+        if first_admit_ns[k] < 0:
+            first_admit_ns[k] = t
+        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
+        scheduled += 1
+        rem_total -= n_tok
+        if n_tok == need:
+            rem_total -= reserve
+        rem_input -= n_tok
+        rem_chunk -= n_tok
+        if n_tok < need:
+            break  # a chunked request closes the extend batch
+    if scheduled > 0:
+        num_sched[g] = scheduled
+        return False
+
+    # Decode batch: every running request whose prompt is computed.
+    needed = 0
+    decoders = 0
+    for i in range(run_len[g]):
+        k = running[g, i]
+        if k != partial:
+            decoders += 1
+            needed += _blocks_for_nb(computed[k] + 1, block_size) - held[k]
+    retracted = False
+    while needed > num_blocks - blocks_used[g] and decoders > 1:
+        # Victim: fewest generated tokens, then the longest prompt, then the latest.
+        victim_i = -1
+        for i in range(run_len[g]):
+            k = running[g, i]
+            if k == partial:
+                continue
+            if victim_i < 0:
+                victim_i = i
+                continue
+            v = running[g, victim_i]
+            if generated[k] < generated[v] or (
+                generated[k] == generated[v] and input_tokens[k] >= input_tokens[v]
+            ):
+                victim_i = i
+        v = running[g, victim_i]
+        needed -= _blocks_for_nb(computed[v] + 1, block_size) - held[v]
+        for i in range(victim_i, run_len[g] - 1):
+            running[g, i] = running[g, i + 1]
+        run_len[g] -= 1
+        blocks_used[g] -= held[v]
+        held[v] = 0
+        computed[v] = 0
+        num_preemptions[v] += 1
+        _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, v)
+        decoders -= 1
+        retracted = True
+    if retracted:
+        decoded = 0
+        max_new = 0
+        for i in range(run_len[g]):
+            k = running[g, i]
+            if k != partial:
+                decoded += generated[k]
+                max_new += output_tokens[k]
+        rank_ratio[g] = min(1.0, (decoded + RETRACT_DECODE_STEPS * decoders) / max_new)
+    elif decoders > 0:
+        rank_ratio[g] = max(rank_ratio[g] - ratio_params[g, 2], ratio_params[g, 1])
+    for i in range(run_len[g]):
+        k = running[g, i]
+        if k != partial:
+            grow = _blocks_for_nb(computed[k] + 1, block_size) - held[k]
+            blocks_used[g] += grow
+            held[k] += grow
+            _schedule_nb(summary, r, k, 1, computed, input_tokens, sched_n)
+    num_sched[g] = decoders
+    return retracted
 
 
 @njit(cache=True)
