@@ -841,7 +841,9 @@ def _build_sglang_batch_nb(
         k = wait_head[g]
         need = input_tokens[k] + generated[k] - computed[k]
         reserve = min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
-        if need + reserve >= rem_total:
+        # On an empty rank the first request only needs its blocks to fit: a
+        # request whose reservation exceeds the pool would otherwise wait forever.
+        if need + reserve >= rem_total and (run_len[g] > 0 or scheduled > 0):
             break
         n_tok = need
         if need > rem_chunk:
