@@ -13,8 +13,8 @@ from simcore.metrics.api import POOL_NAMES, RequestColumns, STATUS_NAMES, summar
 from simcore.workload.api import RequestTable
 
 
-def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_length) -> dict:
-    return {
+def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_length, policy: str = "vllm") -> dict:
+    pool = {
         "replicas": rnd.randint(1, 3),
         "attention_dp": rnd.randint(1, 2),
         "max_batched_tokens": rnd.randint(2, 64),
@@ -23,16 +23,27 @@ def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_l
         "block_size": block_size,
         "context_length": context_length,
     }
+    if policy == "sglang":
+        pool["max_batched_tokens"] = None
+        pool["chunked_prefill_size"] = rnd.randint(2, 64)
+        pool["max_prefill_tokens"] = rnd.choice([rnd.randint(2, 64), 16384])
+        pool["schedule_conservativeness"] = rnd.choice([0.3, 1.0, 1.6])
+    return pool
 
 
 def random_scenario(
-    seed: int, closed: bool | None = None, detokenize: bool | None = None, disaggregated: bool = False
+    seed: int,
+    closed: bool | None = None,
+    detokenize: bool | None = None,
+    disaggregated: bool = False,
+    policy: str = "vllm",
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
     ``closed`` and ``detokenize`` force the loop type and the detokenizer stage
     on or off; None draws them.  ``disaggregated`` draws independent prefill
     and decode pools (tight KV on either) and a KV transfer, on or off.
+    ``policy`` sets ``engine.policy`` (and its own pool keys).
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -73,7 +84,7 @@ def random_scenario(
         "load": {"type": "closed_loop", "concurrency": rnd.randint(1, 6), "think_time_ms": rnd.choice([0.0, 0.0, 0.4])}
         if closed
         else {"type": "trace"},
-        "engine": {"aggregated": _random_pool(rnd, num_blocks, block_size, context_length)},
+        "engine": {"policy": policy, "aggregated": _random_pool(rnd, num_blocks, block_size, context_length, policy)},
         "timing": timing,
         "tokenization": tokenization,
         "detokenization": detokenization,
@@ -83,8 +94,9 @@ def random_scenario(
     if disaggregated:
         config["engine"] = {
             "mode": "disaggregated",
-            "prefill": _random_pool(rnd, rnd.choice([num_blocks, rnd.randint(2, 12)]), rnd.choice([1, 4, 8]), rnd.choice([None, None, rnd.randint(4, 40)])),
-            "decode": _random_pool(rnd, rnd.choice([num_blocks, rnd.randint(2, 12)]), rnd.choice([1, 4, 8]), context_length),
+            "policy": policy,
+            "prefill": _random_pool(rnd, rnd.choice([num_blocks, rnd.randint(2, 12)]), rnd.choice([1, 4, 8]), rnd.choice([None, None, rnd.randint(4, 40)]), policy),
+            "decode": _random_pool(rnd, rnd.choice([num_blocks, rnd.randint(2, 12)]), rnd.choice([1, 4, 8]), context_length, policy),
             "kv_transfer": rnd.choice(
                 [
                     {"bandwidth_gb_per_second": None, "bytes_per_token": None},

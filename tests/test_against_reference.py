@@ -16,6 +16,7 @@ from tests.scenarios import fast_as_reference, random_scenario, run_fast
 
 NUM_SCENARIOS = 400
 NUM_PD_SCENARIOS = 300
+NUM_POLICY_SCENARIOS = 300  # per policy; a third of them disaggregated
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -50,6 +51,12 @@ def test_engine_matches_reference(seed):
 @pytest.mark.parametrize("seed", range(NUM_PD_SCENARIOS))
 def test_disaggregated_engine_matches_reference(seed):
     compare_with_reference(random_scenario(seed, disaggregated=True))
+
+
+@pytest.mark.parametrize("policy", ["sglang", "trtllm"])
+@pytest.mark.parametrize("seed", range(NUM_POLICY_SCENARIOS))
+def test_policy_engine_matches_reference(policy, seed):
+    compare_with_reference(random_scenario(seed, policy=policy, disaggregated=seed % 3 == 2))
 
 
 def compare_with_reference(scenario):

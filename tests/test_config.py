@@ -35,6 +35,13 @@ from simcore.config import DEFAULTS, ConfigError, dotted_keys, load_config
         ({"max_time_ms": -1}, "max_time_ms"),
         ({"timing": {"type": "aic"}}, "timing.type"),
         ({"output": {"passes": "yes"}}, "output.passes"),
+        ({"engine": {"prefill": {"replicas": 2}}}, "engine.prefill.replicas"),
+        ({"engine": {"kv_transfer": {"bandwidth_gb_per_second": 10.0, "bytes_per_token": 1.0}}}, "engine.kv_transfer.bandwidth_gb_per_second"),
+        ({"engine": {"mode": "disaggregated", "aggregated": {"num_blocks": 10}}}, "engine.aggregated.num_blocks"),
+        ({"engine": {"mode": "disaggregated", "kv_transfer": {"bandwidth_gb_per_second": 10.0}}}, "engine.kv_transfer.bandwidth_gb_per_second"),
+        ({"engine": {"mode": "disaggregated", "decode": {"attention_dp": 0}}}, "engine.decode.attention_dp"),
+        ({"engine": {"policy": "sglang", "aggregated": {"max_batched_tokens": 100}}}, "engine.aggregated.max_batched_tokens"),
+        ({"engine": {"policy": "orca"}}, "engine.policy"),
     ],
 )
 def test_invalid_values_name_their_field(config, field):

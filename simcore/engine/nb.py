@@ -154,6 +154,16 @@ def _blocks_for_nb(tokens, block_size):
     return (tokens + block_size - 1) // block_size
 
 
+@njit(cache=True)
+def _grow_nb(tokens, held, block_size):
+    """Blocks to add so that ``held`` blocks cover ``tokens`` (no division in
+    the common case of a decode step inside the last block)."""
+    spare = held * block_size - tokens
+    if spare >= 0:
+        return 0
+    return (block_size - 1 - spare) // block_size
+
+
 # ------------------------------------------------------------------ the kernel
 
 
@@ -720,7 +730,7 @@ def _build_vllm_batch_nb(
         n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
         if n_tok == 0:
             break
-        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         self_preempted = False
         while grow > num_blocks - blocks_used[g]:
             run_len[g] -= 1
@@ -754,7 +764,7 @@ def _build_vllm_batch_nb(
     while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         k = wait_head[g]
         n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
-        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow > num_blocks - blocks_used[g]:
             break
         if no_evict:
@@ -824,7 +834,7 @@ def _build_sglang_batch_nb(
         k = partial
         need = input_tokens[k] + generated[k] - computed[k]
         n_tok = min(need, rem_chunk)
-        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow <= num_blocks - blocks_used[g]:
             blocks_used[g] += grow
             held[k] += grow
@@ -850,7 +860,7 @@ def _build_sglang_batch_nb(
             n_tok = (rem_chunk // block_size) * block_size  # page-aligned chunk
             if n_tok <= 0:
                 break
-        grow = _blocks_for_nb(computed[k] + n_tok, block_size) - held[k]
+        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow > num_blocks - blocks_used[g]:
             break
         _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
@@ -880,7 +890,7 @@ def _build_sglang_batch_nb(
         k = running[g, i]
         if k != partial:
             decoders += 1
-            needed += _blocks_for_nb(computed[k] + 1, block_size) - held[k]
+            needed += _grow_nb(computed[k] + 1, held[k], block_size)
     retracted = False
     while needed > num_blocks - blocks_used[g] and decoders > 1:
         # Victim: fewest generated tokens, then the longest prompt, then the latest.
@@ -898,7 +908,7 @@ def _build_sglang_batch_nb(
             ):
                 victim_i = i
         v = running[g, victim_i]
-        needed -= _blocks_for_nb(computed[v] + 1, block_size) - held[v]
+        needed -= _grow_nb(computed[v] + 1, held[v], block_size)
         for i in range(victim_i, run_len[g] - 1):
             running[g, i] = running[g, i + 1]
         run_len[g] -= 1
@@ -923,7 +933,7 @@ def _build_sglang_batch_nb(
     for i in range(run_len[g]):
         k = running[g, i]
         if k != partial:
-            grow = _blocks_for_nb(computed[k] + 1, block_size) - held[k]
+            grow = _grow_nb(computed[k] + 1, held[k], block_size)
             blocks_used[g] += grow
             held[k] += grow
             _schedule_nb(summary, r, k, 1, computed, input_tokens, sched_n)
