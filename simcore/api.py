@@ -70,9 +70,11 @@ def run(config: Mapping[str, Any] | SimConfig | None = None, requests: pa.Table 
     send_ns = send_instants_ns(cfg.load, table, rng)
     engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes)
     cols = RequestColumns(engine)
+    summary = summarize(cols, table.input_tokens, cfg.metrics)
+    summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)
     return Result(
         requests=requests_table(table.request_id, table.input_tokens, table.output_tokens, cols),
-        summary=summarize(cols, table.input_tokens, cfg.metrics),
+        summary=summary,
         passes=passes_table(engine) if cfg.output.passes else None,
         tokens=tokens_table(table.request_id, engine) if cfg.output.tokens else None,
         config=cfg,

@@ -90,6 +90,11 @@ DEFAULTS: dict[str, Any] = {
         "range_ratio": 1.0,
         "input_std": 0.0,
         "output_std": 0.0,
+        # Trace sources (mooncake, azure) only; see simcore/workload/traces.py.
+        "block_size": None,  # mooncake hash_ids block, tokens; null: 512
+        "drop_invalid": False,
+        "max_requests": None,
+        "time_window_ms": None,
     },
     "load": {
         "type": "closed_loop",
@@ -134,7 +139,13 @@ DEFAULTS: dict[str, Any] = {
     "output": {"dir": None, "passes": False, "tokens": False},
 }
 
-WORKLOAD_SOURCES = ("synthetic", "table")
+WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure")
+FILE_SOURCES = ("table", "mooncake", "azure")
+TRACE_SOURCES = ("mooncake", "azure")
+#: Tokens per ``hash_ids`` block of a Mooncake trace when workload.block_size is null.
+MOONCAKE_BLOCK_SIZE = 512
+#: The trace-only workload keys and their defaults (set with another source: an error).
+TRACE_KEYS = ("block_size", "drop_invalid", "max_requests", "time_window_ms")
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
 LOAD_TYPES = ("closed_loop", "constant_rate", "poisson", "gamma", "trace")
 OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
@@ -245,6 +256,10 @@ class WorkloadConfig:
     range_ratio: float
     input_std: float
     output_std: float
+    block_size: int | None  # mooncake: tokens per hash_ids block (512 when left null)
+    drop_invalid: bool
+    max_requests: int | None
+    time_window_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -420,6 +435,10 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             range_ratio=_range_ratio(w["range_ratio"]),
             input_std=_number("workload.input_std", w["input_std"]),
             output_std=_number("workload.output_std", w["output_std"]),
+            block_size=_trace_block_size(w),
+            drop_invalid=_flag("workload.drop_invalid", w["drop_invalid"]),
+            max_requests=_optional_count("workload.max_requests", w["max_requests"]),
+            time_window_ms=_optional_number("workload.time_window_ms", w["time_window_ms"], strict=True),
         ),
         load=LoadConfig(
             type=_choice("load.type", ld["type"], LOAD_TYPES),
@@ -500,6 +519,14 @@ def _optional_str(path: str, value: Any) -> str | None:
     return value
 
 
+def _trace_block_size(raw: Mapping[str, Any]) -> int | None:
+    """workload.block_size, with the Mooncake default when null (None for other sources)."""
+    value = raw["block_size"]
+    if value is None:
+        return MOONCAKE_BLOCK_SIZE if raw["source"] == "mooncake" else None
+    return _count("workload.block_size", value)
+
+
 def _range_ratio(value: Any) -> float:
     ratio = _number("workload.range_ratio", value, strict=True)
     if ratio > 1:
@@ -536,6 +563,13 @@ def _pool(prefix: str, raw: Mapping[str, Any], policy: str) -> PoolConfig:
         num_blocks = DEFAULT_KV_TOKENS // block_size
     optional_counts = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
     conservativeness = pick("schedule_conservativeness")
+    chunk = pick("chunked_prefill_size")
+    if chunk is not None and _is_int(chunk) and _is_int(raw["attention_dp"]) and raw["attention_dp"] >= 1:
+        if chunk // raw["attention_dp"] < block_size:
+            raise ConfigError(
+                f"{prefix}.chunked_prefill_size must give every attention-DP rank at least one "
+                f"page (chunked_prefill_size // attention_dp >= block_size = {block_size}), got {chunk}"
+            )
     return PoolConfig(
         replicas=_count(f"{prefix}.replicas", raw["replicas"]),
         attention_dp=_count(f"{prefix}.attention_dp", raw["attention_dp"]),
@@ -569,13 +603,21 @@ def _check_combinations(cfg: SimConfig) -> None:
             "engine.kv_transfer.bandwidth_gb_per_second and engine.kv_transfer.bytes_per_token "
             "must be set together (both null: transfers take no time)"
         )
-    if w.source == "table" and w.path is None:
-        raise ConfigError("workload.path must be set when workload.source=table")
+    if w.source in FILE_SOURCES and w.path is None:
+        raise ConfigError(f"workload.path must be set when workload.source={w.source}")
     if w.source == "synthetic" and w.path is not None:
         raise ConfigError(
-            f"workload.path is only read when workload.source=table, got {w.path!r} with "
-            "workload.source=synthetic"
+            f"workload.path is only read when workload.source is table, mooncake or azure, "
+            f"got {w.path!r} with workload.source=synthetic"
         )
+    for key in TRACE_KEYS:
+        value = cfg.resolved["workload"][key]
+        sources = ("mooncake",) if key == "block_size" else TRACE_SOURCES
+        if value != DEFAULTS["workload"][key] and w.source not in sources:
+            raise ConfigError(
+                f"workload.{key} is only used by workload.source={' or '.join(sources)}, "
+                f"got {value!r} with workload.source={w.source}"
+            )
     if w.source == "synthetic" and w.num_requests is None:
         raise ConfigError("workload.num_requests must be set for workload.source=synthetic")
     for column in ("input", "output"):

@@ -25,7 +25,7 @@ def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_l
     }
     if policy == "sglang":
         pool["max_batched_tokens"] = None
-        pool["chunked_prefill_size"] = rnd.randint(2, 64)
+        pool["chunked_prefill_size"] = rnd.randint(block_size * pool["attention_dp"], 64)
         pool["max_prefill_tokens"] = rnd.choice([rnd.randint(2, 64), 16384])
         pool["schedule_conservativeness"] = rnd.choice([0.3, 1.0, 1.6])
     return pool

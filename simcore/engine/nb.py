@@ -919,6 +919,22 @@ def _build_sglang_batch_nb(
         _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, v)
         decoders -= 1
         retracted = True
+    if needed > num_blocks - blocks_used[g] and partial >= 0:
+        # Still short with one decoder left: the chunked request holds the
+        # missing blocks (a re-admitted P/D decode request can be chunked).
+        for i in range(run_len[g]):
+            if running[g, i] == partial:
+                for j in range(i, run_len[g] - 1):
+                    running[g, j] = running[g, j + 1]
+                break
+        run_len[g] -= 1
+        blocks_used[g] -= held[partial]
+        held[partial] = 0
+        computed[partial] = 0
+        num_preemptions[partial] += 1
+        _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, partial)
+        partial = -1
+        retracted = True
     if retracted:
         decoded = 0
         max_new = 0

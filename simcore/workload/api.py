@@ -1,5 +1,7 @@
 """Request tables (SPEC §1) and send instants (SPEC §2).
 
+Mooncake and Azure trace files are read by :mod:`simcore.workload.traces`.
+
 A workload is a struct of arrays, one per column, indexed by row = send
 sequence number.  All randomness is drawn here, outside any kernel, from one
 ``numpy.random.Generator`` seeded with ``seed``, in a fixed order: input
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from simcore.config import ConfigError, LoadConfig, SimConfig, WorkloadConfig
+from simcore.config import TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 
 REQUIRED_COLUMNS = ("request_id", "input_tokens", "output_tokens")
@@ -36,12 +38,20 @@ class RequestTable:
         Prompt and requested output lengths, tokens, >= 1.
     send_ms : ndarray(float64, ndim=1) or None
         Trace send instants, ms, non-decreasing (None without such a column).
+    hash_ids : pyarrow.ListArray (list<int64>) or None
+        Per-request prompt block hashes of a Mooncake trace, one list per row
+        (blocks of ``workload.block_size`` tokens); None for other sources.
+    num_dropped : int
+        Trace rows dropped as unreplayable (``workload.drop_invalid=true``);
+        the summary's ``dropped_requests``.
     """
 
     request_id: pa.Array
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     send_ms: np.ndarray | None = None
+    hash_ids: pa.ListArray | None = None
+    num_dropped: int = 0
 
     def __len__(self) -> int:
         return self.input_tokens.shape[0]
@@ -220,6 +230,10 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     if cfg.workload.source == "table":
         table = read_table_file(cfg.workload.path)
         return table_requests(table, cfg.workload.path, cfg.workload.num_requests)
+    if cfg.workload.source in TRACE_SOURCES:
+        from simcore.workload.traces import read_trace  # traces.py imports this module
+
+        return read_trace(cfg.workload, send_times=cfg.load.type == "trace")
     return synthetic_requests(cfg.workload, rng)
 
 
@@ -231,7 +245,8 @@ def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Ge
     if load.type == "trace":
         if requests.send_ms is None:
             raise ConfigError(
-                "load.type=trace needs send times: a request table (workload.source=table) "
+                "load.type=trace needs send times: a Mooncake or Azure trace "
+                "(workload.source=mooncake or azure) or a request table (workload.source=table) "
                 "with a send_ms column"
             )
         send_ms = (requests.send_ms - requests.send_ms[0]) / load.speedup

@@ -1,4 +1,5 @@
-"""Slow, pure-Python reference implementation of SPEC.md (aggregated and P/D modes, policy vllm).
+"""Slow, pure-Python reference implementation of SPEC.md (aggregated and P/D modes) and of
+the scheduling policies of docs/policies.md (vllm, sglang, trtllm).
 
 Written independently of ``simcore`` straight from ``SPEC.md`` so that the fast
 engine can be compared with it request by request, to the nanosecond.

@@ -1,4 +1,5 @@
-"""Slow, obviously-correct reference simulator (SPEC.md §0-§9; policy vllm).
+"""Slow, obviously-correct reference simulator (SPEC.md §0-§9; policies vllm, sglang
+and trtllm of docs/policies.md).
 
 Everything here is plain Python on int nanoseconds (SPEC §0).  Clarity is preferred
 over speed: one Python object per request, per rank and per worker, and an explicit
@@ -26,6 +27,39 @@ Wp..Wp+Wd-1 decode workers).  P/D decisions where SPEC is silent:
   never happen (the request stays incomplete; decode_worker/decode_rank and
   transfer_end are None).
 
+Scheduling policies (``engine.policy``, docs/policies.md) change only batch building
+(``build_batch``); the policy applies to every pool.  Pool keys left None take the
+policy's defaults (``POLICY_POOL_DEFAULTS``, the table of docs/policies.md; num_blocks
+None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
+
+- Pass end processes each rank's scheduled requests in ``running`` order (in sglang
+  not every running request is scheduled, and the scheduled ones need not be a
+  prefix of ``running``).
+- trtllm: the vllm builder plus the no-evict admission check in step 2 (footprint
+  ``ceil(min(input + output, L) / block_size)``, ``ceil(input / block_size)`` on a
+  P/D prefill-role rank; P taken after step 1; FIFO stop).
+- sglang, per rank and per pass attempt: ``new_token_ratio`` floats init = 0.7 * c,
+  min = init * 0.14, decay = (init - min) / 600; reset to init when building a batch
+  on a rank with no running request.  A running request with ``known - computed <= 1``
+  is decoding, one with more is "the chunked request" (at most one).  rem_total =
+  float(free_blocks * block_size) minus, in running order, min(output - generated,
+  4096) * ratio per decoder; rem_input = max_prefill_tokens; rem_chunk =
+  max(chunked_prefill_size // attention_dp, 1).  The chunked request is scheduled for
+  n = min(need, rem_chunk) if its new blocks fit (else skipped), charged
+  rem_total -= n, then -= reserve if n == need, and rem_input -= n, rem_chunk -= n
+  (the same three budgets as an admitted waiting request).  The
+  ``need + reserve >= rem_total`` stop is skipped only for the first request of a
+  batch on a rank whose running list was empty when the batch started.  Decode:
+  retract (fewest generated, then largest input, then latest in running) while the
+  step's new blocks exceed the free blocks and more than one decoder remains; the
+  victim goes to the BACK of waiting (computed 0, blocks freed, num_preemptions + 1).
+  If the step still does not fit with one decoder left, the chunked request is
+  retracted too (it holds the missing blocks; on P/D decode ranks a re-admitted
+  request can be chunked).  Every remaining decoder is then scheduled with n = 1
+  (``overcommits`` counts passes whose lone decoder still did not fit: none expected).
+- sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
+  validation rejects less: a zero-page chunk would block the rank's queue).
+
 Not covered: prefix caching, the aic/table timing models.
 """
 
@@ -34,6 +68,22 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+
+#: Pool-key defaults per policy, from the table of docs/policies.md.  A key with no
+#: entry for a policy is not used by it (and must be left None).
+POLICY_POOL_DEFAULTS = {
+    "vllm": {"max_batched_tokens": 8192, "max_sequences": 256, "block_size": 16},
+    "sglang": {"max_sequences": 4096, "block_size": 1, "chunked_prefill_size": 8192,
+               "max_prefill_tokens": 16384, "schedule_conservativeness": 1.0},
+    "trtllm": {"max_batched_tokens": 8192, "max_sequences": 2048, "block_size": 32},
+}
+POLICY_KEYS = ("max_batched_tokens", "max_sequences", "block_size", "chunked_prefill_size",
+               "max_prefill_tokens", "schedule_conservativeness")
+#: num_blocks None -> DEFAULT_KV_TOKENS // block_size (docs/policies.md: 416,000 tokens).
+DEFAULT_KV_TOKENS = 416_000
+SGLANG_RESERVE_CAP = 4096  # docs/policies.md: min(output - generated, 4096)
+SGLANG_RETRACT_DECODE_STEPS = 20  # (sum generated + 20 * n) / sum output after retraction
+SGLANG_DECAY_STEPS = 600  # decay = (init - min) / 600
 
 FNV_OFFSET_BASIS = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -107,23 +157,58 @@ class Request:
 
 
 class Pool:
-    """A pool of identical workers (aggregated, prefill or decode), SPEC §3."""
+    """A pool of identical workers (aggregated, prefill or decode), SPEC §3, under one
+    scheduling policy (docs/policies.md); None pool keys take the policy's defaults."""
 
-    def __init__(self, name, params, first_worker):
+    def __init__(self, name, params, first_worker, policy):
+        if policy not in POLICY_POOL_DEFAULTS:
+            raise NotImplementedError(f"reference has no scheduling policy {policy!r}")
+        defaults = POLICY_POOL_DEFAULTS[policy]
+        resolved = {}
+        for key in POLICY_KEYS:
+            value = params.get(key)
+            if key not in defaults:
+                if value is not None:
+                    raise ValueError(f"engine.{name}.{key} is not used by policy {policy}, "
+                                     f"got {value!r}")
+                resolved[key] = None
+            else:
+                resolved[key] = defaults[key] if value is None else value
         self.name = name
+        self.policy = policy
         self.first_worker = first_worker  # global index of its worker 0
-        self.W = int(params["replicas"])
-        self.R = int(params["attention_dp"])
-        self.max_batched_tokens = int(params["max_batched_tokens"])
-        self.max_sequences = int(params["max_sequences"])
-        self.num_blocks = int(params["num_blocks"])
-        self.block_size = int(params["block_size"])
+        replicas = params.get("replicas")
+        attention_dp = params.get("attention_dp")
+        self.W = 1 if replicas is None else int(replicas)
+        self.R = 1 if attention_dp is None else int(attention_dp)
+        self.max_sequences = int(resolved["max_sequences"])
+        self.block_size = int(resolved["block_size"])
+        num_blocks = params.get("num_blocks")
+        self.num_blocks = (DEFAULT_KV_TOKENS // self.block_size if num_blocks is None
+                           else int(num_blocks))
         capacity = self.num_blocks * self.block_size
-        ctx = params["context_length"]
+        ctx = params.get("context_length")
         self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
+        # vllm, trtllm
+        mbt = resolved["max_batched_tokens"]
+        self.max_batched_tokens = None if mbt is None else int(mbt)
+        # sglang
+        if policy == "sglang":
+            self.max_prefill_tokens = int(resolved["max_prefill_tokens"])
+            self.rem_chunk_init = max(int(resolved["chunked_prefill_size"]) // self.R, 1)
+            conservativeness = float(resolved["schedule_conservativeness"])
+            self.ratio_init = 0.7 * conservativeness
+            self.ratio_min = self.ratio_init * 0.14
+            self.ratio_decay = (self.ratio_init - self.ratio_min) / SGLANG_DECAY_STEPS
 
     def blocks_for(self, tokens):
         return -(-tokens // self.block_size)  # ceil
+
+    def footprint(self, req):
+        """trtllm no-evict footprint in blocks (docs/policies.md)."""
+        if self.name == "prefill":  # P/D prefill role: it leaves once its prompt is computed
+            return self.blocks_for(req.input_tokens)
+        return self.blocks_for(min(req.input_tokens + req.output_tokens, self.L))
 
 
 class Rank:
@@ -134,6 +219,7 @@ class Rank:
         self.running = []        # admission order
         self.waiting = deque()   # FIFO
         self.used_blocks = 0
+        self.new_token_ratio = None  # sglang: set to the pool's init at construction
 
     def has_work(self):
         return bool(self.running) or bool(self.waiting)
@@ -156,6 +242,9 @@ class Worker:
         self.index = index                     # global worker index
         self.pool = pool
         self.ranks = [Rank(r) for r in range(pool.R)]
+        if pool.policy == "sglang":
+            for rank in self.ranks:
+                rank.new_token_ratio = pool.ratio_init
         self.tok_free = [0] * tok_servers      # tokenizer server free instants (SPEC §4)
         self.detok_free = [0] * detok_servers  # detokenizer server free instants (SPEC §7)
         self.current = None                    # Pass or None (idle)
@@ -179,14 +268,16 @@ class ReferenceSim:
         self.concurrency = int(load["concurrency"])
         self.think_ns = ms_to_ns(load["think_time_ms"])
 
+        policy = engine.get("policy") or "vllm"
+        self.policy = policy
         self.mode = engine.get("mode", "aggregated")
         if self.mode == "aggregated":
-            self.recv_pool = Pool("aggregated", engine["aggregated"], 0)
+            self.recv_pool = Pool("aggregated", engine["aggregated"], 0, policy)
             self.emit_pool = self.recv_pool
             pools = [self.recv_pool]
         elif self.mode == "disaggregated":
-            self.recv_pool = Pool("prefill", engine["prefill"], 0)
-            self.emit_pool = Pool("decode", engine["decode"], self.recv_pool.W)
+            self.recv_pool = Pool("prefill", engine["prefill"], 0, policy)
+            self.emit_pool = Pool("decode", engine["decode"], self.recv_pool.W, policy)
             pools = [self.recv_pool, self.emit_pool]
         else:
             raise ValueError(f"unknown engine.mode {self.mode!r}")
@@ -268,6 +359,7 @@ class ReferenceSim:
                 prev = t
                 self.sends.append((t, k))
         self.pass_records = []
+        self.overcommits = 0  # sglang decode passes whose lone decoder did not fit
 
     # ------------------------------------------------------------ event loop
 
@@ -424,22 +516,35 @@ class ReferenceSim:
     # ------------------------------------------------------------ engine side
 
     def build_batch(self, pool, rank):
-        """SPEC §5 pass start for one rank. Returns (batch, preempted, admitted)."""
+        """Batch building of one rank under the pool's policy.
+        Returns (batch, preempted, admitted); batch entries are (request, n, is_decode)."""
+        if pool.policy == "sglang":
+            return self.build_batch_sglang(pool, rank)
+        return self.build_batch_vllm(pool, rank, no_evict=pool.policy == "trtllm")
+
+    @staticmethod
+    def fits(pool, rank, req, n):
+        """The blocks for computed + n fit in the rank's free blocks."""
+        extra = pool.blocks_for(req.computed + n) - req.held_blocks
+        return rank.used_blocks + extra <= pool.num_blocks
+
+    @staticmethod
+    def schedule(pool, rank, batch, req, n):
+        """Allocate the blocks for computed + n and add the entry (SPEC §5, §8)."""
+        is_decode = n == 1 and req.computed >= req.input_tokens - 1
+        new_held = pool.blocks_for(req.computed + n)
+        rank.used_blocks += new_held - req.held_blocks
+        req.held_blocks = new_held
+        batch.append((req, n, is_decode))
+
+    def build_batch_vllm(self, pool, rank, no_evict):
+        """SPEC §5 pass start for one rank (policy vllm); with ``no_evict`` the trtllm
+        GUARANTEED_NO_EVICT admission rule of docs/policies.md is added to step 2."""
         B = pool.max_batched_tokens
         batch = []
         admitted = []
         preempted = False
-
-        def fits(req, n):
-            extra = pool.blocks_for(req.computed + n) - req.held_blocks
-            return rank.used_blocks + extra <= pool.num_blocks
-
-        def schedule(req, n):
-            is_decode = n == 1 and req.computed >= req.input_tokens - 1
-            new_held = pool.blocks_for(req.computed + n)
-            rank.used_blocks += new_held - req.held_blocks
-            req.held_blocks = new_held
-            batch.append((req, n, is_decode))
+        fits = lambda req, n: self.fits(pool, rank, req, n)  # noqa: E731
 
         # Step 1: running requests, in running order.
         i = 0
@@ -462,23 +567,155 @@ class ReferenceSim:
                     break
             if self_victim:
                 break
-            schedule(req, n)
+            self.schedule(pool, rank, batch, req, n)
             B -= n
             i += 1
+
+        # trtllm: blocks still promised to running requests, after step 1's allocations.
+        promised = 0
+        if no_evict:
+            promised = sum(pool.footprint(r) - r.held_blocks for r in rank.running)
 
         # Step 2: waiting requests, FIFO, with head-of-line blocking.
         while (rank.waiting and len(rank.running) < pool.max_sequences and B > 0
                and not preempted):
             req = rank.waiting[0]
             n = min(req.known - req.computed, B)
+            if no_evict:
+                footprint = pool.footprint(req)
+                if footprint > pool.num_blocks - rank.used_blocks - promised:
+                    break  # FIFO, no skipping
             if not fits(req, n):
                 break
             rank.waiting.popleft()
             rank.running.append(req)
-            schedule(req, n)
+            held_before = req.held_blocks  # 0: a waiting request holds no blocks
+            self.schedule(pool, rank, batch, req, n)
             admitted.append(req)
             B -= n
+            if no_evict:
+                promised += footprint - (req.held_blocks - held_before)
         return batch, preempted, admitted
+
+    def build_batch_sglang(self, pool, rank):
+        """docs/policies.md sglang: an extend batch (chunked request, then waiting FIFO)
+        or, if that is empty, a decode batch with retraction."""
+        bs = pool.block_size
+        batch = []
+        admitted = []
+        fits = lambda req, n: self.fits(pool, rank, req, n)  # noqa: E731
+
+        # 1. reset the ratio when the rank has no running request
+        run_len = len(rank.running)
+        if run_len == 0:
+            rank.new_token_ratio = pool.ratio_init
+        ratio = rank.new_token_ratio
+
+        decoders = []
+        chunked = None
+        for req in rank.running:
+            if req.known - req.computed <= 1:
+                decoders.append(req)
+            else:
+                assert chunked is None, "at most one chunked request per rank"
+                chunked = req
+
+        # 2. extend budgets
+        rem_total = float((pool.num_blocks - rank.used_blocks) * bs)
+        for req in decoders:  # running order
+            rem_total -= min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP) * ratio
+        rem_input = pool.max_prefill_tokens
+        rem_chunk = pool.rem_chunk_init
+
+        # 3. the chunked request first, if its blocks fit
+        if chunked is not None:
+            need = chunked.known - chunked.computed
+            n = min(need, rem_chunk)
+            if fits(chunked, n):
+                self.schedule(pool, rank, batch, chunked, n)
+                rem_total -= n
+                if n == need:
+                    rem_total -= min(chunked.output_tokens - chunked.generated,
+                                     SGLANG_RESERVE_CAP)
+                rem_input -= n
+                rem_chunk -= n
+
+        # 4. waiting requests FIFO
+        while (rank.waiting and len(rank.running) < pool.max_sequences and rem_input > 0
+               and rem_chunk > 0):
+            req = rank.waiting[0]
+            need = req.known - req.computed
+            reserve = min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP)
+            first_on_empty_rank = run_len == 0 and not batch
+            if not first_on_empty_rank and need + reserve >= rem_total:
+                break
+            if need <= rem_chunk:
+                n = need
+            else:
+                n = (rem_chunk // bs) * bs  # page-aligned chunk
+                if n == 0:
+                    break
+            if not fits(req, n):
+                break
+            rank.waiting.popleft()
+            rank.running.append(req)
+            self.schedule(pool, rank, batch, req, n)
+            admitted.append(req)
+            rem_total -= n
+            if n == need:
+                rem_total -= reserve
+            rem_input -= n
+            rem_chunk -= n
+            if n < need:
+                break  # a chunked admission closes the batch
+        if batch:
+            return batch, False, admitted
+
+        # 5. decode batch: every decoding request, one token each, after retraction
+        if not decoders:
+            return batch, False, admitted
+
+        def new_blocks():
+            return sum(pool.blocks_for(d.computed + 1) - d.held_blocks for d in decoders)
+
+        retracted = False
+        while new_blocks() > pool.num_blocks - rank.used_blocks and len(decoders) > 1:
+            # fewest generated, then longest prompt, then latest in running order
+            best = 0
+            for j in range(1, len(decoders)):
+                d, b = decoders[j], decoders[best]
+                if (d.generated, -d.input_tokens) <= (b.generated, -b.input_tokens):
+                    best = j  # ties go to the later one
+            victim = decoders.pop(best)
+            rank.running.remove(victim)  # the others keep their order
+            rank.used_blocks -= victim.held_blocks
+            victim.held_blocks = 0
+            victim.computed = 0
+            victim.num_preemptions += 1
+            rank.waiting.append(victim)  # BACK of waiting
+            retracted = True
+        if new_blocks() > pool.num_blocks - rank.used_blocks and chunked is not None:
+            # still short with one decoder left: the chunked request is retracted too
+            rank.running.remove(chunked)
+            rank.used_blocks -= chunked.held_blocks
+            chunked.held_blocks = 0
+            chunked.computed = 0
+            chunked.num_preemptions += 1
+            rank.waiting.append(chunked)  # BACK of waiting
+            retracted = True
+        if retracted:
+            total_generated = sum(d.generated for d in decoders)
+            total_output = sum(d.output_tokens for d in decoders)
+            rank.new_token_ratio = min(
+                1.0, (total_generated + SGLANG_RETRACT_DECODE_STEPS * len(decoders))
+                / total_output)
+        else:
+            rank.new_token_ratio = max(ratio - pool.ratio_decay, pool.ratio_min)
+        if new_blocks() > pool.num_blocks - rank.used_blocks:
+            self.overcommits += 1  # a lone decoder whose new block does not fit
+        for d in decoders:
+            self.schedule(pool, rank, batch, d, 1)
+        return batch, retracted, admitted
 
     def summarize_batch(self, batch):
         """SPEC §8 batch summary (computed is still the value before the pass)."""
@@ -542,7 +779,11 @@ class ReferenceSim:
         hands_off = pool.name == "prefill"
         outputs = []  # (request, token_index), in rank then running order
         for rank, batch in zip(w.ranks, p.batches):
-            for req, n, _ in batch:
+            # the scheduled requests, in running order (sglang: not a prefix of running)
+            n_of = {id(req): n for req, n, _ in batch}
+            order = [(req, n_of[id(req)]) for req in rank.running if id(req) in n_of]
+            assert len(order) == len(batch)
+            for req, n in order:
                 req.computed += n
                 if req.computed != req.known:
                     continue
@@ -638,7 +879,8 @@ class ReferenceSim:
                 end_ns=req.end_ns,
             ))
             tokens.append([(emit, recv) for emit, recv, _ in req.tokens])
-        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records)
+        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
+                    overcommits=self.overcommits)
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns):
