@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from simcore.config import merge_config
+from simcore.config import load_config, merge_config
 from tests.reference.metrics import summarize as reference_summarize
 from tests.reference.sim import simulate as reference_simulate
 from tests.scenarios import fast_as_reference, random_scenario, run_fast
@@ -67,6 +67,8 @@ def compare_with_reference(scenario):
         assert {key: f[key] for key in REQUEST_KEYS} == {key: s[key] for key in REQUEST_KEYS}, f"request {k}"
     assert fast["tokens"] == slow["tokens"]
     assert fast["passes"] == slow["passes"]
+    capacity = {name: getattr(load_config(scenario["config"]).engine, name).num_blocks for name in ("aggregated", "prefill", "decode")}
+    assert all(p["blocks_in_use"] <= capacity[p["pool"]] for p in fast["passes"])
     cap_ns = None if config["max_time_ms"] is None else round(config["max_time_ms"] * 1e6)
     slow_summary = reference_summarize(slow, scenario["inputs"], scenario["outputs"], config["metrics"]["percentiles"], config["metrics"]["goodput"], cap_ns)
     assert_summaries_equal(summary, slow_summary)

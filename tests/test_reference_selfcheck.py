@@ -896,10 +896,7 @@ def test_sglang_retraction_invariants(seed, mode):
     for p in res["passes"]:
         # a rank's pass is an extend or a decode batch (inputs >= 2, chunks >= 2)
         assert p["num_prefill"] == 0 or p["num_decode"] == 0 or p["pool"] == "decode"
-        if mode == "aggregated":
-            assert p["blocks_in_use"] <= 100
-    if mode == "aggregated":
-        assert sim.overcommits == 0
+        assert p["blocks_in_use"] <= 100  # retraction keeps every rank within its cache
     for w in sim.workers:
         for rank in w.ranks:
             assert rank.used_blocks == 0 and not rank.running and not rank.waiting

@@ -944,7 +944,12 @@ def _build_sglang_batch_nb(
                 decoded += generated[k]
                 max_new += output_tokens[k]
         rank_ratio[g] = min(1.0, (decoded + RETRACT_DECODE_STEPS * decoders) / max_new)
-    elif decoders > 0:
+    if needed > num_blocks - blocks_used[g]:
+        # The lone decoder's block is held by KV transfers (a P/D prefill rank):
+        # no decode step until they end.
+        num_sched[g] = 0
+        return retracted
+    if not retracted and decoders > 0:
         rank_ratio[g] = max(rank_ratio[g] - ratio_params[g, 2], ratio_params[g, 1])
     for i in range(run_len[g]):
         k = running[g, i]

@@ -49,6 +49,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from simcore.config import ConfigError, WorkloadConfig
+from simcore.units import NS_PER_MS, ms_to_ns
 from simcore.workload.api import RequestTable, default_ids
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -102,7 +103,7 @@ class _Trace:
     input_tokens: np.ndarray  # int64 (meaningless on bad rows)
     output_tokens: np.ndarray
     time: np.ndarray | None  # float64 ms (mooncake) or int64 ns (azure); None if not read
-    ms_per_unit: float  # time units per ms: 1 (mooncake) or 1e6 (azure)
+    time_ns: bool  # time is int64 ns (exact wall-clock differences), not float64 ms
     show_time: Callable[[int], str] | None
     time_name: str | None
     hash_ids: pa.ListArray | None = None
@@ -161,7 +162,8 @@ def _select(trace: _Trace, cfg: WorkloadConfig, send_times: bool) -> RequestTabl
     in_window = valid.size
     if in_window and cfg.time_window_ms is not None:  # valid times are non-decreasing
         since_first = trace.time[valid] - trace.time[valid[0]]
-        in_window = int(np.count_nonzero(since_first < cfg.time_window_ms * trace.ms_per_unit))
+        window = ms_to_ns(cfg.time_window_ms) if trace.time_ns else cfg.time_window_ms
+        in_window = int(np.count_nonzero(since_first < window))
     bounds = [b for b in (cfg.max_requests, cfg.num_requests) if b is not None]
     count = min([in_window, *bounds])
     kept = valid[:count]
@@ -187,7 +189,7 @@ def _select(trace: _Trace, cfg: WorkloadConfig, send_times: bool) -> RequestTabl
     send_ms = None
     if send_times:
         since_first = trace.time[kept] - trace.time[kept[0]]  # exact for int64 ns
-        send_ms = since_first.astype(np.float64) / trace.ms_per_unit
+        send_ms = since_first / NS_PER_MS if trace.time_ns else since_first
     return RequestTable(
         request_id=request_id,
         input_tokens=trace.input_tokens[kept],
@@ -432,7 +434,7 @@ def _mooncake_rows(
         input_tokens=lengths["input_length"],
         output_tokens=lengths["output_length"],
         time=time,
-        ms_per_unit=1.0,
+        time_ns=False,
         show_time=show_time,
         time_name="timestamp",
         hash_ids=hash_ids,
@@ -591,7 +593,7 @@ def _azure_rows(
         input_tokens=lengths[AZURE_INPUT],
         output_tokens=lengths[AZURE_OUTPUT],
         time=time,
-        ms_per_unit=1e6,
+        time_ns=True,
         show_time=show_time,
         time_name=AZURE_TIME,
     )

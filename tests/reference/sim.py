@@ -56,7 +56,9 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
   If the step still does not fit with one decoder left, the chunked request is
   retracted too (it holds the missing blocks; on P/D decode ranks a re-admitted
   request can be chunked).  Every remaining decoder is then scheduled with n = 1
-  (``overcommits`` counts passes whose lone decoder still did not fit: none expected).
+  If even then the step does not fit (the lone decoder's block is held by KV
+  transfers on a P/D prefill rank), the rank decodes nothing until they end, and the
+  ratio does not decay.
 - sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
   validation rejects less: a zero-page chunk would block the rank's queue).
 
@@ -359,7 +361,6 @@ class ReferenceSim:
                 prev = t
                 self.sends.append((t, k))
         self.pass_records = []
-        self.overcommits = 0  # sglang decode passes whose lone decoder did not fit
 
     # ------------------------------------------------------------ event loop
 
@@ -709,10 +710,12 @@ class ReferenceSim:
             rank.new_token_ratio = min(
                 1.0, (total_generated + SGLANG_RETRACT_DECODE_STEPS * len(decoders))
                 / total_output)
-        else:
-            rank.new_token_ratio = max(ratio - pool.ratio_decay, pool.ratio_min)
         if new_blocks() > pool.num_blocks - rank.used_blocks:
-            self.overcommits += 1  # a lone decoder whose new block does not fit
+            # a lone decoder whose block is held by KV transfers (P/D prefill rank):
+            # no decode step until they end; the ratio does not decay
+            return batch, retracted, admitted
+        if not retracted:
+            rank.new_token_ratio = max(ratio - pool.ratio_decay, pool.ratio_min)
         for d in decoders:
             self.schedule(pool, rank, batch, d, 1)
         return batch, retracted, admitted
@@ -879,8 +882,7 @@ class ReferenceSim:
                 end_ns=req.end_ns,
             ))
             tokens.append([(emit, recv) for emit, recv, _ in req.tokens])
-        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
-                    overcommits=self.overcommits)
+        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records)
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns):
