@@ -27,7 +27,7 @@ def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_l
         pool["max_batched_tokens"] = None
         pool["chunked_prefill_size"] = rnd.randint(block_size * pool["attention_dp"], 64)
         pool["max_prefill_tokens"] = rnd.choice([rnd.randint(2, 64), 16384])
-        pool["schedule_conservativeness"] = rnd.choice([0.3, 1.0, 1.6])
+        pool["schedule_conservativeness"] = rnd.choice([0.05, 0.3, 1.0, 1.6])
     return pool
 
 
@@ -37,13 +37,16 @@ def random_scenario(
     detokenize: bool | None = None,
     disaggregated: bool = False,
     policy: str = "vllm",
+    long_outputs: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
     ``closed`` and ``detokenize`` force the loop type and the detokenizer stage
     on or off; None draws them.  ``disaggregated`` draws independent prefill
     and decode pools (tight KV on either) and a KV transfer, on or off.
-    ``policy`` sets ``engine.policy`` (and its own pool keys).
+    ``policy`` sets ``engine.policy`` (and its own pool keys).  ``long_outputs``
+    draws outputs of 20-120 tokens, so that many decode steps run on a tight
+    cache (SGLang's new_token_ratio decays and decodes retract).
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -52,7 +55,10 @@ def random_scenario(
     num_blocks = rnd.randint(2, 48)
     tight = rnd.random() < 0.5  # small KV: preemption and head-of-line blocking
     inputs = [rnd.randint(1, 12 if tight else 48) for _ in range(n)]
-    outputs = [rnd.randint(1, 10) for _ in range(n)]
+    outputs = [rnd.randint(20, 120) if long_outputs else rnd.randint(1, 10) for _ in range(n)]
+    if long_outputs:  # room for two or three sequences: decodes outgrow the cache
+        num_blocks = rnd.randint(120, 300) // block_size
+        context_length = None
     if rnd.random() < 0.2:  # some prompts at or over the limit: rejections
         num_blocks = rnd.randint(2, 6)
     context_length = rnd.choice([None, None, rnd.randint(4, 40)])
@@ -88,7 +94,7 @@ def random_scenario(
         "timing": timing,
         "tokenization": tokenization,
         "detokenization": detokenization,
-        "max_time_ms": rnd.choice([None, None, None, rnd.uniform(0.5, 20.0)]),
+        "max_time_ms": None if long_outputs else rnd.choice([None, None, None, rnd.uniform(0.5, 20.0)]),
         "metrics": {"goodput": {"ttft_ms": rnd.choice([None, 5.0]), "tpot_ms": None, "e2el_ms": rnd.choice([None, 30.0])}},
     }
     if disaggregated:
@@ -104,6 +110,12 @@ def random_scenario(
                 ]
             ),
         }
+    if long_outputs:  # one busy rank per pool, several sequences at once
+        for name in ("aggregated", "prefill", "decode"):
+            if name in config["engine"]:
+                config["engine"][name].update(replicas=1, attention_dp=1, max_sequences=rnd.randint(3, 6))
+        if closed:
+            config["load"]["concurrency"] = rnd.randint(3, 6)
     send_ns = None
     if not closed:
         t, send_ns = 0, []

@@ -17,6 +17,7 @@ from tests.scenarios import fast_as_reference, random_scenario, run_fast
 NUM_SCENARIOS = 400
 NUM_PD_SCENARIOS = 300
 NUM_POLICY_SCENARIOS = 300  # per policy; a third of them disaggregated
+NUM_LONG_SCENARIOS = 100
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -57,6 +58,12 @@ def test_disaggregated_engine_matches_reference(seed):
 @pytest.mark.parametrize("seed", range(NUM_POLICY_SCENARIOS))
 def test_policy_engine_matches_reference(policy, seed):
     compare_with_reference(random_scenario(seed, policy=policy, disaggregated=seed % 3 == 2))
+
+
+@pytest.mark.parametrize("seed", range(NUM_LONG_SCENARIOS))
+def test_long_output_sglang_matches_reference(seed):
+    """Many decode steps on a tight cache: the ratio decays and decodes retract."""
+    compare_with_reference(random_scenario(seed, policy="sglang", long_outputs=True, disaggregated=seed % 4 == 3))
 
 
 def compare_with_reference(scenario):
@@ -108,6 +115,14 @@ def test_disaggregated_scenarios_cover_the_features():
         seen["detok_servers"] += s["config"]["detokenization"]["workers"] > 1 and s["config"]["detokenization"]["base_ms"] > 0
         seen["incomplete"] += any(r["status"] == "incomplete" for r in reqs)
     assert all(count >= 10 for count in seen.values()), seen
+
+
+def test_long_output_sglang_scenarios_retract():
+    retracting = 0
+    for seed in range(NUM_LONG_SCENARIOS):
+        _, slow = reference(random_scenario(seed, policy="sglang", long_outputs=True, disaggregated=seed % 4 == 3))
+        retracting += any(r["num_preemptions"] > 0 for r in slow["requests"])
+    assert retracting >= 10
 
 
 @pytest.mark.parametrize("seed", range(200))
