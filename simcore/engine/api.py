@@ -125,7 +125,7 @@ def simulate_engine(
     else:
         mode = nb.DETOK_DEFERRED
     detok_server = server_index(requests.request_id, detok.workers)
-    timing_model, timing_params = timing_arrays(cfg.timing)
+    timing_model, timing_params, timing_table = timing_arrays(cfg.timing)
     cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms)
 
     # A worker pass either emits a token or fills some rank's token budget with
@@ -175,6 +175,7 @@ def simulate_engine(
             topo["ratio_params"],
             timing_model,
             timing_params,
+            timing_table,
             nb.NO_CAP if cap_ns is None else cap_ns,
             out["arrival_ns"],
             out["first_admit_ns"],

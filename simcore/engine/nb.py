@@ -201,6 +201,7 @@ def simulate_engine_nb(
     ratio_params,
     timing_model,
     timing_params,
+    timing_table,
     cap_ns,
     arrival_ns,
     first_admit_ns,
@@ -280,6 +281,8 @@ def simulate_engine_nb(
         Timing-model code of ``simcore.timing.nb``.
     timing_params : ndarray(float64, ndim=1)
         Its parameters.
+    timing_table : ndarray(float64, ndim=1)
+        Its flat lookup tables (empty for fixed and linear).
     cap_ns : int
         Time cap, ns (``NO_CAP`` for none): events after it are not processed.
     arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns : ndarray(int64, ndim=1)
@@ -579,6 +582,7 @@ def simulate_engine_nb(
                     ms = rank_time_ms_nb(
                         timing_model,
                         timing_params,
+                        timing_table,
                         summary[r, 0],
                         summary[r, 1],
                         summary[r, 2],

@@ -3,8 +3,8 @@
 Contract: ``rank_time_ms_nb`` is ``@njit(cache=True)``; it reads a model code,
 a float64 parameter vector and the SPEC §8 batch summary (int64 counts) and
 returns the rank's time in float64 ms, evaluated left to right exactly as SPEC
-§8 writes the formula.  An empty batch takes 0.  Models that need tables (later:
-``aic``, ``table``) receive them as extra flat arrays.
+§8 writes the formula.  An empty batch takes 0.  Models that need lookup tables
+receive them in one flat float64 array, ``table``, laid out by their wrapper.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ TIMING_LINEAR = 1
 
 @njit(cache=True)
 def rank_time_ms_nb(
-    model, params, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+    model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
 ):
     """Time of one rank's batch, ms.
 
@@ -28,6 +28,8 @@ def rank_time_ms_nb(
     params : ndarray(float64, ndim=1)
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms,
         per_prefill_token_us, per_decode_seq_us, per_kv_token_ns]``.
+    table : ndarray(float64, ndim=1)
+        Flat lookup tables of table-driven models (empty for fixed, linear).
     num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
         The batch summary of SPEC §8 (tokens, sequences).
 
