@@ -3,6 +3,11 @@
 Bad input (an unknown key, an invalid value, a bad request table) prints one
 line ``replaysim: error: ...`` on stderr and exits with code 2 before anything
 is written (SPEC §11).
+
+Sweeps (``-m``, or in-job batch axes ``sweep.batch.<key>=[...]``) run through
+:mod:`runners.sweep`: in a multirun a failing point writes ``failure.json`` and
+the sweep goes on; points whose ``summary.json`` exists are skipped unless
+``force=true``.
 """
 
 from __future__ import annotations
@@ -17,13 +22,28 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import simcore
 import runners.conf_store  # noqa: F401  (registers base_config before Hydra composes)
+from runners import params
+from runners.export import vllm_bench_document
+from runners.progress import Progress
 from runners.report import format_summary
+from runners.sweep import (
+    VLLM_BENCH_FILE,
+    Point,
+    RunnerOptions,
+    job_points,
+    record_failure,
+    run_point,
+    say,
+    simulate,
+    split_options,
+    write_summary,
+)
 from runners.writer import write_results
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config
 
@@ -67,6 +87,8 @@ def unknown_key_message(key: str) -> str | None:
     str or None
         The error message, with a close match and the keys allowed next to it.
     """
+    if params.is_runner_key(key):
+        return _runner_key_message(key)
     leaves = dotted_keys()
     sections = {leaf.rsplit(".", i)[0] for leaf in leaves for i in range(1, leaf.count(".") + 1)}
     if key in sections or key in leaves:
@@ -81,6 +103,22 @@ def unknown_key_message(key: str) -> str | None:
     hint = difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)
     guess = f"did you mean {hint[0]}? " if hint else ""
     return f"{key} is not a known config key ({guess}known keys {where}: {', '.join(siblings)})"
+
+
+def _runner_key_message(key: str) -> str | None:
+    """Why ``key`` (under ``force``, ``sweep`` or ``export``) is not a runner key, or None."""
+    if key in ("force", "sweep", "sweep.batch", "export", "export.vllm_bench", "export.detailed"):
+        return None
+    if key.startswith("sweep.batch."):
+        axis = key.removeprefix("sweep.batch.")
+        if params.is_runner_key(axis):
+            return f"{key}: only config keys can be batch axes, got {axis}"
+        message = unknown_key_message(axis)
+        return None if message is None else f"sweep.batch.{axis}: {message}"
+    top = key.split(".")[0]
+    allowed = {"force": "force=true|false", "sweep": "sweep.batch.<config key>=[values]",
+               "export": "export.vllm_bench, export.detailed"}[top]
+    return f"{key} is not a known config key (known keys under {top}: {allowed})"
 
 
 def check_overrides(argv: Sequence[str]) -> None:
@@ -132,6 +170,56 @@ def output_dir(config: SimConfig) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
+def _fail_point(exc: BaseException) -> str:
+    if isinstance(exc, OmegaConfBaseException):
+        return f"{exc.full_key}: {str(exc).splitlines()[0]}"
+    return str(exc)
+
+
+def job_run_id(hydra_cfg: DictConfig, root: Path, multirun: bool) -> str:
+    """The run id of a job: ``<sweep dir name>/<job dir relative to it>`` (multirun) or its dir name."""
+    if not multirun:
+        return root.name
+    sweep = Path(to_absolute_path(str(hydra_cfg.sweep.dir)))
+    try:
+        rel = root.resolve().relative_to(sweep.resolve()).as_posix()
+    except ValueError:
+        rel = str(hydra_cfg.sweep.subdir)
+    return f"{sweep.name}/{rel}"
+
+
+def single_run(config: SimConfig, options: RunnerOptions) -> None:
+    """One run, no sweep: bad input exits 2; results and the summary table as before."""
+    out_dir = output_dir(config)
+    try:
+        result, tokens = simulate(config, options)
+    except ConfigError as exc:  # a bad request table or trace
+        fail(exc)
+    extra = {}
+    if options.vllm_bench:
+        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=options.detailed)
+    write_results(result, out_dir, extra=extra)
+    print(format_summary(result.summary, out_dir), flush=True)
+
+
+def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
+    """In-job batch axes outside a multirun: all-or-nothing validation, then each point."""
+    for point in points:
+        try:
+            load_config(point.mapping)
+        except ValueError as exc:
+            fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
+    progress = Progress(len(points), "batch")
+    for point in points:
+        try:
+            run_point(point, options, isolate=False)
+        except ConfigError as exc:  # a bad request table or trace
+            fail(f"{point.run_id}: {exc}")
+        progress.update()
+    progress.close()
+    write_summary(root)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 def task(cfg: DictConfig) -> None:
     """Validate the composed config, simulate, write the results, print a summary.
@@ -140,22 +228,49 @@ def task(cfg: DictConfig) -> None:
     ----------
     cfg : DictConfig
         The composed Hydra config (without the ``hydra`` node).
+
+    Notes
+    -----
+    A single run keeps the contract of SPEC §11 (bad input: exit 2, nothing
+    written).  In a multirun every exception of a point is recorded in its
+    ``failure.json`` and the job returns normally, so the sweep goes on.
     """
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    overrides = list(hydra_cfg.overrides.task)
+    mapping: dict = {}
     try:
         mapping = OmegaConf.to_container(cfg, resolve=True)
         mapping.pop("hydra", None)
-        config = load_config(mapping)
-    except OmegaConfBaseException as exc:  # e.g. a broken ${...} interpolation
-        fail(f"{exc.full_key}: {str(exc).splitlines()[0]}")
-    except ValueError as exc:  # ConfigError is a ValueError
-        fail(exc)
-    out_dir = output_dir(config)
-    try:
-        result = simcore.run(config)
-    except ConfigError as exc:  # a bad request table or trace
-        fail(exc)
-    write_results(result, out_dir)
-    print(format_summary(result.summary, out_dir), flush=True)
+        options, sim = split_options(mapping)
+    except (OmegaConfBaseException, ValueError) as exc:  # ConfigError is a ValueError
+        if not multirun:
+            fail(_fail_point(exc))
+        root = Path(hydra_cfg.runtime.output_dir)
+        sim = {k: v for k, v in mapping.items() if not params.is_runner_key(k)}
+        keys = tuple(sorted(set(params.override_keys(overrides)) - {"seed"}))
+        point = Point(root, job_run_id(hydra_cfg, root, True), sim, tuple(overrides), keys)
+        record_failure(point, exc)
+        say(f"{point.run_id}: failed: {type(exc).__name__}: {_fail_point(exc)}", sys.stderr)
+        return
+    if not multirun and not options.batch:
+        try:
+            config = load_config(sim)
+        except ValueError as exc:
+            fail(exc)
+        single_run(config, options)
+        return
+    if multirun:
+        root = Path(hydra_cfg.runtime.output_dir)
+    else:
+        out = params.lookup(sim, "output.dir")
+        root = Path(to_absolute_path(out)) if out else Path(hydra_cfg.runtime.output_dir)
+    points = job_points(root, job_run_id(hydra_cfg, root, multirun), sim, overrides, options)
+    if not multirun:
+        batch_run(points, options, root)
+        return
+    for point in points:
+        run_point(point, options, isolate=True)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -77,40 +78,49 @@ def _parquet_writer(table: pa.Table) -> Callable[[Path], None]:
     return lambda path: pq.write_table(table, path, compression=PARQUET_COMPRESSION)
 
 
-def _json_writer(document: dict) -> Callable[[Path], None]:
-    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
+def _json_writer(document: dict, compact: bool = False) -> Callable[[Path], None]:
+    if compact:
+        text = json.dumps(document, separators=(",", ":"), allow_nan=False) + "\n"
+    else:
+        text = json.dumps(document, indent=2, allow_nan=False) + "\n"
     return lambda path: path.write_text(text, encoding="utf-8")
 
 
-def write_results(result: simcore.Result, out_dir: str | os.PathLike) -> list[Path]:
-    """Write the result files of ``result`` into ``out_dir``.
+def json_file(document: dict, compact: bool = False) -> Callable[[Path], None]:
+    """A writer for :func:`write_atomic` that stores ``document`` as JSON (indented unless compact; no NaN)."""
+    return _json_writer(document, compact)
+
+
+def parquet_file(table: pa.Table) -> Callable[[Path], None]:
+    """A writer for :func:`write_atomic` that stores ``table`` as zstd Parquet."""
+    return _parquet_writer(table)
+
+
+def write_atomic(out_dir: str | os.PathLike, writers: list[tuple[str, Callable[[Path], None]]]) -> list[Path]:
+    """Write several files into ``out_dir`` all-or-nothing.
 
     Parameters
     ----------
-    result : simcore.Result
-        A finished run.
     out_dir : str or path-like
         Output directory; created if missing.
+    writers : list of (name, callable)
+        File name and a function that writes the file's content to the path it
+        is given (a hidden temporary name in ``out_dir``).
 
     Returns
     -------
     list of Path
-        The files written: ``requests.parquet``, then ``passes.parquet`` and
-        ``tokens.parquet`` when recorded, then ``summary.json``.
+        The final paths, in the order of ``writers``.
 
     Notes
     -----
-    Files are staged under hidden temporary names in ``out_dir`` and renamed
-    only when all of them are written; on any failure the temporary files are
-    removed and the exception propagates.
+    Every file is staged under a hidden temporary name; only when all are
+    written are they renamed (``os.replace``) in order, so the last one named
+    marks completion.  On any failure the temporary files are removed and the
+    exception propagates.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tables = {"requests": result.requests, "passes": result.passes, "tokens": result.tokens}
-    writers = [
-        (f"{name}.parquet", _parquet_writer(table)) for name, table in tables.items() if table is not None
-    ]
-    writers.append(("summary.json", _json_writer(summary_document(result))))
     staged: list[tuple[Path, Path]] = []
     try:
         for name, write in writers:
@@ -123,7 +133,86 @@ def write_results(result: simcore.Result, out_dir: str | os.PathLike) -> list[Pa
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         raise
-    written = [final for _, final in staged]
+    return [final for _, final in staged]
+
+
+def with_columns(table: pa.Table, columns: pa.Table | None) -> pa.Table:
+    """Prepend constant columns (``run_id``, ``seed``, swept parameters) to ``table``.
+
+    Parameters
+    ----------
+    table : pyarrow.Table
+        A result table (requests, passes or tokens).
+    columns : pyarrow.Table or None
+        A one-row table whose columns are repeated on every row of ``table``
+        (same types, same field metadata); None returns ``table`` unchanged.
+
+    Returns
+    -------
+    pyarrow.Table
+        ``columns`` then the columns of ``table``; the schema metadata of
+        ``table`` (``schema_version``) is kept.
+    """
+    if columns is None:
+        return table
+    clash = set(columns.column_names) & set(table.column_names)
+    if clash:
+        raise ValueError(f"sweep columns {sorted(clash)} clash with result columns")
+    n = table.num_rows
+    index = pa.array(np.zeros(n, dtype=np.int64))
+    arrays = [columns.column(i).take(index) for i in range(columns.num_columns)]
+    fields = list(columns.schema) + list(table.schema)
+    schema = pa.schema(fields, metadata=table.schema.metadata)
+    return pa.Table.from_arrays([*arrays, *table.columns], schema=schema)
+
+
+def write_results(
+    result: simcore.Result,
+    out_dir: str | os.PathLike,
+    columns: pa.Table | None = None,
+    extra: dict[str, dict] | None = None,
+) -> list[Path]:
+    """Write the result files of ``result`` into ``out_dir``.
+
+    Parameters
+    ----------
+    result : simcore.Result
+        A finished run.
+    out_dir : str or path-like
+        Output directory; created if missing.
+    columns : pyarrow.Table, optional
+        One row of constant columns (sweep runs: ``run_id``, ``seed`` and the
+        swept parameters) prepended to every Parquet table; see
+        :func:`with_columns`.
+    extra : dict of str to dict, optional
+        Further JSON documents by file name (``vllm_bench.json``), written
+        compact (they can hold per-request arrays) in the same all-or-nothing
+        step, before ``summary.json``.
+
+    Returns
+    -------
+    list of Path
+        The files written: ``requests.parquet``, then ``passes.parquet`` and
+        ``tokens.parquet`` when recorded, then the ``extra`` files, then
+        ``summary.json``.
+
+    Notes
+    -----
+    Files are staged under hidden temporary names in ``out_dir`` and renamed
+    only when all of them are written; on any failure the temporary files are
+    removed and the exception propagates.  ``summary.json`` is renamed last and
+    marks a finished run.
+    """
+    out = Path(out_dir)
+    tables = {"requests": result.requests, "passes": result.passes, "tokens": result.tokens}
+    writers = [
+        (f"{name}.parquet", _parquet_writer(with_columns(table, columns)))
+        for name, table in tables.items()
+        if table is not None
+    ]
+    writers += [(name, _json_writer(document, compact=True)) for name, document in (extra or {}).items()]
+    writers.append(("summary.json", _json_writer(summary_document(result))))
+    written = write_atomic(out, writers)
     # A rerun into the same directory must not leave an earlier run's optional
     # tables beside the new summary.
     for name in ("passes.parquet", "tokens.parquet"):

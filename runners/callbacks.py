@@ -1,0 +1,156 @@
+"""Hydra callback of a replaysim multirun: warm-up, progress, ``summary.parquet``.
+
+Registered in ``conf/config.yaml`` as ``hydra.callbacks.sweep``.  Hydra calls
+``on_multirun_start`` and ``on_multirun_end`` in the launching process, around
+all launchers (basic, joblib, submitit), so the sweep summary is written once,
+at the sweep root, after every job returned.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from runners.progress import SweepWatcher
+from runners.sweep import POINT_FILE, split_options, write_summary
+
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+WARMUP_REQUESTS = 4
+
+
+def sweep_dir(config: DictConfig) -> Path:
+    """The sweep directory (relative paths are from the launch directory, as Hydra's)."""
+    return Path(str(config.hydra.sweep.dir))
+
+
+def count_jobs(config: DictConfig) -> int | None:
+    """Jobs the basic sweeper will launch: the product of the sweep overrides' lengths.
+
+    Parameters
+    ----------
+    config : DictConfig
+        The multirun config.
+
+    Returns
+    -------
+    int or None
+        None for other sweepers, or overrides that cannot be counted (glob).
+    """
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+        return None
+    swept = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    lines = [f"{key}={value}" for key, value in swept.items()]
+    lines += list(config.hydra.overrides.task)
+    try:
+        overrides = OverridesParser.create().parse_overrides(lines)
+        total = 1
+        for override in overrides:
+            if override.is_sweep_override():
+                total *= len(list(override.sweep_string_iterator()))
+    except (HydraException, TypeError, ValueError):
+        return None
+    return total
+
+
+def warm_numba_cache(mapping: dict[str, Any]) -> float:
+    """Run a tiny version of the sweep's config so workers load compiled kernels.
+
+    Parameters
+    ----------
+    mapping : dict
+        The sweep's base simcore config (without runner keys).
+
+    Returns
+    -------
+    float
+        Seconds spent.  Errors are ignored: the jobs report them.
+
+    Notes
+    -----
+    Kernels are ``@njit(cache=True)``: this process compiles them once and
+    writes the on-disk cache (``NUMBA_CACHE_DIR`` or ``__pycache__``), so
+    parallel workers load them (~0.2 s) instead of compiling at once.
+    """
+    import simcore
+
+    start = time.perf_counter()
+    tiny = json.loads(json.dumps(mapping))
+    tiny.setdefault("workload", {})["num_requests"] = WARMUP_REQUESTS
+    tiny["max_time_ms"] = None
+    tiny.setdefault("output", {}).update({"dir": None, "tokens": True})
+    for config in (tiny, {"workload": {"num_requests": WARMUP_REQUESTS}, "output": {"tokens": True}}):
+        try:
+            simcore.run(config)
+            break
+        except Exception:  # noqa: BLE001 - a bad sweep config is reported by its jobs
+            continue
+    return time.perf_counter() - start
+
+
+def user_mapping(config: DictConfig) -> dict[str, Any]:
+    """The composed config without its ``hydra`` node, resolved, as plain containers."""
+    out: dict[str, Any] = {}
+    for key in config:
+        if key == "hydra":
+            continue
+        value = config[key]
+        out[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return out
+
+
+class SweepCallback(Callback):
+    """Warm the numba cache, draw sweep progress, write ``summary.parquet``.
+
+    Parameters
+    ----------
+    warmup : bool
+        Warm the numba cache before launching (skipped for the basic launcher,
+        whose jobs share this process).
+    """
+
+    def __init__(self, warmup: bool = True) -> None:
+        self.warmup = warmup
+        self.watcher: SweepWatcher | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Launchers pickle the callbacks with the Hydra context to send jobs to
+        # workers; the watcher (a thread) stays in the launching process.
+        return {**self.__dict__, "watcher": None}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if OmegaConf.select(config, "output.dir") is not None:
+            print(
+                "replaysim: error: output.dir names one run's directory; in a multirun set "
+                "hydra.sweep.dir (every job writes into its own sub-directory)",
+                file=sys.stderr, flush=True,
+            )
+            raise SystemExit(2)
+        try:
+            options, sim = split_options(user_mapping(config))
+        except Exception:  # noqa: BLE001 - a bad config is reported by every job as a failed point
+            options, sim = None, None
+        launcher = OmegaConf.select(config, "hydra.launcher._target_")
+        if self.warmup and launcher != BASIC_LAUNCHER and sim is not None:
+            seconds = warm_numba_cache(sim)
+            print(f"replaysim: numba cache warmed in {seconds:.2f} s", flush=True)
+        jobs = count_jobs(config)
+        per_job = 1 if options is None else options.num_points
+        total = None if jobs is None else jobs * per_job
+        self.watcher = SweepWatcher(sweep_dir(config), total, POINT_FILE)
+        self.watcher.start()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        root = sweep_dir(config)
+        if root.exists():
+            write_summary(root)

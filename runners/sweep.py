@@ -1,0 +1,547 @@
+"""Sweep points: runner options, in-job batch axes, resume, failure isolation, sweep summary.
+
+A *point* is one configuration simulated once.  A Hydra multirun job is one
+point, or, with batch axes (``sweep.batch.<key>=[v1,v2,...]``), the cartesian
+product of the axes run one after another in the job's process, one
+sub-directory per point.  Every point directory holds the result files of
+:mod:`runners.writer` (each Parquet row carrying ``run_id``, ``seed`` and one
+column per swept key), ``vllm_bench.json``, and ``point.json`` (its run id,
+status of the latest invocation, overrides, parameter values and where it ran).  A failed point holds ``failure.json``
+instead of results.  :func:`write_summary` gathers the points under a sweep
+directory into ``summary.parquet``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+import simcore
+from runners import params
+from runners.export import vllm_bench_document
+from runners.writer import json_file, parquet_file, write_atomic, write_results
+from simcore.config import ConfigError, SimConfig, load_config
+
+#: Defaults of the runner's own keys (registered beside the simcore defaults).
+RUNNER_DEFAULTS: dict[str, Any] = {
+    "force": False,
+    "sweep": {"batch": {}},
+    "export": {"vllm_bench": True, "detailed": True},
+}
+
+POINT_FILE = "point.json"
+FAILURE_FILE = "failure.json"
+SUMMARY_FILE = "summary.json"
+SWEEP_SUMMARY = "summary.parquet"
+VLLM_BENCH_FILE = "vllm_bench.json"
+#: Files that make up a point's results (removed when the point fails).
+RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", VLLM_BENCH_FILE, SUMMARY_FILE)
+#: summary.json keys that are not metrics.
+PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
+STATUSES = ("ok", "failed", "skipped")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """The runner's keys of the composed config (never passed to simcore).
+
+    Attributes
+    ----------
+    force : bool
+        Rerun points whose ``summary.json`` exists.
+    batch : dict of str to list
+        In-job batch axes: dotted config key -> values, in command-line order.
+    vllm_bench : bool
+        Write ``vllm_bench.json`` beside ``summary.json``.
+    detailed : bool
+        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``.
+    """
+
+    force: bool = False
+    batch: dict[str, list] = dataclasses.field(default_factory=dict)
+    vllm_bench: bool = True
+    detailed: bool = True
+
+    @property
+    def num_points(self) -> int:
+        """Points per job: the product of the batch axes' lengths (1 without axes)."""
+        count = 1
+        for values in self.batch.values():
+            count *= len(values)
+        return count
+
+
+def _flag(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{path} must be true or false, got {value!r}")
+    return value
+
+
+def split_options(mapping: Mapping[str, Any]) -> tuple[RunnerOptions, dict[str, Any]]:
+    """Split a composed config into runner options and the simcore config.
+
+    Parameters
+    ----------
+    mapping : mapping
+        The resolved config without its ``hydra`` node.
+
+    Returns
+    -------
+    RunnerOptions
+        ``force``, the batch axes and the export flags, validated.
+    dict
+        The remaining keys, for :func:`simcore.load_config`.
+
+    Raises
+    ------
+    ConfigError
+        A runner key with a bad value, a batch axis that is not a simcore
+        config key, or a batch axis whose value is not a non-empty list.
+    """
+    sim = {key: value for key, value in mapping.items() if key not in params.RUNNER_KEYS}
+    force = _flag("force", mapping.get("force", False))
+    sweep = mapping.get("sweep") or {}
+    if not isinstance(sweep, Mapping) or set(sweep) - {"batch"}:
+        raise ConfigError(f"sweep accepts only sweep.batch.<config key>=[values], got {sweep!r}")
+    raw_batch = sweep.get("batch") or {}
+    if not isinstance(raw_batch, Mapping):
+        raise ConfigError(f"sweep.batch must map config keys to lists of values, got {raw_batch!r}")
+    batch: dict[str, list] = {}
+    for key, values in params.flatten(raw_batch).items():
+        if not params.is_config_key(key) or params.is_runner_key(key):
+            raise ConfigError(f"sweep.batch.{key}: {key} is not a config key")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ConfigError(
+                f"sweep.batch.{key} must be a non-empty list such as [1,4,16], got {values!r}"
+            )
+        batch[key] = list(values)
+    export = mapping.get("export") or {}
+    if not isinstance(export, Mapping) or set(export) - {"vllm_bench", "detailed"}:
+        raise ConfigError(f"export accepts vllm_bench and detailed, got {export!r}")
+    options = RunnerOptions(
+        force=force,
+        batch=batch,
+        vllm_bench=_flag("export.vllm_bench", export.get("vllm_bench", True)),
+        detailed=_flag("export.detailed", export.get("detailed", True)),
+    )
+    return options, sim
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of a sweep.
+
+    Attributes
+    ----------
+    dir : Path
+        Its output directory.
+    run_id : str
+        Unique within the sweep: the sweep directory's name, then the point
+        directory relative to it (``12-00-00/3``, ``12-00-00/3/point-002``).
+    mapping : dict
+        The simcore config (nested, without runner keys).
+    overrides : tuple of str
+        The overrides that make this point (job overrides, then batch values).
+    keys : tuple of str
+        The sweep's parameter keys, sorted (one column each).
+    """
+
+    dir: Path
+    run_id: str
+    mapping: dict
+    overrides: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    def values(self, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Each parameter's effective value: from the merged config if valid, else as given."""
+        out = {}
+        for key in self.keys:
+            if resolved is not None:
+                out[key] = params.lookup(resolved, key)
+            else:
+                out[key] = params.lookup(self.mapping, key, params.lookup(simcore.DEFAULTS, key))
+        return out
+
+
+def job_points(
+    root: Path,
+    run_id: str,
+    mapping: Mapping[str, Any],
+    overrides: Sequence[str],
+    options: RunnerOptions,
+) -> list[Point]:
+    """The points of one job: itself, or the cartesian product of its batch axes.
+
+    Parameters
+    ----------
+    root : Path
+        The job's output directory.
+    run_id : str
+        The job's run id; batch points append ``/point-NNN``.
+    mapping : mapping
+        The job's simcore config.
+    overrides : sequence of str
+        The job's Hydra task overrides (``hydra.overrides.task``).
+    options : RunnerOptions
+        The batch axes.
+
+    Returns
+    -------
+    list of Point
+        In ``itertools.product`` order of the axes (the last axis varies
+        fastest, as Hydra's basic sweeper numbers jobs).
+    """
+    own = [line for line in overrides if not params.is_runner_key(_override_key(line))]
+    keys = set(params.override_keys(own)) | set(options.batch)
+    keys.discard("seed")  # seed has its own column
+    sorted_keys = tuple(sorted(keys))
+    if not options.batch:
+        return [Point(root, run_id, dict(mapping), tuple(own), sorted_keys)]
+    axes = list(options.batch.items())
+    combos = list(itertools.product(*(values for _, values in axes)))
+    width = max(3, len(str(len(combos) - 1)))
+    points = []
+    for index, combo in enumerate(combos):
+        point_mapping = json.loads(json.dumps(mapping))  # deep copy of plain data
+        extra = []
+        for (key, _), value in zip(axes, combo):
+            params.assign(point_mapping, key, value)
+            extra.append(f"{key}={params.format_value(value)}")
+        name = f"point-{index:0{width}d}"
+        points.append(Point(root / name, f"{run_id}/{name}", point_mapping, (*own, *extra), sorted_keys))
+    return points
+
+
+def _override_key(line: str) -> str:
+    return line.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
+
+
+# ---------------------------------------------------------------- running a point
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, allow_nan=True))
+
+
+def _same_config(out: Path, resolved: Mapping[str, Any]) -> bool:
+    try:
+        stored = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8")).get("config")
+    except (OSError, ValueError):
+        return False
+    return stored == _plain(resolved)
+
+
+def runtime() -> dict[str, Any]:
+    """Where a point ran: host, process id, numba threads (``NUMBA_NUM_THREADS`` at import)."""
+    import numba
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "numba_threads": int(numba.config.NUMBA_NUM_THREADS)}
+
+
+def _write_point(point: Point, status: str, values: Mapping[str, Any], seed: Any) -> None:
+    document = {
+        "run_id": point.run_id,
+        "status": status,
+        "seed": seed,
+        "overrides": list(point.overrides),
+        "parameters": {key: values.get(key) for key in point.keys},
+        "runtime": runtime(),
+    }
+    write_atomic(point.dir, [(POINT_FILE, json_file(_plain(document)))])
+
+
+def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result, pa.Table | None]:
+    """Run ``config``; also return the per-token table when the export needs it.
+
+    Parameters
+    ----------
+    config : SimConfig
+        The validated point configuration.
+    options : RunnerOptions
+        Export flags: ``vllm_bench.json`` needs per-token receipts (``itls``,
+        ``max_output_tokens_per_s``), recorded even when ``output.tokens`` is
+        false (then not written to ``tokens.parquet``).
+
+    Returns
+    -------
+    simcore.Result
+        The result as the configuration asked for it (``config`` unchanged).
+    pyarrow.Table or None
+        The tokens table, when recorded.
+    """
+    if not options.vllm_bench or config.output.tokens:
+        result = simcore.run(config)
+        return result, result.tokens
+    resolved = _plain(config.resolved)
+    resolved["output"]["tokens"] = True
+    result = simcore.run(load_config(resolved))
+    return dataclasses.replace(result, tokens=None, config=config), result.tokens
+
+
+def run_point(point: Point, options: RunnerOptions, *, isolate: bool, quiet: bool = False) -> str:
+    """Simulate one point into its directory, unless it is done already.
+
+    Parameters
+    ----------
+    point : Point
+        The point.
+    options : RunnerOptions
+        ``force`` and the export flags.
+    isolate : bool
+        True in a sweep: any exception is written to ``failure.json`` and the
+        status is ``failed``.  False: exceptions propagate (a single run exits
+        2 on bad input).
+    quiet : bool
+        Print nothing (the caller reports).
+
+    Returns
+    -------
+    str
+        ``ok``, ``skipped`` (``summary.json`` exists for the same config and
+        ``force`` is false) or ``failed``.
+    """
+    out = point.dir
+    try:
+        config = load_config(point.mapping)
+        values = point.values(config.resolved)
+        if not options.force and (out / SUMMARY_FILE).exists() and _same_config(out, config.resolved):
+            _write_point(point, "skipped", values, config.seed)
+            if not quiet:
+                say(f"{point.run_id}: skipped (summary.json exists; force=true reruns it)")
+            return "skipped"
+        result, tokens = simulate(config, options)
+        columns = params.id_columns(point.run_id, config.seed, point.keys, values)
+        extra = {}
+        if options.vllm_bench:
+            extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=options.detailed)
+        (out / FAILURE_FILE).unlink(missing_ok=True)
+        write_results(result, out, columns=columns, extra=extra)
+        _write_point(point, "ok", values, config.seed)
+    except Exception as exc:
+        if not isolate:
+            raise
+        record_failure(point, exc)
+        if not quiet:
+            say(f"{point.run_id}: failed: {type(exc).__name__}: {_one_line(exc)}", sys.stderr)
+        return "failed"
+    if not quiet:
+        say(f"{point.run_id}: ok  {_headline(result.summary)}")
+    return "ok"
+
+
+def say(line: str, stream=None) -> None:
+    """Print ``line`` with one write call, so lines of parallel workers do not interleave."""
+    stream = sys.stdout if stream is None else stream
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines())
+
+
+def record_failure(point: Point, exc: BaseException) -> None:
+    """Write ``failure.json`` and a failed ``point.json``; remove the point's stale results.
+
+    Parameters
+    ----------
+    point : Point
+        The point that failed.
+    exc : BaseException
+        Its exception (``error_type`` is the class name, ``error`` the one-line
+        message; a traceback is kept for errors that are not ``ValueError``).
+    """
+    document = {
+        "error_type": type(exc).__name__,
+        "error": _one_line(exc),
+        "overrides": list(point.overrides),
+        "run_id": point.run_id,
+    }
+    if not isinstance(exc, ValueError):  # ConfigError is a ValueError: its message says it all
+        document["traceback"] = traceback.format_exc()
+    for name in RESULT_FILES:
+        (point.dir / name).unlink(missing_ok=True)
+    seed = params.lookup(point.mapping, "seed", simcore.DEFAULTS["seed"])
+    write_atomic(point.dir, [(FAILURE_FILE, json_file(_plain(document)))])
+    _write_point(point, "failed", point.values(), seed)
+
+
+def _headline(summary: Mapping[str, Any]) -> str:
+    def fmt(key: str, unit: str) -> str:
+        value = summary.get(key)
+        return f"{key}={'-' if value is None else format(value, '.2f')}{unit}"
+
+    return "  ".join(
+        (fmt("request_throughput", " req/s"), fmt("output_throughput", " tok/s"),
+         fmt("p99_ttft_ms", " ms"), fmt("p99_tpot_ms", " ms"))
+    )
+
+
+# ---------------------------------------------------------------- the sweep summary
+
+
+def point_files(root: Path) -> list[Path]:
+    """Every ``point.json`` under ``root``, in natural order of their directories."""
+    def natural(path: Path) -> list:
+        rel = path.parent.relative_to(root).parts
+        return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in rel]
+
+    found = [p for p in root.rglob(POINT_FILE) if not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    return sorted(found, key=natural)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _column(values: list[Any]) -> pa.Array:
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return pa.array(values, type=pa.bool_())
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return pa.array(values, type=pa.int64() if present else pa.float64())
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return pa.array([None if v is None else float(v) for v in values], type=pa.float64())
+    return pa.array([None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values],
+                    type=pa.string())
+
+
+def summary_table(root: str | Path) -> pa.Table:
+    """One row per point under ``root``: run id, status, seed, parameters, metrics, errors.
+
+    Parameters
+    ----------
+    root : str or Path
+        A sweep directory (or a single job's directory holding batch points).
+
+    Returns
+    -------
+    pyarrow.Table
+        Columns ``run_id``, ``status`` (ok, failed or skipped), ``seed``, one
+        column per swept key typed as in the requests tables, every summary
+        metric (int64 counts, float64 others; null for a failed point), then
+        ``error_type``, ``error``, ``overrides`` and ``path`` (the point's
+        directory relative to ``root``).  Schema metadata ``parameters`` and
+        ``failed`` (JSON lists of keys and of failed run ids).
+    """
+    root = Path(root)
+    rows: list[dict[str, Any]] = []
+    keys: list[str] = []
+    metric_names: list[str] = []
+    for path in point_files(root):
+        point = _read_json(path)
+        if point is None:
+            continue
+        row = {
+            "run_id": point.get("run_id"),
+            "status": point.get("status"),
+            "seed": point.get("seed"),
+            "parameters": point.get("parameters") or {},
+            "overrides": " ".join(point.get("overrides") or []),
+            "path": path.parent.relative_to(root).as_posix() or ".",
+            "metrics": {},
+            "error_type": None,
+            "error": None,
+        }
+        for key in row["parameters"]:
+            if key not in keys:
+                keys.append(key)
+        if row["status"] == "failed":
+            failure = _read_json(path.parent / FAILURE_FILE) or {}
+            row["error_type"] = failure.get("error_type")
+            row["error"] = failure.get("error")
+        else:
+            summary = _read_json(path.parent / SUMMARY_FILE) or {}
+            row["metrics"] = {
+                k: v for k, v in summary.items()
+                if k not in PROVENANCE_KEYS and not isinstance(v, (dict, list))
+            }
+            for name in row["metrics"]:
+                if name not in metric_names:
+                    metric_names.append(name)
+        rows.append(row)
+    keys = sorted(keys)
+    fields = [
+        pa.field("run_id", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("seed", pa.int64()),
+    ]
+    arrays = [
+        pa.array([r["run_id"] for r in rows], type=pa.string()),
+        pa.array([r["status"] for r in rows], type=pa.string()),
+        pa.array([params._coerce(r["seed"], pa.int64()) for r in rows], type=pa.int64()),
+    ]
+    for key in keys:
+        field = params.parameter_field(key)
+        fields.append(field)
+        arrays.append(pa.array([params._coerce(r["parameters"].get(key), field.type) for r in rows], type=field.type))
+    for name in metric_names:
+        column = _column([r["metrics"].get(name) for r in rows])
+        fields.append(pa.field(name, column.type))
+        arrays.append(column)
+    for name in ("error_type", "error", "overrides", "path"):
+        fields.append(pa.field(name, pa.string()))
+        arrays.append(pa.array([r[name] for r in rows], type=pa.string()))
+    failed = [r["run_id"] for r in rows if r["status"] == "failed"]
+    metadata = {"parameters": json.dumps(keys), "failed": json.dumps(failed)}
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Table]:
+    """Write ``summary.parquet`` at ``root`` (atomically) and report failed points.
+
+    Parameters
+    ----------
+    root : str or Path
+        The sweep directory.
+    quiet : bool
+        Print nothing.
+
+    Returns
+    -------
+    Path
+        The file written.
+    pyarrow.Table
+        Its content (:func:`summary_table`).
+    """
+    root = Path(root)
+    table = summary_table(root)
+    (path,) = write_atomic(root, [(SWEEP_SUMMARY, parquet_file(table))])
+    if not quiet:
+        status = table.column("status").to_pylist()
+        counts = ", ".join(f"{status.count(s)} {s}" for s in STATUSES if status.count(s))
+        print(f"replaysim: sweep summary: {len(status)} points ({counts or 'none'}) -> {path}", flush=True)
+        for run_id, error_type, error in zip(
+            table.column("run_id").to_pylist(), table.column("error_type").to_pylist(), table.column("error").to_pylist()
+        ):
+            if error_type is not None:
+                print(f"replaysim: failed point {run_id}: {error_type}: {error}", file=sys.stderr, flush=True)
+    return path, table
+
+
+__all__ = [
+    "RUNNER_DEFAULTS",
+    "Point",
+    "RunnerOptions",
+    "job_points",
+    "record_failure",
+    "run_point",
+    "say",
+    "simulate",
+    "split_options",
+    "summary_table",
+    "write_summary",
+]
