@@ -38,6 +38,7 @@ _POOL_DEFAULTS = {
     "chunked_prefill_size": None,
     "max_prefill_tokens": None,
     "schedule_conservativeness": None,
+    "prefix_caching": False,
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -95,6 +96,8 @@ DEFAULTS: dict[str, Any] = {
         "drop_invalid": False,
         "max_requests": None,
         "time_window_ms": None,
+        # Synthetic only: every prompt starts with this many identical tokens.
+        "prefix_tokens": 0,
     },
     "load": {
         "type": "closed_loop",
@@ -260,6 +263,7 @@ class WorkloadConfig:
     drop_invalid: bool
     max_requests: int | None
     time_window_ms: float | None
+    prefix_tokens: int
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,7 @@ class PoolConfig:
     chunked_prefill_size: int | None  # sglang
     max_prefill_tokens: int | None  # sglang
     schedule_conservativeness: float | None  # sglang
+    prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
 
     @property
     def num_ranks(self) -> int:
@@ -439,6 +444,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             drop_invalid=_flag("workload.drop_invalid", w["drop_invalid"]),
             max_requests=_optional_count("workload.max_requests", w["max_requests"]),
             time_window_ms=_optional_number("workload.time_window_ms", w["time_window_ms"], strict=True),
+            prefix_tokens=_count("workload.prefix_tokens", w["prefix_tokens"], minimum=0),
         ),
         load=LoadConfig(
             type=_choice("load.type", ld["type"], LOAD_TYPES),
@@ -578,10 +584,23 @@ def _pool(prefix: str, raw: Mapping[str, Any], policy: str) -> PoolConfig:
         block_size=block_size,
         context_length=_optional_count(f"{prefix}.context_length", raw["context_length"]),
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
+        prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness, strict=True),
     )
+
+
+def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
+    enabled = _flag(f"{prefix}.prefix_caching", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{prefix}.prefix_caching is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and prefix.endswith(".decode"):
+        raise ConfigError(
+            f"{prefix}.prefix_caching: a decode pool receives its KV by transfer; "
+            "enable it on engine.prefill"
+        )
+    return enabled
 
 
 def _check_combinations(cfg: SimConfig) -> None:
@@ -639,6 +658,11 @@ def _check_combinations(cfg: SimConfig) -> None:
                     f"workload.range_ratio={w.range_ratio!r} gives a lower bound of {low} "
                     f"for workload.{column}_tokens; it must give at least 1"
                 )
+    if w.prefix_tokens and w.source != "synthetic":
+        raise ConfigError(
+            f"workload.prefix_tokens is only used by workload.source=synthetic (traces carry "
+            f"hash_ids), got {w.prefix_tokens} with workload.source={w.source}"
+        )
     if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
         raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
     if ld.type not in OPEN_LOOP_GENERATED and ld.request_rate is not None:
