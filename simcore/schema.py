@@ -46,6 +46,7 @@ REQUESTS_SCHEMA = _schema(
         _field("output_tokens", pa.int64(), "tokens", "requested output length", nullable=False),
         _field("generated_tokens", pa.int64(), "tokens", "tokens emitted by the engine by the cap", nullable=False),
         _field("num_preemptions", pa.int64(), "", "times the request was preempted (recompute)", nullable=False),
+        _field("cached_tokens", pa.int64(), "tokens", "prompt tokens reused from the prefix cache at the first admission; null if never admitted"),
         _field("send_ms", pa.float64(), "ms", "instant the client sent the request"),
         _field("engine_arrival_ms", pa.float64(), "ms", "instant the engine received it (after tokenization)"),
         _field("first_admit_ms", pa.float64(), "ms", "start of the pass that first admitted it"),

@@ -18,6 +18,8 @@ from simcore.client.api import (
 )
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
+from simcore.engine.kv_nb import allocate_prefix_cache
+from simcore.engine.prefix import prompt_block_identities
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
@@ -33,7 +35,8 @@ class EngineRun:
     Per request: ``send_ns``, ``arrival_ns``, ``first_admit_ns``,
     ``first_emit_ns``, ``finish_ns`` (engine finish), ``reject_ns``,
     ``generated``, ``num_preemptions``, ``worker``, ``rank`` (the receiving
-    placement), ``prompt_done_ns`` (end of the pass that computed the prompt),
+    placement), ``cached_tokens`` (prefix-cache hits at the first admission),
+    ``prompt_done_ns`` (end of the pass that computed the prompt),
     and in P/D ``transfer_end_ns``, ``decode_worker`` (global index) and
     ``decode_rank`` (-1 until handed off; all -1 when aggregated).  Per token (request
     k's at ``token_offset[k]:token_offset[k + 1]``): ``token_emit_ns``,
@@ -52,6 +55,7 @@ class EngineRun:
     num_preemptions: np.ndarray
     worker: np.ndarray
     rank: np.ndarray
+    cached_tokens: np.ndarray
     prompt_done_ns: np.ndarray
     transfer_end_ns: np.ndarray
     decode_worker: np.ndarray
@@ -117,6 +121,17 @@ def simulate_engine(
     tok_service = tokenization_service_ns(tok, input_tokens)
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens))
 
+    # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
+    if receiving.prefix_caching:
+        ident_offset, ident = prompt_block_identities(
+            requests, receiving.block_size, cfg.workload.block_size, cfg.workload.prefix_tokens
+        )
+        num_slots = receiving.num_blocks * receiving.num_ranks
+    else:
+        ident_offset, ident, num_slots = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), 1
+    rank_prefix_caching = np.zeros(len(topo["rank_policy"]), dtype=np.bool_)
+    rank_prefix_caching[: receiving.num_ranks] = receiving.prefix_caching
+
     detok = cfg.detokenization
     if not detok.enabled:
         mode = nb.DETOK_OFF
@@ -140,6 +155,7 @@ def simulate_engine(
         )
     while True:
         out = _allocate(n, num_tokens, mode, pass_rows)
+        prefix_cache = allocate_prefix_cache(num_slots, len(rank_prefix_caching), ident_offset, ident)
         if not closed:
             out["send_ns"][:] = send_ns
         status, rows, num_emitted = nb.simulate_engine_nb(
@@ -173,6 +189,8 @@ def simulate_engine(
             topo["rank_chunk_tokens"],
             topo["rank_max_prefill_tokens"],
             topo["ratio_params"],
+            rank_prefix_caching,
+            prefix_cache,
             timing_model,
             timing_params,
             timing_table,
@@ -185,6 +203,7 @@ def simulate_engine(
             out["handoff_ns"],
             out["transfer_end_ns"],
             out["decode_rank"],
+            out["cached_tokens"],
             out["generated"],
             out["num_preemptions"],
             out["token_emit_ns"],
@@ -252,6 +271,7 @@ def simulate_engine(
         num_preemptions=out["num_preemptions"],
         worker=worker,
         rank=rank,
+        cached_tokens=out["cached_tokens"],
         prompt_done_ns=out["handoff_ns"] if cfg.engine.mode == "disaggregated" else out["first_emit_ns"],
         transfer_end_ns=out["transfer_end_ns"],
         decode_worker=np.where(decode, topo["rank_worker"][out["decode_rank"]], -1),
@@ -327,6 +347,7 @@ def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int) -> dict[str, n
         )
     }
     out["generated"] = np.zeros(n, dtype=np.int64)
+    out["cached_tokens"] = np.zeros(n, dtype=np.int64)
     out["num_preemptions"] = np.zeros(n, dtype=np.int64)
     out["token_emit_ns"] = np.full(num_tokens, -1, dtype=np.int64)
     out["token_recv_ns"] = np.full(num_tokens, -1, dtype=np.int64)

@@ -29,6 +29,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simcore.engine.kv_nb import (
+    kv_allocate_nb,
+    kv_hits_nb,
+    kv_register_nb,
+    kv_release_nb,
+    kv_take_hits_nb,
+)
 from simcore.timing.nb import rank_time_ms_nb
 
 OK = 0
@@ -199,6 +206,8 @@ def simulate_engine_nb(
     rank_chunk_tokens,
     rank_max_prefill_tokens,
     ratio_params,
+    rank_prefix_caching,
+    prefix_cache,
     timing_model,
     timing_params,
     timing_table,
@@ -211,6 +220,7 @@ def simulate_engine_nb(
     handoff_ns,
     transfer_end_ns,
     decode_rank,
+    cached_tokens,
     generated,
     num_preemptions,
     token_emit_ns,
@@ -277,6 +287,11 @@ def simulate_engine_nb(
         max_prefill_tokens), tokens; unused by other policies.
     ratio_params : ndarray(float64, ndim=2)
         SGLang ``[init, min, decay]`` of new_token_ratio per rank.
+    rank_prefix_caching : ndarray(bool, ndim=1)
+        Prefix caching on each rank (vllm policy).
+    prefix_cache : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state of ``simcore.engine.kv_nb`` (with the requests'
+        prompt-block identities).
     timing_model : int
         Timing-model code of ``simcore.timing.nb``.
     timing_params : ndarray(float64, ndim=1)
@@ -291,6 +306,9 @@ def simulate_engine_nb(
     handoff_ns, transfer_end_ns, decode_rank : ndarray(int64, ndim=1)
         Out, per request, ``-1`` initialised (P/D): end of the prefill pass that
         computed the prompt, KV-transfer end, global decode rank.
+    cached_tokens : ndarray(int64, ndim=1)
+        Out, per request, zero initialised: prompt tokens reused from the
+        prefix cache at the first admission.
     generated, num_preemptions : ndarray(int64, ndim=1)
         Out, per request, zero initialised: tokens emitted, preemptions.
     token_emit_ns, token_recv_ns : ndarray(int64, ndim=1)
@@ -459,8 +477,7 @@ def simulate_engine_nb(
                                     num_emitted += 1
                                     if leaves:
                                         finish_ns[k] = t
-                                        blocks_used[g] -= held[k]
-                                        held[k] = 0
+                                        kv_release_nb(prefix_cache, g, k, held, blocks_used)
                         if not leaves:
                             running[g, keep] = k
                             keep += 1
@@ -533,8 +550,7 @@ def simulate_engine_nb(
                 xfer_size = _heap_pop_nb(xfer_key, xfer_val, xfer_size)
                 progressed = True
                 k = handoff_req[h]
-                blocks_used[recv_rank[k]] -= held[k]
-                held[k] = 0
+                kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
                 transfer_end_ns[k] = t
                 w = first_decode_worker + h % num_decode_workers
                 g = worker_first_rank[w] + (h // num_decode_workers) % worker_num_ranks[w]
@@ -574,7 +590,8 @@ def simulate_engine_nb(
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
                             summary, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
                             rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
-                            worker_role[w] == ROLE_PREFILL,
+                            worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
+                            cached_tokens,
                         )
                     if num_sched[g] > 0:
                         any_batch = True
@@ -715,14 +732,17 @@ def _build_vllm_batch_nb(
     g, r, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
     num_sched, blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, summary, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-    rank_block_size, rank_seq_limit, no_evict, prefill_role,
+    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens,
 ):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
     With ``no_evict`` (TensorRT-LLM GUARANTEED_NO_EVICT), a waiting request is
     admitted only if its blocks to completion fit beside every running
-    request's reservation to completion; then allocations never fail.
+    request's reservation to completion; then allocations never fail.  With
+    ``caching`` (prefix caching, docs/prefix-caching.md) an admission first
+    reuses the request's longest resident prompt prefix.
     """
+    num_ranks = rank_num_blocks.shape[0]
     budget = rank_max_batched_tokens[g]
     block_size = rank_block_size[g]
     num_blocks = rank_num_blocks[g]
@@ -739,8 +759,7 @@ def _build_vllm_batch_nb(
         while grow > num_blocks - blocks_used[g]:
             run_len[g] -= 1
             victim = running[g, run_len[g]]
-            blocks_used[g] -= held[victim]
-            held[victim] = 0
+            kv_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1
             _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
@@ -750,8 +769,10 @@ def _build_vllm_batch_nb(
                 break
         if self_preempted:
             break
-        blocks_used[g] += grow
+        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
+        if caching:
+            kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
         _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
         budget -= n_tok
         i += 1
@@ -767,9 +788,16 @@ def _build_vllm_batch_nb(
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
     while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         k = wait_head[g]
-        n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
-        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
-        if grow > num_blocks - blocks_used[g]:
+        known = input_tokens[k] + generated[k]
+        hits = 0
+        cached_hits = 0
+        start = computed[k]  # 0, or input - 1 for a P/D decode entrant
+        if caching:
+            hits, cached_hits = kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size)
+            start = hits * block_size
+        n_tok = min(known - start, budget)
+        grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
+        if grow + cached_hits > num_blocks - blocks_used[g]:
             break
         if no_evict:
             footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
@@ -780,10 +808,17 @@ def _build_vllm_batch_nb(
         running[g, run_len[g]] = k
         run_len[g] += 1
         num_sched[g] += 1
-        blocks_used[g] += grow
+        if caching:
+            kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used)
+            computed[k] = hits * block_size
+            held[k] = hits
+        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
+        if caching:
+            kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
+            cached_tokens[k] = hits * block_size
         _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
         budget -= n_tok
     return False

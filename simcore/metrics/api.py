@@ -111,6 +111,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "output_tokens": output_tokens,
         "generated_tokens": run.generated,
         "num_preemptions": run.num_preemptions,
+        "cached_tokens": pa.array(run.cached_tokens, mask=run.first_admit_ns == NOT_YET),
         "send_ms": _instant_ms(run.send_ns),
         "engine_arrival_ms": _instant_ms(run.arrival_ns),
         "first_admit_ms": _instant_ms(run.first_admit_ns),
@@ -231,6 +232,7 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         "output_throughput": per_second(total_output),
         "total_token_throughput": per_second(total_input + total_output),
         "request_goodput": _goodput(cols, metrics.goodput, per_second),
+        "prefix_cache_hit_rate": _hit_rate(run, input_tokens),
     }
     for name, column in DISTRIBUTIONS.items():
         values = cols.itl_ms() if column is None else getattr(cols, column)[done]
@@ -240,6 +242,14 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         values = cols.stages[stage][done]
         summary[f"mean_{stage}"] = float(np.mean(values)) if values.size else None
     return summary
+
+
+def _hit_rate(run: EngineRun, input_tokens: np.ndarray) -> float | None:
+    """Prompt tokens reused at first admission / prompt tokens, over admitted requests."""
+    admitted = run.first_admit_ns != NOT_YET
+    if not admitted.any():
+        return None
+    return float(run.cached_tokens[admitted].sum() / input_tokens[admitted].sum())
 
 
 def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | None:

@@ -1,0 +1,62 @@
+"""Prompt-block identities for prefix caching (docs/prefix-caching.md).
+
+Engine block j of a request (tokens ``[j·bs, (j+1)·bs)``, complete prompt
+blocks only) gets a dense int64 identity; equal identities mean equal token
+prefixes.  They come from Mooncake ``hash_ids`` (prefix-chained hashes of
+``T``-token trace blocks), from a synthetic shared prefix, or are unique.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from simcore.workload.api import RequestTable
+
+
+def prompt_block_identities(
+    requests: RequestTable, block_size: int, trace_block_size: int | None, prefix_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Identities of every request's complete prompt blocks.
+
+    Parameters
+    ----------
+    requests : RequestTable
+        With ``hash_ids`` (list<int64> per request) for traces.
+    block_size : int
+        Engine KV block size, tokens.
+    trace_block_size : int or None
+        Tokens per ``hash_ids`` entry (``workload.block_size``).
+    prefix_tokens : int
+        Synthetic shared prompt prefix, tokens (0: none).
+
+    Returns
+    -------
+    offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets; request k's identities are ``ident[offset[k]:offset[k+1]]``.
+    ident : ndarray(int64, ndim=1)
+        Dense identities (0 ...).
+    """
+    counts = requests.input_tokens // block_size
+    offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offset[1:])
+    total = int(offset[-1])
+    request = np.repeat(np.arange(counts.shape[0]), counts)
+    j = np.arange(total, dtype=np.int64) - offset[:-1][request]
+    if requests.hash_ids is not None:
+        trace_block = trace_block_size or 512
+        end = (j + 1) * block_size
+        m = (end - 1) // trace_block
+        hash_ids = requests.hash_ids
+        if isinstance(hash_ids, pa.ChunkedArray):
+            hash_ids = hash_ids.combine_chunks()
+        list_offsets = hash_ids.offsets.to_numpy().astype(np.int64)
+        values = hash_ids.flatten().to_numpy().astype(np.int64)
+        pair = np.stack([values[list_offsets[request] + m], end - m * trace_block], axis=1)
+        _, ident = np.unique(pair, axis=0, return_inverse=True)
+        return offset, ident.reshape(-1).astype(np.int64)
+    shared = (j + 1) * block_size <= prefix_tokens
+    # Shared prefix blocks are identified by their index; every other block by
+    # its position in the flat array, past the shared ids.
+    ident = np.where(shared, j, prefix_tokens // block_size + np.arange(total, dtype=np.int64))
+    return offset, ident
