@@ -38,6 +38,7 @@ def random_scenario(
     disaggregated: bool = False,
     policy: str = "vllm",
     long_outputs: bool = False,
+    prefix_caching: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -47,6 +48,8 @@ def random_scenario(
     ``policy`` sets ``engine.policy`` (and its own pool keys).  ``long_outputs``
     draws outputs of 20-120 tokens, so that many decode steps run on a tight
     cache (SGLang's new_token_ratio decays and decodes retract).
+    ``prefix_caching`` turns it on for the receiving pool, with prompts sharing
+    prefixes through prefix-chained ``hash_ids`` or a synthetic shared prefix.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -116,6 +119,18 @@ def random_scenario(
                 config["engine"][name].update(replicas=1, attention_dp=1, max_sequences=rnd.randint(3, 6))
         if closed:
             config["load"]["concurrency"] = rnd.randint(3, 6)
+    hash_ids = None
+    if prefix_caching:
+        receiving = "prefill" if disaggregated else "aggregated"
+        config["engine"][receiving]["prefix_caching"] = True
+        if rnd.random() < 0.5:
+            hash_ids = _prefix_chained_hash_ids(rnd, inputs, trace_block=rnd.choice([2, 4, 8]))
+            config["workload"]["source"] = "mooncake"
+            config["workload"]["path"] = "scenario.jsonl"
+            config["workload"]["block_size"] = hash_ids[1]
+            hash_ids = hash_ids[0]
+        else:
+            config["workload"]["prefix_tokens"] = rnd.choice([4, 8, 16, 32])
     send_ns = None
     if not closed:
         t, send_ns = 0, []
@@ -123,16 +138,36 @@ def random_scenario(
             send_ns.append(t)
             t += rnd.choice([0, 0, 1, 250_000, 1_000_000, rnd.randint(0, 5_000_000)])
     ids = [f"req-{seed}-{k}" for k in range(n)]
-    return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids}
+    return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
+
+
+def _prefix_chained_hash_ids(rnd: random.Random, inputs: list[int], trace_block: int):
+    """Mooncake-like hash_ids: each prompt follows one of a few shared block
+    chains for a random number of leading blocks, then gets fresh blocks."""
+    chains = [[1000 * c + b for b in range(64)] for c in range(3)]
+    fresh = 10**6
+    out = []
+    for n in inputs:
+        blocks = -(-n // trace_block)
+        chain = rnd.choice(chains)
+        shared = rnd.randint(0, blocks)
+        ids = chain[:shared]
+        for _ in range(blocks - shared):
+            ids.append(fresh)
+            fresh += 1
+        out.append(ids)
+    return out, trace_block
 
 
 def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = True):
     """Run the numba path on a scenario; returns (EngineRun, RequestColumns, summary)."""
     cfg = load_config(scenario["config"])
+    hash_ids = scenario.get("hash_ids")
     table = RequestTable(
         pa.array(scenario["ids"], type=pa.string()),
         np.array(scenario["inputs"], dtype=np.int64),
         np.array(scenario["outputs"], dtype=np.int64),
+        hash_ids=None if hash_ids is None else pa.array(hash_ids, type=pa.list_(pa.int64())),
     )
     send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
     run = simulate_engine(cfg, table, send, record_passes=record_passes, detok_path=detok_path)
@@ -170,6 +205,7 @@ def fast_as_reference(run, cols) -> dict:
                 "prompt_done_ns": opt(run.prompt_done_ns[k]),
                 "transfer_start_ns": opt(run.prompt_done_ns[k]) if run.disaggregated else None,
                 "transfer_end_ns": opt(run.transfer_end_ns[k]),
+                "cached_tokens": opt(run.cached_tokens[k]) if run.first_admit_ns[k] >= 0 else None,
             }
         )
     passes = None

@@ -18,17 +18,20 @@ NUM_SCENARIOS = 400
 NUM_PD_SCENARIOS = 300
 NUM_POLICY_SCENARIOS = 300  # per policy; a third of them disaggregated
 NUM_LONG_SCENARIOS = 100
+NUM_PREFIX_SCENARIOS = 300  # a third of them disaggregated
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
     "prefill_rank", "decode_worker", "decode_rank", "prompt_done_ns", "transfer_start_ns",
-    "transfer_end_ns",
+    "transfer_end_ns", "cached_tokens",
 ]
 
 
 def reference(scenario):
     config = merge_config(scenario["config"])
-    return config, reference_simulate(config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"])
+    return config, reference_simulate(
+        config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids")
+    )
 
 
 def assert_summaries_equal(fast: dict, slow: dict):
@@ -64,6 +67,11 @@ def test_policy_engine_matches_reference(policy, seed):
 def test_long_output_sglang_matches_reference(seed):
     """Many decode steps on a tight cache: the ratio decays and decodes retract."""
     compare_with_reference(random_scenario(seed, policy="sglang", long_outputs=True, disaggregated=seed % 4 == 3))
+
+
+@pytest.mark.parametrize("seed", range(NUM_PREFIX_SCENARIOS))
+def test_prefix_caching_matches_reference(seed):
+    compare_with_reference(random_scenario(seed, prefix_caching=True, disaggregated=seed % 3 == 2))
 
 
 def compare_with_reference(scenario):
@@ -114,6 +122,20 @@ def test_disaggregated_scenarios_cover_the_features():
         seen["no_transfer"] += s["config"]["engine"]["kv_transfer"]["bandwidth_gb_per_second"] is None
         seen["detok_servers"] += s["config"]["detokenization"]["workers"] > 1 and s["config"]["detokenization"]["base_ms"] > 0
         seen["incomplete"] += any(r["status"] == "incomplete" for r in reqs)
+    assert all(count >= 10 for count in seen.values()), seen
+
+
+def test_prefix_caching_scenarios_cover_the_features():
+    seen = dict(hits=0, hash_ids=0, shared_prefix=0, preempted_with_hits=0, disaggregated_hits=0)
+    for seed in range(NUM_PREFIX_SCENARIOS):
+        s = random_scenario(seed, prefix_caching=True, disaggregated=seed % 3 == 2)
+        _, slow = reference(s)
+        hit = any((r["cached_tokens"] or 0) > 0 for r in slow["requests"])
+        seen["hits"] += hit
+        seen["hash_ids"] += hit and s["hash_ids"] is not None
+        seen["shared_prefix"] += hit and s["hash_ids"] is None
+        seen["preempted_with_hits"] += hit and any(r["num_preemptions"] > 0 for r in slow["requests"])
+        seen["disaggregated_hits"] += hit and s["config"]["engine"].get("mode") == "disaggregated"
     assert all(count >= 10 for count in seen.values()), seen
 
 

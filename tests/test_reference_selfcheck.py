@@ -43,9 +43,9 @@ def fixed(prefill_ms, decode_ms):
     return {"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms}
 
 
-def run(config, inputs, outputs, send_ns=None, ids=None):
+def run(config, inputs, outputs, send_ns=None, ids=None, hash_ids=None):
     ids = ids if ids is not None else [f"r{k}" for k in range(len(inputs))]
-    return simulate(config, ids, inputs, outputs, send_ns)
+    return simulate(config, ids, inputs, outputs, send_ns, hash_ids)
 
 
 def emits(result, row):
@@ -116,6 +116,8 @@ def test_lone_request_fixed_timing():
     assert s["request_goodput"] is None
     assert s["mean_prefill_ms"] == 30.0 and s["mean_queue_ms"] == 0.0
     assert s["mean_detokenization_ms"] == 0.0 and s["mean_transfer_ms"] == 0.0
+    # prefix caching off: cached_tokens 0 for an admitted request, hit rate 0 / 100
+    assert req["cached_tokens"] == 0 and s["prefix_cache_hit_rate"] == 0.0
 
 
 def test_linear_timing_two_ranks_max():
@@ -195,6 +197,7 @@ def test_rejection_and_closed_loop_replacement():
     s = summarize(res, [60, 20, 20], [1, 1, 1], [50], {"ttft_ms": None, "tpot_ms": None,
                                                       "e2el_ms": None}, None)
     assert s["rejected"] == 1 and s["completed"] == 2
+    assert r0["cached_tokens"] is None  # rejected: never admitted
     assert s["duration_s"] == 0.024  # last final receipt 24 ms - first send 0
     assert s["mean_tpot_ms"] is None and s["p50_itl_ms"] is None
 
@@ -278,6 +281,11 @@ def test_closed_loop_send_after_cap_does_not_happen():
     assert r1["generated_tokens"] == 0 and res["tokens"][1] == []
     assert r2["send_ns"] is None and r2["status"] == "incomplete"
     assert (r2["worker"], r2["rank"]) == (0, 0)
+    # never admitted: cached_tokens None; the hit rate covers admitted rows 0, 1 only
+    assert [r["cached_tokens"] for r in res["requests"]] == [0, 0, None]
+    s = summarize(res, [10, 10, 10], [1, 1, 1], [50], {"ttft_ms": None, "tpot_ms": None,
+                                                      "e2el_ms": None}, 15 * MS)
+    assert s["prefix_cache_hit_rate"] == 0.0
 
 
 @pytest.mark.parametrize("chunk", [None, 2])
@@ -935,3 +943,383 @@ def test_policy_many_requests_invariants(policy, seed):
             assert r["num_preemptions"] == 0
     assert all(p["blocks_in_use"] <= 20 for p in res["passes"])
     assert all(rank.used_blocks == 0 for w in sim.workers for rank in w.ranks)
+
+
+# ---------------------------------------------------------------- prefix caching
+# docs/prefix-caching.md; the module docstring of tests/reference/sim.py lists the
+# decisions taken where the text is silent.
+
+LINEAR = {"type": "linear"}  # 5 ms + 30 us / prefill token + 20 us / decode seq + 40 ns / kv token
+
+
+def pc_config(pool=None, workload=None, trace_block_size=None, **sections):
+    """Aggregated vllm pool with prefix caching (block_size 4, 100 blocks unless
+    given), open-loop trace, fixed 10/1 ms unless given.  ``trace_block_size`` sets
+    workload.block_size (T) after validation (the validator keeps it for mooncake)."""
+    base = {"block_size": 4, "num_blocks": 100, "prefix_caching": True}
+    base.update(pool or {})
+    sections.setdefault("load", {"type": "trace"})
+    sections.setdefault("timing", fixed(10.0, 1.0))
+    if workload is not None:
+        sections["workload"] = workload
+    cfg = make_config(engine={"aggregated": base}, **sections)
+    if trace_block_size is not None:
+        cfg["workload"]["block_size"] = trace_block_size
+    return cfg
+
+
+def lru_idents(sim, worker=0, rank=0):
+    """The identities of a rank's cached blocks, LRU head first."""
+    return [block.ident for block in sim.workers[worker].ranks[rank].lru]
+
+
+def test_prefix_block_identities():
+    # hash_ids at T = 8, engine bs 6, input 20: complete blocks j = 0, 1, 2 (18 <= 20)
+    #   j=0: e=6,  m=(6-1)//8=0,  offset 6 - 0 = 6  -> ("h", 10, 6)
+    #   j=1: e=12, m=11//8=1,     offset 12 - 8 = 4 -> ("h", 11, 4)
+    #   j=2: e=18, m=17//8=2,     offset 18 - 16 = 2 -> ("h", 12, 2)
+    ident = ReferenceSim.block_identities
+    assert ident(3, 20, 6, [10, 11, 12], 8, 0) == [("h", 10, 6), ("h", 11, 4), ("h", 12, 2)]
+    # hash_ids too short for a block (m = 2 past the end): unique to its row
+    assert ident(3, 20, 6, [10, 11], 8, 0) == [("h", 10, 6), ("h", 11, 4), ("u", 3, 2)]
+    # prefix_tokens P = 10, bs 4, input 13: blocks 0 (4 <= 10), 1 (8 <= 10) shared,
+    # block 2 (12 > 10) unique; block 3 (16 > 13) is not complete.
+    assert ident(5, 13, 4, None, 512, 10) == [("p", 0), ("p", 1), ("u", 5, 2)]
+    assert ident(5, 13, 4, None, 512, 0) == [("u", 5, 0), ("u", 5, 1), ("u", 5, 2)]
+    # input shorter than P: only complete blocks get identities
+    assert ident(0, 5, 4, None, 512, 100) == [("p", 0)]
+
+
+@pytest.mark.parametrize("source", ["prefix_tokens", "hash_ids"])
+def test_prefix_shared_prefix_hit_shortens_ttft(source):
+    # bs 4, linear timing; a and b both input 10, output 1, a at 0, b at 20 ms.
+    # Shared 8-token prefix: prefix_tokens 8 -> blocks 0, 1 are ("p", 0), ("p", 1);
+    # or hash_ids [7, 1] / [7, 2] at T = 8 -> blocks 0, 1 are (7, 4), (7, 8), block 2
+    # (e = 12 > 10) is incomplete.
+    # a @0: no hit; n = 10, 3 blocks; registers blocks 0, 1 (10 // 4 = 2).
+    #   time 5 + 30*10/1000 + 40*10/1e6 = 5.3004 ms -> token (final) @5.3004: a frees
+    #   block 2 (anonymous -> free), 1, 0 (-> LRU tail): LRU [a1, a0], used 0.
+    # b @20: hits min(2, (10 - 1) // 4 = 2) = 2 blocks, both cached: computed 8, n = 2,
+    #   new = ceil(10/4) - 2 = 1; 1 + 2 cached <= 100 - 0 -> admitted, cached_tokens 8.
+    #   prefill entry n = 2, kv 10: 5 + 30*2/1000 + 40*10/1e6 = 5.0604 ms; in use 3.
+    # hit rate = 8 / (10 + 10) = 0.4.
+    if source == "prefix_tokens":
+        cfg = pc_config(workload={"prefix_tokens": 8}, timing=LINEAR)
+        hashes = None
+    else:
+        cfg = pc_config(trace_block_size=8, timing=LINEAR)
+        hashes = [[7, 1], [7, 2]]
+    res = run(cfg, [10, 10], [1, 1], send_ns=[0, 20 * MS], hash_ids=hashes)
+    a, b = res["requests"]
+    assert (a["cached_tokens"], b["cached_tokens"]) == (0, 8)
+    assert emits(res, 0) == [5_300_400] and emits(res, 1) == [20 * MS + 5_060_400]
+    p = res["passes"]
+    assert [(x["prefill_tokens"], x["prefill_kv_tokens"], x["blocks_in_use"]) for x in p] == [
+        (10, 10, 3), (2, 10, 3)]
+    assert p[1]["rank_time_ms"] == 5.0 + 30.0 * 2 / 1000 + 20.0 * 0 / 1000 + 40.0 * 10 / 1e6
+    s = summarize(res, [10, 10], [1, 1], [50], NO_SLO, None)
+    assert s["prefix_cache_hit_rate"] == 0.4
+    assert s["mean_ttft_ms"] == (5.3004 + 5.0604) / 2
+    # the same run without prefix caching: b computes its whole prompt
+    cfg["engine"]["aggregated"]["prefix_caching"] = False
+    off = run(cfg, [10, 10], [1, 1], send_ns=[0, 20 * MS], hash_ids=hashes)
+    assert emits(off, 1) == [20 * MS + 5_300_400]
+    assert [r["cached_tokens"] for r in off["requests"]] == [0, 0]
+    assert summarize(off, [10, 10], [1, 1], [50], NO_SLO, None)["prefix_cache_hit_rate"] == 0.0
+
+
+def test_prefix_hash_ids_partial_match():
+    # T = 8, bs 4, input 20 (5 complete blocks; the cap (20 - 1) // 4 = 4 blocks).
+    # a hash [1, 2, 3]: (1,4) (1,8) (2,4) (2,8) (3,4), at 0 -> no hit, all 5 registered.
+    # b hash [1, 2, 9] @20: (1,4) (1,8) (2,4) (2,8) resident, cap 4 -> 16 tokens.
+    # c hash [1, 5, 3] @40: (1,4) (1,8) resident, (5,4) not -> 8 tokens (the later (3,4)
+    #   is resident but the run stopped).
+    # d hash [4, 2, 3] @60: (4,4) not resident -> 0.
+    cfg = pc_config(trace_block_size=8)
+    hashes = [[1, 2, 3], [1, 2, 9], [1, 5, 3], [4, 2, 3]]
+    res = run(cfg, [20] * 4, [1] * 4, send_ns=[0, 20 * MS, 40 * MS, 60 * MS], hash_ids=hashes)
+    assert [r["cached_tokens"] for r in res["requests"]] == [0, 16, 8, 0]
+    assert [x["prefill_tokens"] for x in res["passes"]] == [20, 4, 12, 20]
+    s = summarize(res, [20] * 4, [1] * 4, [50], NO_SLO, None)
+    assert s["prefix_cache_hit_rate"] == 24 / 80
+
+
+def test_prefix_last_token_cap_and_no_dedupe():
+    # Identical prompts (hash [5], T 512), bs 4, 10 blocks, a at 0, b at 20 ms.
+    # input 8: a registers (5,4), (5,8) and finishes @10: LRU [a1, a0] (reverse order).
+    #   b: cap (8 - 1) // 4 = 1 block -> h = 1 (not 2), computed 4, n = 4, new =
+    #   ceil(8/4) - 1 = 1; a0 leaves the LRU (used 1), b's new block 1 is completed by
+    #   computed + n = 8, but (5,8) is resident (a1, cached) -> it stays anonymous.
+    #   b finishes @30: its block 1 (anonymous) -> free, a0 -> LRU tail: [a1, a0].
+    cfg = pc_config({"num_blocks": 10})
+    sim = ReferenceSim(cfg, ["a", "b"], [8, 8], [1, 1], [0, 20 * MS], hash_ids=[[5], [5]])
+    res = sim.run()
+    assert [r["cached_tokens"] for r in res["requests"]] == [0, 4]
+    assert [(x["prefill_tokens"], x["prefill_kv_tokens"], x["blocks_in_use"])
+            for x in res["passes"]] == [(8, 8, 2), (4, 8, 2)]
+    rank = sim.workers[0].ranks[0]
+    assert lru_idents(sim) == [("h", 5, 8), ("h", 5, 4)]
+    assert rank.used_blocks == 0 and len(rank.resident) == 2
+    # input 9 (blocks 0, 1 complete, cap 8 // 4 = 2): b hits both: computed 8, n = 1,
+    # and computed 8 >= 9 - 1 before the pass -> a DECODE entry (SPEC §5's rule on the
+    # computed after hits): num_decode 1, decode_kv_tokens 9, fixed decode 1 ms.
+    res = run(cfg, [9, 9], [1, 1], send_ns=[0, 20 * MS], hash_ids=[[5], [5]])
+    assert res["requests"][1]["cached_tokens"] == 8
+    assert [(x["num_prefill"], x["num_decode"], x["decode_kv_tokens"], x["blocks_in_use"])
+            for x in res["passes"]] == [(1, 0, 0, 3), (0, 1, 9, 3)]
+    assert emits(res, 1) == [21 * MS]
+
+
+def test_prefix_lru_eviction_order():
+    # bs 4, 8 blocks, fixed 10/1, output 1 each, T 512.
+    # @0: a (input 8, hash [1]) and b (input 8, hash [2]): blocks a0 (1,4) a1 (1,8),
+    #   b0 (2,4) b1 (2,8); pass [0, 10]; both finish @10 in running order a, b, each
+    #   last block first: LRU [a1, a0, b1, b0], used 0, 4 truly free.
+    # @20: c (input 24, hash [3]): 6 blocks: 4 truly free, then the LRU head a1, then
+    #   a0 (both lose their identity): LRU [b1, b0]; c registers (3,4) ... (3,24).
+    #   c finishes @30: LRU [b1, b0, c5, c4, c3, c2, c1, c0], 0 truly free.
+    # @40: d (input 9, hash [2]): hits b0, b1 (cap 8 // 4 = 2): cached_tokens 8; new 1;
+    #   check 1 + 2 <= 8 - 0. b0, b1 leave the LRU (used 2), the new block evicts c5
+    #   (used 3). e (input 9, hash [1]): a's identities were evicted -> no hit; 3 new
+    #   blocks, 3 <= 8 - 3: evicts c4, c3, c2 (used 6); registers (1,4), (1,8).
+    #   Pass [40, 50]: d n = 1 at computed 8 -> decode entry; e prefill (9 tokens).
+    #   Both finish @50: d: its block 2 -> free, b1, b0 -> LRU; e: block 2 -> free,
+    #   e1, e0 -> LRU.  Final LRU [c1, c0, b1, b0, e1, e0], 2 truly free.
+    cfg = pc_config({"num_blocks": 8})
+    hashes = [[1], [2], [3], [2], [1]]
+    sim = ReferenceSim(cfg, [f"r{k}" for k in range(5)], [8, 8, 24, 9, 9], [1] * 5,
+                       [0, 0, 20 * MS, 40 * MS, 40 * MS], hash_ids=hashes)
+    res = sim.run()
+    assert [r["cached_tokens"] for r in res["requests"]] == [0, 0, 0, 8, 0]
+    assert [(x["start_ns"] // MS, x["num_prefill"], x["prefill_tokens"], x["num_decode"],
+             x["blocks_in_use"]) for x in res["passes"]] == [
+        (0, 2, 16, 0, 4), (20, 1, 24, 0, 6), (40, 1, 9, 1, 6)]
+    assert lru_idents(sim) == [("h", 3, 8), ("h", 3, 4), ("h", 2, 8), ("h", 2, 4),
+                               ("h", 1, 8), ("h", 1, 4)]
+    rank = sim.workers[0].ranks[0]
+    assert rank.used_blocks == 0 and set(rank.resident) == set(lru_idents(sim))
+
+
+def test_prefix_cached_hit_counts_in_admission_check():
+    # bs 4, 4 blocks, fixed 10/1.  x (input 4, hash [5], output 3), a (input 8, hash
+    # [1], output 1) at 0; b (input 10, hash [1], output 1) at 10.5 ms.
+    # @0: x 1 block (5,4), a 2 blocks (1,4) (1,8): used 3. Pass [0, 10].
+    # @10: a finishes: LRU [a1, a0], used 1. x decodes 4 -> 5: 2 blocks, the new one
+    #   truly free (4 - 1 - 2 = 1): used 2. Pass [10, 11].
+    # @11: x 5 -> 6 (no new block). b: hits a0, a1 (cap 9 // 4 = 2), computed 8, n = 2,
+    #   new = ceil(10/4) - 2 = 1, but both hits are cached: 1 + 2 = 3 > 4 - 2 = 2 ->
+    #   head of line (it would fit if the cached hits were not counted: 1 <= 2).
+    # @12: x's 3rd token finished it @12 (block 1 anonymous -> free, x0 -> LRU tail):
+    #   used 0, LRU [a1, a0, x0]; b: 3 <= 4 -> admitted @12 with cached_tokens 8.
+    cfg = pc_config({"num_blocks": 4})
+    res = run(cfg, [4, 8, 10], [3, 1, 1], send_ns=[0, 0, 10_500_000],
+              hash_ids=[[5], [1], [1]])
+    x, a, b = res["requests"]
+    assert emits(res, 0) == [10 * MS, 11 * MS, 12 * MS]
+    assert b["first_admit_ns"] == 12 * MS and b["cached_tokens"] == 8
+    assert emits(res, 2) == [22 * MS]
+    assert [(x["start_ns"] // MS, x["blocks_in_use"]) for x in res["passes"]] == [
+        (0, 3), (10, 2), (11, 2), (12, 3)]
+
+
+def test_prefix_registration_visible_in_the_same_pass():
+    # Two identical prompts (input 10, hash [1], bs 4) at 0, fixed 10/1, output 1.
+    # a is admitted first: n = 10, 3 blocks, registers (1,4), (1,8) at once. b is
+    # considered next in the same pass: both identities resident (in use by a):
+    # h = 2, computed 8, n = 2, new 1, no cached hit: 1 <= 100 - 3 -> cached_tokens 8.
+    # Batch: 2 prefills, tokens 10 + 2, kv 10 + 10; in use 3 + 1 (shared counted once).
+    # @10 both finish: a: block 2 -> free, a1, a0 -> ref 1 (b holds them); b: its block
+    # 2 -> free, a1, a0 -> ref 0 -> LRU [a1, a0].
+    cfg = pc_config()
+    sim = ReferenceSim(cfg, ["a", "b"], [10, 10], [1, 1], [0, 0], hash_ids=[[1], [1]])
+    res = sim.run()
+    assert [r["cached_tokens"] for r in res["requests"]] == [0, 8]
+    p = res["passes"]
+    assert len(p) == 1
+    assert (p[0]["num_prefill"], p[0]["prefill_tokens"], p[0]["prefill_kv_tokens"],
+            p[0]["blocks_in_use"]) == (2, 12, 20, 4)
+    assert lru_idents(sim) == [("h", 1, 8), ("h", 1, 4)]
+    assert sim.workers[0].ranks[0].used_blocks == 0
+
+
+def test_prefix_step1_registration_visible_to_step2():
+    # A chunked prompt registers the blocks each step-1 decision completes.
+    # bs 4, max_batched_tokens 12, fixed 10/1; a, b input 20, hash [1], output 1, at 0.
+    # @0: a n = 12 (3 blocks, registers blocks 0..2), B = 0: b not considered.
+    # @10: step 1: a n = 8 -> 5 blocks, registers blocks 3, 4 (20 // 4 = 5); B = 4.
+    #   step 2: b hits blocks 0..3 (cap 19 // 4 = 4; block 3 was registered just
+    #   now): computed 16, n = 4, new = 5 - 4 = 1 -> cached_tokens 16.
+    #   Batch: 2 prefills, tokens 8 + 4, kv 20 + 20; in use 5 + 1.
+    cfg = pc_config({"max_batched_tokens": 12})
+    res = run(cfg, [20, 20], [1, 1], send_ns=[0, 0], hash_ids=[[1], [1]])
+    assert [r["cached_tokens"] for r in res["requests"]] == [0, 16]
+    assert [(x["num_prefill"], x["prefill_tokens"], x["prefill_kv_tokens"], x["blocks_in_use"])
+            for x in res["passes"]] == [(1, 12, 12, 3), (2, 12, 40, 6)]
+    assert emits(res, 0) == emits(res, 1) == [20 * MS]
+
+
+def test_prefix_preempted_request_hits_its_own_blocks():
+    # No prefix, no hash_ids: identities are unique per request, so only a preempted
+    # request can hit its own cached blocks. bs 4, 6 blocks, fixed 10/1.
+    # a (input 8, output 2), b (input 12, output 3) at 0.
+    # @0: a 2 blocks, b 3 blocks (registered, unique): used 5. Tokens 0 @10.
+    # @10: a 8 -> 9 needs 3 blocks (used 6); b 12 -> 13 needs 4: 7 > 6 -> preempt the
+    #   last, b itself: blocks b2, b1, b0 -> LRU; used 3. a decodes: token 1 @11, a
+    #   finishes: a2 -> free, a1, a0 -> LRU [b2, b1, b0, a1, a0], used 0.
+    # @11: b (known 13) hits its 3 blocks (cap 12 // 4 = 3): computed 12, n = 1, new
+    #   = ceil(13/4) - 3 = 1; 1 + 3 cached <= 6 -> admitted; computed 12 >= 11: a
+    #   decode entry (kv 13, in use 4) -> token 1 @12, token 2 @13.
+    #   cached_tokens stays 0 (its first admission @0 had no hit).
+    # Without prefix caching b recomputes 13 tokens: prefill [11, 21], tokens @21, 22.
+    cfg = pc_config({"num_blocks": 6})
+    res = run(cfg, [8, 12], [2, 3], send_ns=[0, 0])
+    a, b = res["requests"]
+    assert b["num_preemptions"] == 1 and b["cached_tokens"] == 0
+    assert emits(res, 1) == [10 * MS, 12 * MS, 13 * MS]
+    p11 = [x for x in res["passes"] if x["start_ns"] == 11 * MS][0]
+    assert (p11["num_prefill"], p11["num_decode"], p11["decode_kv_tokens"],
+            p11["blocks_in_use"]) == (0, 1, 13, 4)
+    cfg["engine"]["aggregated"]["prefix_caching"] = False
+    off = run(cfg, [8, 12], [2, 3], send_ns=[0, 0])
+    assert emits(off, 1) == [10 * MS, 21 * MS, 22 * MS]
+
+
+def test_prefix_pd_prefill_pool_hits_blocks_held_by_transfer():
+    # P/D; prefill pool bs 4, prefix caching; transfer = 10 * 1e6 / (1 * 1e9) * 1e3 =
+    # 10 ms for input 10.  a, b input 10, hash [1], output 1; a at 0, b at 15 ms.
+    # a: prefill [0, 10] (3 blocks, (1,4) (1,8) registered), handoff @10, transfer
+    #   [10, 20]: its blocks stay in use (and resident) until 20.
+    # b @15: hits a0, a1 (in use by the transfer): cached_tokens 8, n = 2, new 1:
+    #   in use 3 + 1 = 4. Prefill [15, 25], transfer [25, 35].
+    # @20: a's transfer end drops a2 (-> free), a1, a0 (ref 2 -> 1). @35: b's drops its
+    #   block 2 (-> free), a1, a0 (-> LRU [a1, a0]).
+    # Decode pool (defaults): a [20, 21], b [35, 36].
+    engine = pd_engine(prefill={"block_size": 4, "num_blocks": 100, "prefix_caching": True},
+                       bandwidth=1.0, bytes_per_token=1e6)
+    cfg = make_config(engine=engine, load={"type": "trace"}, timing=fixed(10.0, 1.0))
+    sim = ReferenceSim(cfg, ["a", "b"], [10, 10], [1, 1], [0, 15 * MS], hash_ids=[[1], [1]])
+    res = sim.run()
+    a, b = res["requests"]
+    assert (a["cached_tokens"], b["cached_tokens"]) == (0, 8)
+    assert (a["transfer_end_ns"], b["transfer_end_ns"]) == (20 * MS, 35 * MS)
+    assert emits(res, 0) == [21 * MS] and emits(res, 1) == [36 * MS]
+    pre = [(x["start_ns"] // MS, x["prefill_tokens"], x["prefill_kv_tokens"], x["blocks_in_use"])
+           for x in res["passes"] if x["pool"] == "prefill"]
+    assert pre == [(0, 10, 10, 3), (15, 2, 10, 4)]
+    prefill_rank = sim.workers[0].ranks[0]
+    assert prefill_rank.used_blocks == 0
+    assert lru_idents(sim) == [("h", 1, 8), ("h", 1, 4)]
+    assert summarize(res, [10, 10], [1, 1], [50], NO_SLO, None)["prefix_cache_hit_rate"] == 0.4
+
+
+def test_prefix_hit_rate_none_without_admissions():
+    cfg = pc_config({"context_length": 8})
+    res = run(cfg, [20, 30], [1, 1], send_ns=[0, 0])  # both rejected (input >= L = 8)
+    assert [r["cached_tokens"] for r in res["requests"]] == [None, None]
+    assert summarize(res, [20, 30], [1, 1], [50], NO_SLO, None)["prefix_cache_hit_rate"] is None
+
+
+class CheckedSim(ReferenceSim):
+    """ReferenceSim checking the block accounting of every caching rank after every
+    instant: in-use blocks are exactly the distinct blocks referenced by requests (with
+    matching reference counts), cached blocks are identity-bearing, unreferenced and
+    resident, and in-use + cached never exceed num_blocks."""
+
+    def process_instant(self, t):
+        super().process_instant(t)
+        self.check_blocks()
+
+    def check_blocks(self):
+        for w in self.workers:
+            if not w.pool.prefix_caching:
+                continue
+            for rank in w.ranks:
+                refs = {}
+                for req in self.requests:
+                    if (req.worker, req.rank) == (w.index, rank.index):
+                        for block in req.blocks:
+                            refs[id(block)] = (block, refs.get(id(block), (block, 0))[1] + 1)
+                assert rank.used_blocks == len(refs)
+                assert all(block.ref == count for block, count in refs.values())
+                assert rank.used_blocks + len(rank.lru) <= w.pool.num_blocks
+                for block in rank.lru:
+                    assert block.ref == 0 and id(block) not in refs
+                    assert block.ident is not None and rank.resident[block.ident] is block
+                for ident, block in rank.resident.items():
+                    assert block.ident == ident and (block.ref > 0 or block in rank.lru)
+
+
+def prefix_invariants_run(seed, mode):
+    # Random small scenarios on a tight cache with shared prefixes: hits and
+    # preemptions happen; blocks never exceed num_blocks; everything is freed at the end
+    # (in use 0, cached + truly free = num_blocks).
+    rng = random.Random(500 + seed)
+    n = 50
+    inputs = [rng.randint(1, 48) for _ in range(n)]
+    outputs = [rng.randint(1, 25) for _ in range(n)]
+    use_hashes = seed % 2 == 1
+    T = rng.choice([4, 6, 8, 16])
+    hashes = None
+    if use_hashes:  # prefix-chained: a few roots, each extended by a few branches
+        hashes = []
+        for k in range(n):
+            chain, node = [], rng.randint(0, 2)
+            for m in range(-(-inputs[k] // T)):
+                chain.append(node)
+                node = node * 4 + rng.randint(0, 1 if m < 2 else 3) + 1
+            hashes.append(chain)
+    pool = {"replicas": 1, "attention_dp": 2, "block_size": rng.choice([2, 4, 5]),
+            "num_blocks": 30, "max_batched_tokens": rng.choice([16, 40]),
+            "max_sequences": 6, "prefix_caching": True}
+    workload = None if use_hashes else {"prefix_tokens": rng.choice([8, 20])}
+    if mode == "aggregated":
+        engine = {"aggregated": pool}
+    else:
+        engine = pd_engine(prefill=pool, decode=dict(pool, prefix_caching=False),
+                           bandwidth=1.0, bytes_per_token=1e5)
+    sections = dict(engine=engine, load={"concurrency": 10}, timing={"type": "linear"})
+    if workload:
+        sections["workload"] = workload
+    cfg = make_config(**sections)
+    cfg["workload"]["block_size"] = T
+    sim = CheckedSim(cfg, [f"r{k}" for k in range(n)], inputs, outputs, None, hash_ids=hashes)
+    res = sim.run()
+    L = 30 * pool["block_size"]
+    for k, r in enumerate(res["requests"]):
+        if inputs[k] >= L:
+            assert r["status"] == "rejected" and r["cached_tokens"] is None
+            continue
+        assert r["status"] == "completed"
+        assert r["generated_tokens"] == min(outputs[k], L - inputs[k])
+        assert 0 <= r["cached_tokens"] <= inputs[k] - 1
+        assert r["cached_tokens"] % pool["block_size"] == 0
+    assert sum(r["cached_tokens"] or 0 for r in res["requests"]) > 0
+    assert all(p["blocks_in_use"] <= 30 for p in res["passes"])
+    caching = [w for w in sim.workers if w.pool.prefix_caching]
+    assert caching
+    for w in sim.workers:
+        for rank in w.ranks:
+            assert rank.used_blocks == 0 and not rank.running and not rank.waiting
+            assert len(rank.lru) == len(rank.resident) <= w.pool.num_blocks
+    s = summarize(res, inputs, outputs, [50], NO_SLO, None)
+    admitted = [k for k in range(n) if res["requests"][k]["cached_tokens"] is not None]
+    assert s["prefix_cache_hit_rate"] == (
+        sum(res["requests"][k]["cached_tokens"] for k in admitted)
+        / sum(inputs[k] for k in admitted))
+    return res
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mode", ["aggregated", "disaggregated"])
+def test_prefix_caching_invariants(seed, mode):
+    prefix_invariants_run(seed, mode)
+
+
+def test_prefix_caching_invariants_see_preemptions():
+    # The random scenarios above are tight enough to preempt (and re-admit with a hit).
+    total = 0
+    for seed in range(6):
+        for mode in ("aggregated", "disaggregated"):
+            res = prefix_invariants_run(seed, mode)
+            total += sum(r["num_preemptions"] for r in res["requests"])
+    assert total > 0

@@ -1,5 +1,6 @@
 """Reference SPEC §10 summary computed in pure Python from ``sim.simulate`` output
-(aggregated and disaggregated modes).
+(aggregated and disaggregated modes), plus ``prefix_cache_hit_rate``
+(docs/prefix-caching.md).
 
 Distributions and stage means cover completed requests only.  Means and stds use
 ``math.fsum`` (correctly rounded sums), so they may differ from numpy's pairwise sums
@@ -71,6 +72,16 @@ def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap
     out["incomplete"] = sum(1 for r in reqs if r["status"] == "incomplete")
     out["total_input_tokens"] = sum(int(input_tokens[k]) for k in completed)
     out["total_output_tokens"] = sum(reqs[k]["generated_tokens"] for k in completed)
+    # docs/prefix-caching.md: sum cached_tokens / sum input_tokens over the requests
+    # admitted at least once (cached_tokens not None; 0 without prefix caching), in
+    # float64 from two exact integer sums; None if no request was admitted.
+    admitted = [k for k, r in enumerate(reqs) if r["cached_tokens"] is not None]
+    if admitted:
+        out["prefix_cache_hit_rate"] = (
+            float(sum(reqs[k]["cached_tokens"] for k in admitted))
+            / float(sum(int(input_tokens[k]) for k in admitted)))
+    else:
+        out["prefix_cache_hit_rate"] = None
 
     # duration: last final receipt of a completed request - first send
     if completed:

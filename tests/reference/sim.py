@@ -62,14 +62,52 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
 - sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
   validation rejects less: a zero-page chunk would block the rank's queue).
 
-Not covered: prefix caching, the aic/table timing models.
+Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; vllm policy,
+aggregated or P/D prefill pool).  Per rank every physical block (a ``Block``: identity or
+None, reference count) is in use (ref > 0; counted once in ``used_blocks``, which also
+covers the blocks of P/D transfers since the handed-off request keeps its references),
+cached (ref 0, has an identity, in the rank's LRU ``OrderedDict``) or truly free
+(``num_blocks - used_blocks - len(lru)``, not materialised).  ``resident`` maps an
+identity to the one block that bears it (in use or cached).  Decisions beyond the text:
+
+- Identity of complete prompt block j of row k (engine block size bs of the receiving
+  pool): with ``hash_ids`` (not None): e = (j+1)*bs, m = (e-1) // T (T =
+  workload.block_size, None -> 512), ``("h", hash_ids[k][m], e - m*T)``, or ``("u", k,
+  j)`` when m is past the end of hash_ids[k] (an inconsistent trace row); else with
+  workload.prefix_tokens P > 0: ``("p", j)`` if (j+1)*bs <= P else ``("u", k, j)``; else
+  ``("u", k, j)``.  hash_ids win over prefix_tokens if both are given.
+- Admission (SPEC §5 step 2, every admission from waiting): h = the longest run of
+  leading complete prompt blocks whose identities are resident, h*bs <= known - 1;
+  computed = h*bs, n = min(known - computed, B), new = ceil((computed+n)/bs) - h; it is
+  admitted iff new + #(hit entries whose block has ref 0 now) <= num_blocks -
+  used_blocks (an identity repeated inside one request, only possible with hash_ids
+  that are not prefix-chained, is a hit entry per occurrence, as vLLM counts it).  Then
+  the hit blocks are touched in block order (ref 0 -> leaves the LRU, used + 1; ref +=
+  1), ``computed = h*bs`` BEFORE the entry is classified (so a hit admission computing
+  one token at the prompt end is a decode entry by SPEC §5's rule, and the §8 summary
+  counts computed + n in the kv tokens), then the new blocks are allocated (truly free
+  first, then the LRU head, which loses its identity) and registration runs.
+  ``cached_tokens = h*bs`` at the first admission only (0 on pools without caching and
+  for the sglang/trtllm policies; None if never admitted; in P/D: the prefill pool).
+- Registration, after every allocation by a scheduling decision (steps 1 and 2): prompt
+  blocks ``reg .. min((computed+n)//bs, input//bs) - 1`` (reg = hit blocks at admission,
+  0 after a preemption), in block order: a non-resident identity is taken by the
+  request's block, a resident one leaves the block anonymous.
+- Freeing (step 1 preemption, finish, P/D transfer end): references dropped from the
+  last block to the first; ref 0 -> LRU tail if identity-bearing, else truly free.  A
+  handed-off request keeps its references (its blocks stay resident and can be hit)
+  until its transfer ends.
+- Step 1 (running requests) has no hit lookup; its capacity check is the usual
+  ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
+
+Not covered: the aic/table timing models.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 #: Pool-key defaults per policy, from the table of docs/policies.md.  A key with no
 #: entry for a policy is not used by it (and must be left None).
@@ -130,6 +168,12 @@ class Request:
         self.generated = 0
         self.held_blocks = 0
         self.num_preemptions = 0
+        # prefix caching (docs/prefix-caching.md), on a rank whose pool caches
+        self.idents = None            # identities of its complete prompt blocks (recv pool bs)
+        self.blocks = []              # the Block objects it references, block order
+        self.reg = 0                  # leading prompt blocks already hit or registered
+        self.hit_tokens = 0           # h * bs of its latest admission
+        self.cached_tokens = None     # h * bs at its first admission (None: never admitted)
         # P/D state (SPEC §6)
         self.handoff = None           # h, assigned at the prefill pass end
         self.transfer_blocks = 0      # prefill blocks held while transferring
@@ -191,6 +235,12 @@ class Pool:
         capacity = self.num_blocks * self.block_size
         ctx = params.get("context_length")
         self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
+        self.prefix_caching = bool(params.get("prefix_caching") or False)
+        if self.prefix_caching and policy != "vllm":
+            raise ValueError(f"engine.{name}.prefix_caching is modelled for policy vllm only")
+        if self.prefix_caching and name == "decode":
+            raise ValueError("engine.decode.prefix_caching: a decode pool receives its KV "
+                             "by transfer")
         # vllm, trtllm
         mbt = resolved["max_batched_tokens"]
         self.max_batched_tokens = None if mbt is None else int(mbt)
@@ -213,6 +263,16 @@ class Pool:
         return self.blocks_for(min(req.input_tokens + req.output_tokens, self.L))
 
 
+class Block:
+    """A physical KV block of a prefix-caching rank (docs/prefix-caching.md)."""
+
+    __slots__ = ("ident", "ref")
+
+    def __init__(self):
+        self.ident = None  # identity tuple, or None (anonymous)
+        self.ref = 0       # references by requests (a handed-off request keeps its own)
+
+
 class Rank:
     """One attention-DP rank: its own scheduler queues and KV cache (SPEC §3, §5)."""
 
@@ -220,8 +280,11 @@ class Rank:
         self.index = index
         self.running = []        # admission order
         self.waiting = deque()   # FIFO
-        self.used_blocks = 0
+        self.used_blocks = 0     # in-use blocks (prefix caching: distinct, ref > 0)
         self.new_token_ratio = None  # sglang: set to the pool's init at construction
+        # prefix caching: identity -> its block (in use or cached); LRU of cached blocks
+        self.resident = {}
+        self.lru = OrderedDict()  # Block -> None, head = least recently used
 
     def has_work(self):
         return bool(self.running) or bool(self.waiting)
@@ -259,7 +322,8 @@ class Worker:
 
 
 class ReferenceSim:
-    def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns):
+    def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
+                 hash_ids=None):
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
@@ -336,6 +400,20 @@ class ReferenceSim:
                 tok_server=h % self.tok_workers, detok_server=h % self.detok_workers,
             ))
 
+        # Prefix caching: identities of every complete prompt block at the receiving
+        # pool's block size (only that pool can cache: aggregated or P/D prefill).
+        if rp.prefix_caching:
+            workload = config.get("workload") or {}
+            trace_bs = workload.get("block_size")
+            trace_bs = 512 if trace_bs is None else int(trace_bs)
+            prefix_tokens = int(workload.get("prefix_tokens") or 0)
+            if hash_ids is not None:
+                assert len(hash_ids) == n_rows
+            for req in self.requests:
+                req.idents = self.block_identities(
+                    req.row, req.input_tokens, rp.block_size,
+                    None if hash_ids is None else hash_ids[req.row], trace_bs, prefix_tokens)
+
         # Pending events.
         #  sends: deque of (t, row), rows in table order with non-decreasing t (SPEC §2)
         #  arrivals: heap of (t, row)  -- tokenization job ends / engine arrivals
@@ -361,6 +439,24 @@ class ReferenceSim:
                 prev = t
                 self.sends.append((t, k))
         self.pass_records = []
+
+    @staticmethod
+    def block_identities(k, input_tokens, bs, hashes, trace_bs, prefix_tokens):
+        """docs/prefix-caching.md: identities of the complete prompt blocks of row k."""
+        idents = []
+        for j in range(input_tokens // bs):  # complete: (j + 1) * bs <= input_tokens
+            e = (j + 1) * bs
+            if hashes is not None:
+                m = (e - 1) // trace_bs
+                if m < len(hashes):
+                    idents.append(("h", int(hashes[m]), e - m * trace_bs))
+                else:
+                    idents.append(("u", k, j))  # hash_ids too short: unique to the row
+            elif prefix_tokens > 0 and e <= prefix_tokens:
+                idents.append(("p", j))
+            else:
+                idents.append(("u", k, j))
+        return idents
 
     # ------------------------------------------------------------ event loop
 
@@ -479,7 +575,7 @@ class ReferenceSim:
         self.next_handoff += 1
         req.handoff = h
         req.transfer_blocks = req.held_blocks  # still counted in rank.used_blocks
-        req.held_blocks = 0
+        req.held_blocks = 0  # prefix caching: req.blocks keeps its references until then
         req.transfer_start_ns = t
         heapq.heappush(self.transfers, (t + self.transfer_ns(req), h, req.row))
 
@@ -487,7 +583,10 @@ class ReferenceSim:
         """SPEC §6: free the prefill blocks; enter the decode rank (or be rejected there)."""
         req.transfer_end_ns = t
         prefill_rank = self.workers[req.worker].ranks[req.rank]
-        prefill_rank.used_blocks -= req.transfer_blocks
+        if self.recv_pool.prefix_caching:
+            self.drop_refs(prefill_rank, req)  # the references it kept since its handoff
+        else:
+            prefill_rank.used_blocks -= req.transfer_blocks
         req.transfer_blocks = 0
         dp = self.emit_pool
         h = req.handoff
@@ -529,14 +628,86 @@ class ReferenceSim:
         extra = pool.blocks_for(req.computed + n) - req.held_blocks
         return rank.used_blocks + extra <= pool.num_blocks
 
-    @staticmethod
-    def schedule(pool, rank, batch, req, n):
-        """Allocate the blocks for computed + n and add the entry (SPEC §5, §8)."""
+    def schedule(self, pool, rank, batch, req, n):
+        """Allocate the blocks for computed + n and add the entry (SPEC §5, §8); with
+        prefix caching, register the prompt blocks this decision completes."""
         is_decode = n == 1 and req.computed >= req.input_tokens - 1
         new_held = pool.blocks_for(req.computed + n)
-        rank.used_blocks += new_held - req.held_blocks
+        if pool.prefix_caching:
+            for _ in range(new_held - req.held_blocks):
+                req.blocks.append(self.alloc_block(pool, rank))
+            self.register(pool, rank, req, n)
+        else:
+            rank.used_blocks += new_held - req.held_blocks
         req.held_blocks = new_held
         batch.append((req, n, is_decode))
+
+    # -------------------------------------------------- prefix caching (per rank)
+
+    @staticmethod
+    def alloc_block(pool, rank):
+        """One new block: a truly free one, else the LRU head (it loses its identity)."""
+        if pool.num_blocks - rank.used_blocks - len(rank.lru) > 0:
+            block = Block()
+        else:
+            block, _ = rank.lru.popitem(last=False)  # head: least recently used
+            del rank.resident[block.ident]
+            block.ident = None
+        assert block.ref == 0
+        block.ref = 1
+        rank.used_blocks += 1
+        assert rank.used_blocks + len(rank.lru) <= pool.num_blocks
+        return block
+
+    @staticmethod
+    def register(pool, rank, req, n):
+        """Register, in block order, the complete prompt blocks covered by computed + n
+        that are not yet hit/registered for this request: a non-resident identity is
+        taken by the request's block; a resident one leaves it anonymous."""
+        upto = min((req.computed + n) // pool.block_size, len(req.idents))
+        for j in range(req.reg, upto):
+            ident = req.idents[j]
+            if ident not in rank.resident:
+                block = req.blocks[j]
+                assert block.ident is None
+                block.ident = ident
+                rank.resident[ident] = block
+        req.reg = max(req.reg, upto)
+
+    @staticmethod
+    def drop_refs(rank, req):
+        """Free a request's blocks: last block first; ref 0 -> LRU tail (identity) or
+        truly free (anonymous)."""
+        for block in reversed(req.blocks):
+            block.ref -= 1
+            assert block.ref >= 0
+            if block.ref == 0:
+                rank.used_blocks -= 1
+                if block.ident is not None:
+                    rank.lru[block] = None  # tail: most recently used
+        req.blocks = []
+        req.reg = 0
+
+    def release(self, pool, rank, req):
+        """Free the blocks a request holds on its rank (preemption, finish)."""
+        if pool.prefix_caching:
+            self.drop_refs(rank, req)
+        else:
+            rank.used_blocks -= req.held_blocks
+        req.held_blocks = 0
+
+    @staticmethod
+    def lookup_hits(pool, rank, req):
+        """The resident blocks of the longest run of leading complete prompt blocks,
+        h * block_size <= known - 1 (vLLM always computes the last token)."""
+        max_h = min(len(req.idents), (req.known - 1) // pool.block_size)
+        hits = []
+        for j in range(max_h):
+            block = rank.resident.get(req.idents[j])
+            if block is None:
+                break
+            hits.append(block)
+        return hits
 
     def build_batch_vllm(self, pool, rank, no_evict):
         """SPEC §5 pass start for one rank (policy vllm); with ``no_evict`` the trtllm
@@ -557,8 +728,7 @@ class ReferenceSim:
             self_victim = False
             while not fits(req, n):
                 victim = rank.running.pop()  # the LAST running request
-                rank.used_blocks -= victim.held_blocks
-                victim.held_blocks = 0
+                self.release(pool, rank, victim)
                 victim.computed = 0
                 victim.num_preemptions += 1
                 rank.waiting.appendleft(victim)  # FRONT of waiting
@@ -581,6 +751,34 @@ class ReferenceSim:
         while (rank.waiting and len(rank.running) < pool.max_sequences and B > 0
                and not preempted):
             req = rank.waiting[0]
+            if pool.prefix_caching:
+                # docs/prefix-caching.md admission: hits, then the capacity check with
+                # the hit blocks that are cached now; no change of state if it fails
+                assert req.held_blocks == 0 and not req.blocks and req.computed == 0
+                hits = self.lookup_hits(pool, rank, req)
+                h = len(hits)
+                computed = h * pool.block_size
+                n = min(req.known - computed, B)
+                new = pool.blocks_for(computed + n) - h
+                evictable = sum(1 for block in hits if block.ref == 0)
+                if new + evictable > pool.num_blocks - rank.used_blocks:
+                    break  # head of line
+                rank.waiting.popleft()
+                rank.running.append(req)
+                for block in hits:  # touch: cached ones leave the LRU queue
+                    if block.ref == 0:
+                        del rank.lru[block]
+                        rank.used_blocks += 1
+                    block.ref += 1
+                req.blocks = list(hits)
+                req.held_blocks = h
+                req.reg = h
+                req.computed = computed
+                req.hit_tokens = computed
+                self.schedule(pool, rank, batch, req, n)
+                admitted.append(req)
+                B -= n
+                continue
             n = min(req.known - req.computed, B)
             if no_evict:
                 footprint = pool.footprint(req)
@@ -761,6 +959,7 @@ class ReferenceSim:
                 for req in admitted:
                     if req.first_admit_ns is None:
                         req.first_admit_ns = t  # first admission only (P/D: on prefill)
+                        req.cached_tokens = req.hit_tokens  # 0 without prefix caching
                 s = self.summarize_batch(batch)
                 batches.append(batch)
                 summaries.append(s)
@@ -806,8 +1005,7 @@ class ReferenceSim:
                     req.first_emit_ns = t
                 outputs.append((req, idx))
                 if final:  # finish: free blocks, leave running
-                    rank.used_blocks -= req.held_blocks
-                    req.held_blocks = 0
+                    self.release(pool, rank, req)
                     rank.running.remove(req)
         # the pass record (only passes ending by the cap get here)
         for r in range(pool.R):
@@ -870,6 +1068,7 @@ class ReferenceSim:
                 decode_rank=req.decode_rank,
                 generated_tokens=req.generated,
                 num_preemptions=req.num_preemptions,
+                cached_tokens=req.cached_tokens,  # None if never admitted
                 send_ns=req.send_ns,
                 arrival_ns=req.arrival_ns,
                 first_admit_ns=req.first_admit_ns,
@@ -885,6 +1084,9 @@ class ReferenceSim:
         return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records)
 
 
-def simulate(config, request_ids, input_tokens, output_tokens, send_ns):
-    """Run the reference simulation; see the module docstring and the task brief."""
-    return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns).run()
+def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None):
+    """Run the reference simulation; see the module docstring and the task brief.
+    ``hash_ids``: None, or one list of ints per row (Mooncake prefix-chained block
+    hashes at workload.block_size tokens per block), for prefix caching."""
+    return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns,
+                        hash_ids).run()
