@@ -52,8 +52,18 @@ def prompt_block_identities(
             hash_ids = hash_ids.combine_chunks()
         list_offsets = hash_ids.offsets.to_numpy().astype(np.int64)
         values = hash_ids.flatten().to_numpy().astype(np.int64)
-        pair = np.stack([values[list_offsets[request] + m], end - m * trace_block], axis=1)
-        _, ident = np.unique(pair, axis=0, return_inverse=True)
+        # A block past the request's hash_ids (a short list) is unique to it.
+        covered = m < (list_offsets[1:] - list_offsets[:-1])[request]
+        position = np.where(covered, list_offsets[request] + m, 0)
+        key = np.stack(
+            [
+                ~covered,
+                np.where(covered, values[position] if values.size else 0, np.arange(total)),
+                np.where(covered, end - m * trace_block, 0),
+            ],
+            axis=1,
+        ).astype(np.int64)
+        _, ident = np.unique(key, axis=0, return_inverse=True)
         return offset, ident.reshape(-1).astype(np.int64)
     shared = (j + 1) * block_size <= prefix_tokens
     # Shared prefix blocks are identified by their index; every other block by
