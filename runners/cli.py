@@ -20,8 +20,6 @@ from typing import NoReturn, Sequence
 import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
@@ -137,12 +135,7 @@ def check_overrides(argv: Sequence[str]) -> None:
     Hydra, whose own composition errors exit with code 1.
     """
     overrides = get_args_parser().parse_args(list(argv)).overrides
-    parser = OverridesParser.create()
-    for line in overrides:
-        try:
-            (override,) = parser.parse_overrides([line])
-        except HydraException:
-            continue
+    for override in params.parse_overrides(overrides):
         key = override.key_or_group
         if override.is_hydra_override() or override.package is not None or "/" in key:
             continue

@@ -17,10 +17,11 @@ import math
 import types
 import typing
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
 import simcore
@@ -131,6 +132,18 @@ def is_runner_key(key: str) -> bool:
     return key.split(".")[0] in RUNNER_KEYS
 
 
+def parse_overrides(overrides: Iterable[str]) -> Iterator[Override]:
+    """Hydra's parse of each override string; strings it cannot parse are skipped
+    (Hydra itself reports them)."""
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            (override,) = parser.parse_overrides([line])
+        except HydraException:
+            continue
+        yield override
+
+
 def override_keys(overrides: Iterable[str]) -> list[str]:
     """The simcore config keys named by Hydra override strings, in order, once each.
 
@@ -147,13 +160,8 @@ def override_keys(overrides: Iterable[str]) -> list[str]:
         ``sweep.*``, ``export.*``), config-group choices and package overrides
         are left out.
     """
-    parser = OverridesParser.create()
     keys: list[str] = []
-    for line in overrides:
-        try:
-            (override,) = parser.parse_overrides([line])
-        except HydraException:
-            continue
+    for override in parse_overrides(overrides):
         key = override.key_or_group
         if override.package is not None or "/" in key or is_runner_key(key) or not is_config_key(key):
             continue
