@@ -18,14 +18,15 @@ from simcore.client.api import (
 )
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
-from simcore.engine.kv_nb import allocate_prefix_cache
-from simcore.engine.prefix import prompt_block_identities
+from simcore.scheduler.kv_nb import allocate_prefix_cache
+from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
+from simcore.scheduler.prefix import prompt_block_identities
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
-POLICY_CODES = {"vllm": nb.POLICY_VLLM, "sglang": nb.POLICY_SGLANG, "trtllm": nb.POLICY_TRTLLM}
+POLICY_CODES = {"vllm": POLICY_VLLM, "sglang": POLICY_SGLANG, "trtllm": POLICY_TRTLLM}
 
 
 @dataclass

@@ -29,12 +29,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from simcore.engine.kv_nb import (
-    kv_allocate_nb,
-    kv_hits_nb,
-    kv_register_nb,
-    kv_release_nb,
-    kv_take_hits_nb,
+from simcore.scheduler.kv_nb import kv_release_nb
+from simcore.scheduler.nb import (
+    POLICY_SGLANG,
+    POLICY_TRTLLM,
+    build_sglang_batch_nb,
+    build_vllm_batch_nb,
+    wait_push_back_nb,
 )
 from simcore.timing.nb import rank_time_ms_nb
 
@@ -49,14 +50,6 @@ DETOK_DEFERRED = 2
 ROLE_AGGREGATED = 0
 ROLE_PREFILL = 1
 ROLE_DECODE = 2
-
-POLICY_VLLM = 0
-POLICY_SGLANG = 1
-POLICY_TRTLLM = 2
-
-# SGLang constants (python/sglang/srt/managers/schedule_policy.py, scheduler.py).
-CLIP_MAX_NEW_TOKENS = 4096
-RETRACT_DECODE_STEPS = 20
 
 NO_CAP = np.iinfo(np.int64).max
 
@@ -116,59 +109,6 @@ def _heap_pop_nb(keys, vals, size):
         vals[child], vals[i] = vals[i], vals[child]
         i = child
     return size
-
-
-# ------------------------------------------------------------------ waiting queues
-# One doubly linked list per rank through per-request next/prev links (a request
-# waits on at most one rank), so pushes at either end and pops are O(1).
-
-
-@njit(cache=True)
-def _wait_push_back_nb(head, tail, nxt, prv, g, k):
-    nxt[k] = -1
-    prv[k] = tail[g]
-    if tail[g] >= 0:
-        nxt[tail[g]] = k
-    else:
-        head[g] = k
-    tail[g] = k
-
-
-@njit(cache=True)
-def _wait_push_front_nb(head, tail, nxt, prv, g, k):
-    prv[k] = -1
-    nxt[k] = head[g]
-    if head[g] >= 0:
-        prv[head[g]] = k
-    else:
-        tail[g] = k
-    head[g] = k
-
-
-@njit(cache=True)
-def _wait_pop_front_nb(head, tail, nxt, prv, g):
-    k = head[g]
-    head[g] = nxt[k]
-    if head[g] >= 0:
-        prv[head[g]] = -1
-    else:
-        tail[g] = -1
-    return k
-
-
-@njit(cache=True)
-def _blocks_for_nb(tokens, block_size):
-    return (tokens + block_size - 1) // block_size
-
-
-@njit(cache=True)
-def _grow_nb(tokens, held, block_size):
-    """Blocks to add so that ``held`` blocks cover ``tokens`` (no division in
-    the common case of a decode step inside the last block)."""
-    spare = held * block_size - tokens
-    if spare >= 0:
-        return 0
-    return (block_size - 1 - spare) // block_size
 
 
 # ------------------------------------------------------------------ the kernel
@@ -290,7 +230,7 @@ def simulate_engine_nb(
     rank_prefix_caching : ndarray(bool, ndim=1)
         Prefix caching on each rank (vllm policy).
     prefix_cache : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state of ``simcore.engine.kv_nb`` (with the requests'
+        The prefix-cache state of ``simcore.scheduler.kv_nb`` (with the requests'
         prompt-block identities).
     timing_model : int
         Timing-model code of ``simcore.timing.nb``.
@@ -576,7 +516,7 @@ def simulate_engine_nb(
                     for c in range(6):
                         summary[r, c] = 0
                     if rank_policy[g] == POLICY_SGLANG:
-                        preempted = _build_sglang_batch_nb(
+                        preempted = build_sglang_batch_nb(
                             g, r, t, input_tokens, output_tokens, generated, computed, held,
                             sched_n, running, run_len, num_sched, blocks_used, wait_head,
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
@@ -584,7 +524,7 @@ def simulate_engine_nb(
                             rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
                         )
                     else:
-                        preempted = _build_vllm_batch_nb(
+                        preempted = build_vllm_batch_nb(
                             g, r, t, input_tokens, output_tokens, generated, computed, held,
                             sched_n, running, run_len, num_sched, blocks_used, wait_head,
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
@@ -656,7 +596,7 @@ def _enter_rank_nb(
         if closed_loop:
             send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
     else:
-        _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
     return send_size
 
 
@@ -725,290 +665,3 @@ def _detokenize_pass_nb(
             n_first = 0
             n_final = 0
     return send_size
-
-
-@njit(cache=True)
-def _build_vllm_batch_nb(
-    g, r, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
-    num_sched, blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
-    num_preemptions, summary, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens,
-):
-    """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
-
-    With ``no_evict`` (TensorRT-LLM GUARANTEED_NO_EVICT), a waiting request is
-    admitted only if its blocks to completion fit beside every running
-    request's reservation to completion; then allocations never fail.  With
-    ``caching`` (prefix caching, docs/prefix-caching.md) an admission first
-    reuses the request's longest resident prompt prefix.
-    """
-    num_ranks = rank_num_blocks.shape[0]
-    budget = rank_max_batched_tokens[g]
-    block_size = rank_block_size[g]
-    num_blocks = rank_num_blocks[g]
-    preempted = False
-    # Step 1: running requests in running order.
-    i = 0
-    while i < run_len[g]:
-        k = running[g, i]
-        n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
-        if n_tok == 0:
-            break
-        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
-        self_preempted = False
-        while grow > num_blocks - blocks_used[g]:
-            run_len[g] -= 1
-            victim = running[g, run_len[g]]
-            kv_release_nb(pc, g, victim, held, blocks_used)
-            computed[victim] = 0
-            num_preemptions[victim] += 1
-            _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
-            preempted = True
-            if victim == k:
-                self_preempted = True
-                break
-        if self_preempted:
-            break
-        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
-        held[k] += grow
-        if caching:
-            kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
-        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
-        budget -= n_tok
-        i += 1
-    num_sched[g] = i
-    if preempted:
-        return True
-    # Blocks still promised to running requests until they complete (no-evict).
-    promised = 0
-    if no_evict:
-        for i in range(run_len[g]):
-            k = running[g, i]
-            promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role) - held[k]
-    # Step 2: waiting requests, FIFO, with head-of-line blocking.
-    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
-        k = wait_head[g]
-        known = input_tokens[k] + generated[k]
-        hits = 0
-        cached_hits = 0
-        start = computed[k]  # 0, or input - 1 for a P/D decode entrant
-        if caching:
-            hits, cached_hits = kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size)
-            start = hits * block_size
-        n_tok = min(known - start, budget)
-        grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
-        if grow + cached_hits > num_blocks - blocks_used[g]:
-            break
-        if no_evict:
-            footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
-            if footprint > num_blocks - blocks_used[g] - promised:
-                break
-            promised += footprint - grow
-        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
-        running[g, run_len[g]] = k
-        run_len[g] += 1
-        num_sched[g] += 1
-        if caching:
-            kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used)
-            computed[k] = hits * block_size
-            held[k] = hits
-        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
-        held[k] += grow
-        if caching:
-            kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
-        if first_admit_ns[k] < 0:
-            first_admit_ns[k] = t
-            cached_tokens[k] = hits * block_size
-        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
-        budget -= n_tok
-    return False
-
-
-@njit(cache=True)
-def _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill_role):
-    """Blocks request k holds at most until it completes on this rank (no-evict).
-
-    A prefill-role rank keeps only the prompt; elsewhere the prompt plus every
-    requested output token, capped at the sequence limit L.
-    """
-    if prefill_role:
-        return _blocks_for_nb(input_tokens[k], block_size)
-    return _blocks_for_nb(min(input_tokens[k] + output_tokens[k], seq_limit), block_size)
-
-
-@njit(cache=True)
-def _build_sglang_batch_nb(
-    g, r, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
-    num_sched, blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
-    num_preemptions, summary, rank_max_sequences, rank_num_blocks, rank_block_size,
-    rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-):
-    """Build rank g's batch with the SGLang policy (docs/policies.md); returns
-    whether it retracted a request.
-
-    Prefill first: an extend batch (the chunked request, then waiting requests
-    within the token budgets) if anything can be admitted; otherwise a decode
-    batch of every running request, retracting the requests with the fewest
-    generated tokens while the step's KV does not fit.
-    """
-    block_size = rank_block_size[g]
-    num_blocks = rank_num_blocks[g]
-    if run_len[g] == 0:
-        rank_ratio[g] = ratio_params[g, 0]
-    ratio = rank_ratio[g]
-    # Free tokens minus the output still expected from decoding requests.
-    rem_total = float((num_blocks - blocks_used[g]) * block_size)
-    partial = -1
-    for i in range(run_len[g]):
-        k = running[g, i]
-        remaining = input_tokens[k] + generated[k] - computed[k]
-        if remaining > 1:
-            partial = k
-        else:
-            rem_total -= min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) * ratio
-    rem_input = rank_max_prefill_tokens[g]
-    rem_chunk = rank_chunk_tokens[g]
-    scheduled = 0
-    if partial >= 0:
-        k = partial
-        need = input_tokens[k] + generated[k] - computed[k]
-        n_tok = min(need, rem_chunk)
-        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
-        if grow <= num_blocks - blocks_used[g]:
-            blocks_used[g] += grow
-            held[k] += grow
-            _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
-            scheduled += 1
-            rem_total -= n_tok
-            if n_tok == need:
-                rem_total -= min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
-            rem_input -= n_tok
-            rem_chunk -= n_tok
-    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
-        if rem_input <= 0 or rem_chunk <= 0:
-            break
-        k = wait_head[g]
-        need = input_tokens[k] + generated[k] - computed[k]
-        reserve = min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
-        # On an empty rank the first request only needs its blocks to fit: a
-        # request whose reservation exceeds the pool would otherwise wait forever.
-        if need + reserve >= rem_total and (run_len[g] > 0 or scheduled > 0):
-            break
-        n_tok = need
-        if need > rem_chunk:
-            n_tok = (rem_chunk // block_size) * block_size  # page-aligned chunk
-            if n_tok <= 0:
-                break
-        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
-        if grow > num_blocks - blocks_used[g]:
-            break
-        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
-        running[g, run_len[g]] = k
-        run_len[g] += 1
-        blocks_used[g] += grow
-        held[k] += grow
-        if first_admit_ns[k] < 0:
-            first_admit_ns[k] = t
-        _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n)
-        scheduled += 1
-        rem_total -= n_tok
-        if n_tok == need:
-            rem_total -= reserve
-        rem_input -= n_tok
-        rem_chunk -= n_tok
-        if n_tok < need:
-            break  # a chunked request closes the extend batch
-    if scheduled > 0:
-        num_sched[g] = scheduled
-        return False
-
-    # Decode batch: every running request whose prompt is computed.
-    needed = 0
-    decoders = 0
-    for i in range(run_len[g]):
-        k = running[g, i]
-        if k != partial:
-            decoders += 1
-            needed += _grow_nb(computed[k] + 1, held[k], block_size)
-    retracted = False
-    while needed > num_blocks - blocks_used[g] and decoders > 1:
-        # Victim: fewest generated tokens, then the longest prompt, then the latest.
-        victim_i = -1
-        for i in range(run_len[g]):
-            k = running[g, i]
-            if k == partial:
-                continue
-            if victim_i < 0:
-                victim_i = i
-                continue
-            v = running[g, victim_i]
-            if generated[k] < generated[v] or (
-                generated[k] == generated[v] and input_tokens[k] >= input_tokens[v]
-            ):
-                victim_i = i
-        v = running[g, victim_i]
-        needed -= _grow_nb(computed[v] + 1, held[v], block_size)
-        for i in range(victim_i, run_len[g] - 1):
-            running[g, i] = running[g, i + 1]
-        run_len[g] -= 1
-        blocks_used[g] -= held[v]
-        held[v] = 0
-        computed[v] = 0
-        num_preemptions[v] += 1
-        _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, v)
-        decoders -= 1
-        retracted = True
-    if needed > num_blocks - blocks_used[g] and partial >= 0:
-        # Still short with one decoder left: the chunked request holds the
-        # missing blocks (a re-admitted P/D decode request can be chunked).
-        for i in range(run_len[g]):
-            if running[g, i] == partial:
-                for j in range(i, run_len[g] - 1):
-                    running[g, j] = running[g, j + 1]
-                break
-        run_len[g] -= 1
-        blocks_used[g] -= held[partial]
-        held[partial] = 0
-        computed[partial] = 0
-        num_preemptions[partial] += 1
-        _wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, partial)
-        partial = -1
-        retracted = True
-    if retracted:
-        decoded = 0
-        max_new = 0
-        for i in range(run_len[g]):
-            k = running[g, i]
-            if k != partial:
-                decoded += generated[k]
-                max_new += output_tokens[k]
-        rank_ratio[g] = min(1.0, (decoded + RETRACT_DECODE_STEPS * decoders) / max_new)
-    if needed > num_blocks - blocks_used[g]:
-        # The lone decoder's block is held by KV transfers (a P/D prefill rank):
-        # no decode step until they end.
-        num_sched[g] = 0
-        return retracted
-    if not retracted and decoders > 0:
-        rank_ratio[g] = max(rank_ratio[g] - ratio_params[g, 2], ratio_params[g, 1])
-    for i in range(run_len[g]):
-        k = running[g, i]
-        if k != partial:
-            grow = _grow_nb(computed[k] + 1, held[k], block_size)
-            blocks_used[g] += grow
-            held[k] += grow
-            _schedule_nb(summary, r, k, 1, computed, input_tokens, sched_n)
-    num_sched[g] = decoders
-    return retracted
-
-
-@njit(cache=True)
-def _schedule_nb(summary, r, k, n_tok, computed, input_tokens, sched_n):
-    """Add n_tok tokens of request k to rank r's batch summary (SPEC §8)."""
-    sched_n[k] = n_tok
-    if n_tok == 1 and computed[k] >= input_tokens[k] - 1:
-        summary[r, 3] += 1  # num_decode
-        summary[r, 4] += computed[k] + 1  # decode_kv_tokens
-    else:
-        summary[r, 0] += 1  # num_prefill
-        summary[r, 1] += n_tok  # prefill_tokens
-        summary[r, 2] += computed[k] + n_tok  # prefill_kv_tokens

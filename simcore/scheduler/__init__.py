@@ -1,0 +1,1 @@
+"""Schedulers: per-rank batch building for each policy, and the KV cache."""
