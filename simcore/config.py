@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -124,6 +125,16 @@ DEFAULTS: dict[str, Any] = {
         "per_prefill_token_us": 30.0,
         "per_decode_seq_us": 20.0,
         "per_kv_token_ns": 40.0,
+        # aic (aiconfigurator-core database; docs/timing.md)
+        "model": None,  # bundled HF id or a local directory holding config.json
+        "gpu": None,  # AIC system name, e.g. h200_sxm
+        "backend": None,  # vllm | sglang | trtllm; null: engine.policy
+        "backend_version": None,  # null: the database's current version
+        "tp": None,  # tensor parallelism of one rank; null: 1
+        "memory_fraction": None,  # num_blocks: auto; null: 0.9 (see AIC_MEMORY_FRACTION)
+        # table (per-operator profile; docs/timing.md)
+        "profile": None,  # directory with dense.csv, attention.csv, per_sequence.csv
+        "num_layers": None,  # null: num_layers of the profile's meta.yaml
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -155,7 +166,17 @@ OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
 ENGINE_MODES = ("aggregated", "disaggregated")
 POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 POLICIES = tuple(POLICY_DEFAULTS)
-TIMING_TYPES = ("fixed", "linear")
+TIMING_TYPES = ("fixed", "linear", "aic", "table")
+#: The timing keys of each table-driven model (set with another timing.type: an error).
+AIC_KEYS = ("model", "gpu", "backend", "backend_version", "tp", "memory_fraction")
+TABLE_KEYS = ("profile", "num_layers")
+#: Fraction of GPU memory given to weights plus KV cache for ``num_blocks: auto``
+#: when timing.memory_fraction is null: vLLM's gpu_memory_utilization and
+#: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
+#: mem_fraction_static from the GPU; 0.9 stands in for it).
+AIC_MEMORY_FRACTION = 0.9
+#: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic.
+AUTO_BLOCKS = "auto"
 
 
 def dotted_keys(tree: Mapping[str, Any] = DEFAULTS, prefix: str = "") -> list[str]:
@@ -348,6 +369,21 @@ class TimingConfig:
     per_prefill_token_us: float
     per_decode_seq_us: float
     per_kv_token_ns: float
+    # aic: resolved (backend from engine.policy, tp 1, memory_fraction 0.9); None otherwise.
+    model: str | None = None
+    gpu: str | None = None
+    backend: str | None = None
+    backend_version: str | None = None
+    tp: int | None = None
+    memory_fraction: float | None = None
+    # table
+    profile: str | None = None
+    num_layers: int | None = None
+    # aic: the largest pass the tables must cover, from the engine pools (not user keys):
+    # tokens per pass (budget + sequences), sequences per pass, tokens per sequence.
+    pass_tokens_limit: int | None = None
+    pass_sequences_limit: int | None = None
+    context_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -427,8 +463,8 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
     raw = merge_config(user)
     w, ld, e, t = raw["workload"], raw["load"], raw["engine"], raw["timing"]
     tok, detok, m = raw["tokenization"], raw["detokenization"], raw["metrics"]
-    return SimConfig(
-        seed=_count("seed", raw["seed"], minimum=0),
+    seed = _count("seed", raw["seed"], minimum=0)
+    sections = dict(
         workload=WorkloadConfig(
             source=_choice("workload.source", w["source"], WORKLOAD_SOURCES),
             path=_optional_str("workload.path", w["path"]),
@@ -454,12 +490,25 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             think_time_ms=_number("load.think_time_ms", ld["think_time_ms"]),
             speedup=_number("load.speedup", ld["speedup"], strict=True),
         ),
+    )
+    mode = _choice("engine.mode", e["mode"], ENGINE_MODES)
+    policy = _choice("engine.policy", e["policy"], POLICIES)
+    timing = _timing(t, policy)
+    pools = {
+        name: _pool(f"engine.{name}", e[name], policy, timing, active=name in POOLS[mode])
+        for name in ("aggregated", "prefill", "decode")
+    }
+    if timing.type == "aic":
+        timing = replace(timing, **_aic_limits([pools[name] for name in POOLS[mode]]))
+    return SimConfig(
+        seed=seed,
+        **sections,
         engine=EngineConfig(
-            mode=_choice("engine.mode", e["mode"], ENGINE_MODES),
-            policy=_choice("engine.policy", e["policy"], POLICIES),
-            aggregated=_pool("engine.aggregated", e["aggregated"], e["policy"]),
-            prefill=_pool("engine.prefill", e["prefill"], e["policy"]),
-            decode=_pool("engine.decode", e["decode"], e["policy"]),
+            mode=mode,
+            policy=policy,
+            aggregated=pools["aggregated"],
+            prefill=pools["prefill"],
+            decode=pools["decode"],
             kv_transfer=KVTransferConfig(
                 bandwidth_gb_per_second=_optional_number(
                     "engine.kv_transfer.bandwidth_gb_per_second",
@@ -471,20 +520,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
                 ),
             ),
         ),
-        timing=TimingConfig(
-            type=_choice("timing.type", t["type"], TIMING_TYPES),
-            **{
-                key: _number(f"timing.{key}", t[key])
-                for key in (
-                    "prefill_ms",
-                    "decode_ms",
-                    "base_ms",
-                    "per_prefill_token_us",
-                    "per_decode_seq_us",
-                    "per_kv_token_ns",
-                )
-            },
-        ),
+        timing=timing,
         tokenization=TokenizationConfig(
             workers=_count("tokenization.workers", tok["workers"]),
             base_ms=_number("tokenization.base_ms", tok["base_ms"]),
@@ -554,7 +590,9 @@ def _percentiles(value: Any) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _pool(prefix: str, raw: Mapping[str, Any], policy: str) -> PoolConfig:
+def _pool(
+    prefix: str, raw: Mapping[str, Any], policy: str, timing: TimingConfig, *, active: bool = True
+) -> PoolConfig:
     defaults = POLICY_DEFAULTS.get(policy, POLICY_DEFAULTS["vllm"])
     for key, default in defaults.items():
         if default is None and raw[key] is not None:
@@ -567,6 +605,14 @@ def _pool(prefix: str, raw: Mapping[str, Any], policy: str) -> PoolConfig:
     num_blocks = raw["num_blocks"]
     if num_blocks is None:
         num_blocks = DEFAULT_KV_TOKENS // block_size
+    elif isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS:
+        if timing.type != "aic":
+            raise ConfigError(
+                f"{prefix}.num_blocks=auto derives the KV capacity from the aiconfigurator-core "
+                f"database and needs timing.type=aic, got timing.type={timing.type}"
+            )
+        # An unused pool's keys are rejected by _check_combinations.
+        num_blocks = _auto_num_blocks(prefix, raw, defaults, timing, block_size) if active else 1
     optional_counts = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
     conservativeness = pick("schedule_conservativeness")
     chunk = pick("chunked_prefill_size")
@@ -588,6 +634,113 @@ def _pool(prefix: str, raw: Mapping[str, Any], policy: str) -> PoolConfig:
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness, strict=True),
+    )
+
+
+def _auto_num_blocks(
+    prefix: str, raw: Mapping[str, Any], defaults: Mapping[str, Any], timing: TimingConfig, block_size: int
+) -> int:
+    """``num_blocks: auto``: the KV blocks aiconfigurator-core's memory model gives one rank."""
+    from simcore.timing import aic  # lazy: the optional extra
+
+    def pick(key: str) -> Any:
+        return defaults[key] if raw[key] is None else raw[key]
+
+    max_sequences = _count(f"{prefix}.max_sequences", pick("max_sequences"))
+    budgets = [
+        _optional_count(f"{prefix}.{key}", pick(key))
+        for key in ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
+    ]
+    max_tokens = max([b for b in budgets if b is not None], default=max_sequences)
+    return aic.auto_num_blocks(timing, block_size, max_tokens, max_sequences, field=f"{prefix}.num_blocks")
+
+
+def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
+    kind = _choice("timing.type", raw["type"], TIMING_TYPES)
+    for keys, owner in ((AIC_KEYS, "aic"), (TABLE_KEYS, "table")):
+        for key in keys:
+            if raw[key] is not None and kind != owner:
+                raise ConfigError(
+                    f"timing.{key} is only used by timing.type={owner}, got {raw[key]!r} "
+                    f"with timing.type={kind}"
+                )
+    extra: dict[str, Any] = {}
+    if kind == "aic":
+        for key, example in (("model", "meta-llama/Meta-Llama-3.1-8B"), ("gpu", "h200_sxm")):
+            if raw[key] is None:
+                raise ConfigError(
+                    f"timing.{key} must be set for timing.type=aic (e.g. timing.{key}={example}; "
+                    "see docs/timing.md)"
+                )
+        version = raw["backend_version"]
+        if version is not None and not isinstance(version, str):
+            if not _is_number(version):
+                raise ConfigError(f"timing.backend_version must be a version string, got {version!r}")
+            version = str(version)
+        fraction = raw["memory_fraction"]
+        fraction = AIC_MEMORY_FRACTION if fraction is None else _number("timing.memory_fraction", fraction, strict=True)
+        if fraction > 1:
+            raise ConfigError(f"timing.memory_fraction must be in (0, 1], got {raw['memory_fraction']!r}")
+        extra = dict(
+            model=_optional_str("timing.model", raw["model"]),
+            gpu=_optional_str("timing.gpu", raw["gpu"]),
+            backend=_choice("timing.backend", policy if raw["backend"] is None else raw["backend"], POLICIES),
+            backend_version=_optional_str("timing.backend_version", version),
+            tp=1 if raw["tp"] is None else _count("timing.tp", raw["tp"]),
+            memory_fraction=fraction,
+        )
+    if kind == "table":
+        if raw["profile"] is None:
+            raise ConfigError(
+                "timing.profile must be set for timing.type=table (a directory holding dense.csv, "
+                "attention.csv and per_sequence.csv; see docs/timing.md)"
+            )
+        from simcore.timing.profile import read_num_layers  # lazy: it imports this module
+
+        profile = _optional_str("timing.profile", raw["profile"])
+        if not os.path.isdir(profile):
+            raise ConfigError(f"timing.profile must be an existing directory, got {profile!r}")
+        num_layers = _optional_count("timing.num_layers", raw["num_layers"])
+        if num_layers is None:
+            num_layers = read_num_layers(profile)
+        if num_layers is None:
+            raise ConfigError(
+                f"timing.num_layers must be set: {profile} has no meta.yaml with a top-level "
+                "num_layers (profiles are per layer; meta.yaml's hf_overrides.num_hidden_layers is "
+                "the profiled count, not the model's)"
+            )
+        extra = dict(profile=profile, num_layers=num_layers)
+    return TimingConfig(
+        type=kind,
+        **{
+            key: _number(f"timing.{key}", raw[key])
+            for key in (
+                "prefill_ms",
+                "decode_ms",
+                "base_ms",
+                "per_prefill_token_us",
+                "per_decode_seq_us",
+                "per_kv_token_ns",
+            )
+        },
+        **extra,
+    )
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
+    """The largest pass of the active pools, rounded up to powers of two (table ranges)."""
+    tokens = max(
+        max(p.max_batched_tokens or 0, p.chunked_prefill_size or 0, p.max_prefill_tokens or 0) + p.max_sequences
+        for p in pools
+    )
+    return dict(
+        pass_tokens_limit=_next_pow2(tokens),
+        pass_sequences_limit=_next_pow2(max(p.max_sequences for p in pools)),
+        context_limit=_next_pow2(max(p.sequence_limit for p in pools)),
     )
 
 

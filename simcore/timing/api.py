@@ -1,21 +1,37 @@
-"""Timing-model selection: turn ``timing.*`` into the kernel's code and parameters."""
+"""Timing-model selection: turn ``timing.*`` into the kernel's code, parameters and table."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from simcore.config import TimingConfig
-from simcore.timing.nb import TIMING_FIXED, TIMING_LINEAR
+from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_TABLE
 
 
 NO_TABLE = np.zeros(0, dtype=np.float64)
 
 
 def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
-    """The model code, float64 parameters and flat table that ``rank_time_ms_nb`` reads."""
+    """The model code, float64 parameters and flat table that ``rank_time_ms_nb`` reads.
+
+    ``table`` loads and checks the profile (``simcore.timing.profile``); ``aic``
+    loads its component tables from the disk cache or builds and self-checks
+    them (``simcore.timing.aic``, needs the ``replaysim[aic]`` extra).  Both are
+    memoised per process.
+    """
     if cfg.type == "fixed":
         return TIMING_FIXED, np.array([cfg.prefill_ms, cfg.decode_ms], dtype=np.float64), NO_TABLE
     if cfg.type == "linear":
         params = [cfg.base_ms, cfg.per_prefill_token_us, cfg.per_decode_seq_us, cfg.per_kv_token_ns]
         return TIMING_LINEAR, np.array(params, dtype=np.float64), NO_TABLE
+    if cfg.type == "table":
+        from simcore.timing.profile import table_arrays
+
+        params, table = table_arrays(cfg.profile, cfg.num_layers)
+        return TIMING_TABLE, params, table
+    if cfg.type == "aic":
+        from simcore.timing.aic import aic_arrays
+
+        params, table = aic_arrays(cfg)
+        return TIMING_AIC, params, table
     raise ValueError(f"timing.type {cfg.type!r} has no kernel")  # config validation prevents this

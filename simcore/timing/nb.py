@@ -4,7 +4,17 @@ Contract: ``rank_time_ms_nb`` is ``@njit(cache=True)``; it reads a model code,
 a float64 parameter vector and the SPEC §8 batch summary (int64 counts) and
 returns the rank's time in float64 ms, evaluated left to right exactly as SPEC
 §8 writes the formula.  An empty batch takes 0.  Models that need lookup tables
-receive them in one flat float64 array, ``table``, laid out by their wrapper.
+receive them in one flat float64 array, ``table``, laid out by their wrapper
+(``simcore.timing.profile`` for ``table``, ``simcore.timing.aic`` for ``aic``);
+``params`` then holds the offsets and sizes of the pieces of ``table`` (as
+float64, at the ``P_*`` / ``A_*`` indices below).  Every jitted function the
+kernel calls lives in this module (numba's cache does not see changes in
+jitted callees of other modules).
+
+Interpolation (both table models): piecewise linear on each axis between the
+two bracketing knots, written ``(1 - t) * lo + t * hi`` so that a query on a
+knot returns the stored value exactly; beyond the last knot (or before the
+first) the end segment is extended linearly.
 """
 
 from __future__ import annotations
@@ -13,6 +23,52 @@ from numba import njit
 
 TIMING_FIXED = 0
 TIMING_LINEAR = 1
+TIMING_TABLE = 2
+TIMING_AIC = 3
+
+# ``table`` (per-operator profile) parameter layout: params[P_*].
+P_NUM_LAYERS = 0
+P_DENSE_X = 1  # offset of the dense token knots (float64, ascending)
+P_DENSE_N = 2  # number of dense knots
+P_DENSE_LAYER = 3  # offset of the per-layer dense time at each knot, us
+P_DENSE_PASS = 4  # offset of the once-per-pass dense time at each knot, us
+P_SEQ_X = 5  # offset of the per-sequence knots (sequences)
+P_SEQ_N = 6
+P_SEQ_Y = 7  # offset of the per-sequence time (lm_head + sampler), us
+P_PC_X = 8  # attention axes: prefill chunk, kv prefill, n decode, kv decode
+P_PC_N = 9
+P_KVP_X = 10
+P_KVP_N = 11
+P_ND_X = 12
+P_ND_N = 13
+P_KVD_X = 14
+P_KVD_N = 15
+P_ATTN = 16  # offset of the attention grid, us, C order [pc, kvp, nd, kvd]
+P_PC_MIN = 17  # smallest positive prefill-chunk knot
+P_KVD_MIN = 18  # smallest positive kv-decode knot
+TABLE_NUM_PARAMS = 19
+
+# ``aic`` component tables: params[A_*].  NA, LG, NG are indexed by an integer
+# knot 1..n; GA by an integer batch 1..n and a kv knot axis; CA by three axes.
+A_NA = 0  # non-attention context ops (logits excluded) at T tokens, ms
+A_NA_N = 1
+A_LG = 2  # logits GEMM at x rows, ms
+A_LG_N = 3
+A_NG = 4  # generation ops except attention (logits included) at batch B, ms
+A_NG_N = 5
+A_GA_B_N = 6  # decode attention: number of batch rows
+A_GA_START = 7  # offset of the n + 1 row starts (cumulative knot counts)
+A_GA_K = 8  # offset of the rows' kv knots (row r: starts[r]:starts[r + 1])
+A_GA = 9  # offset of the rows' values, same indexing as the knots
+A_CA_N = 10  # context attention: batch knots
+A_CA_N_N = 11
+A_CA_S = 12  # new tokens per request knots
+A_CA_S_N = 13
+A_CA_P = 14  # cached (prefix) tokens per request knots
+A_CA_P_N = 15
+A_CA = 16  # offset of the grid, C order [n, s, p]
+A_GA_B = 17  # offset of the batch knots of the decode-attention rows (ascending)
+AIC_NUM_PARAMS = 18
 
 
 @njit(cache=True)
@@ -24,10 +80,11 @@ def rank_time_ms_nb(
     Parameters
     ----------
     model : int
-        ``TIMING_FIXED`` or ``TIMING_LINEAR``.
+        ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE`` or ``TIMING_AIC``.
     params : ndarray(float64, ndim=1)
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms,
-        per_prefill_token_us, per_decode_seq_us, per_kv_token_ns]``.
+        per_prefill_token_us, per_decode_seq_us, per_kv_token_ns]``; table and
+        aic: the layout of ``table`` (``P_*`` / ``A_*`` indices).
     table : ndarray(float64, ndim=1)
         Flat lookup tables of table-driven models (empty for fixed, linear).
     num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
@@ -47,9 +104,308 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
+    if model == TIMING_TABLE:
+        return table_pass_ms_nb(
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+        )
+    if model == TIMING_AIC:
+        return aic_pass_ms_nb(
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+        )
     return (
         params[0]
         + params[1] * prefill_tokens / 1000
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
     )
+
+
+# ---------------------------------------------------------------- interpolation
+
+
+@njit(cache=True)
+def bracket_nb(table, off, n, x):
+    """Bracketing knot and weight of ``x`` on the ascending knots ``table[off:off + n]``.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        Holds the knots.
+    off, n : int
+        Offset and number (>= 1) of the knots.
+    x : float
+        The query, in the axis' unit.
+
+    Returns
+    -------
+    (int, float)
+        ``i`` in ``[0, n - 2]`` (0 when n == 1) and ``t`` so that the value is
+        ``(1 - t) * v[i] + t * v[i + 1]``; ``t`` is 0 on a knot (1 on the last
+        knot) and falls outside [0, 1] beyond the knots (linear extension).
+    """
+    if n == 1:
+        return 0, 0.0
+    lo = 0
+    hi = n - 1
+    if x <= table[off]:
+        lo = 0
+    elif x >= table[off + n - 1]:
+        lo = n - 2
+    else:
+        # table[off + lo] <= x < table[off + hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if table[off + mid] <= x:
+                lo = mid
+            else:
+                hi = mid
+    x0 = table[off + lo]
+    x1 = table[off + lo + 1]
+    return lo, (x - x0) / (x1 - x0)
+
+
+@njit(cache=True)
+def interp1_nb(table, xoff, yoff, n, x):
+    """Piecewise-linear value at ``x`` of the knots ``table[xoff:xoff + n]`` -> ``table[yoff:...]``."""
+    i, t = bracket_nb(table, xoff, n, x)
+    if n == 1:
+        return table[yoff]
+    return (1.0 - t) * table[yoff + i] + t * table[yoff + i + 1]
+
+
+@njit(cache=True)
+def interp_int_nb(table, yoff, n, k):
+    """Value at integer ``k >= 1`` of a table holding knots 1..n at ``table[yoff:yoff + n]``.
+
+    Below 1 the value at 1 is used; beyond n the last segment is extended.
+    """
+    if k <= 1 or n == 1:
+        return table[yoff]
+    if k <= n:
+        return table[yoff + k - 1]
+    t = float(k - (n - 1))
+    return (1.0 - t) * table[yoff + n - 2] + t * table[yoff + n - 1]
+
+
+@njit(cache=True)
+def interp4_nb(table, params, x0, x1, x2, x3):
+    """Multilinear value of the profile attention grid at ``(pc, kvp, nd, kvd)``, us."""
+    n0 = int(params[P_PC_N])
+    n1 = int(params[P_KVP_N])
+    n2 = int(params[P_ND_N])
+    n3 = int(params[P_KVD_N])
+    i0, t0 = bracket_nb(table, int(params[P_PC_X]), n0, x0)
+    i1, t1 = bracket_nb(table, int(params[P_KVP_X]), n1, x1)
+    i2, t2 = bracket_nb(table, int(params[P_ND_X]), n2, x2)
+    i3, t3 = bracket_nb(table, int(params[P_KVD_X]), n3, x3)
+    base = int(params[P_ATTN])
+    s2 = n3
+    s1 = n2 * s2
+    s0 = n1 * s1
+    total = 0.0
+    for a in range(2):
+        w0 = t0 if a == 1 else 1.0 - t0
+        if w0 == 0.0 or (a == 1 and n0 == 1):
+            continue
+        for b in range(2):
+            w1 = t1 if b == 1 else 1.0 - t1
+            if w1 == 0.0 or (b == 1 and n1 == 1):
+                continue
+            for c in range(2):
+                w2 = t2 if c == 1 else 1.0 - t2
+                if w2 == 0.0 or (c == 1 and n2 == 1):
+                    continue
+                for d in range(2):
+                    w3 = t3 if d == 1 else 1.0 - t3
+                    if w3 == 0.0 or (d == 1 and n3 == 1):
+                        continue
+                    idx = base + (i0 + a) * s0 + (i1 + b) * s1 + (i2 + c) * s2 + (i3 + d)
+                    total += w0 * w1 * w2 * w3 * table[idx]
+    return total
+
+
+@njit(cache=True)
+def interp3_nb(table, n_off, n_n, s_off, s_n, p_off, p_n, grid, xn, xs, xp):
+    """Trilinear value of a ``[n, s, p]`` grid stored at ``table[grid:]`` (C order)."""
+    i0, t0 = bracket_nb(table, n_off, n_n, xn)
+    i1, t1 = bracket_nb(table, s_off, s_n, xs)
+    i2, t2 = bracket_nb(table, p_off, p_n, xp)
+    s1 = p_n
+    s0 = s_n * s1
+    total = 0.0
+    for a in range(2):
+        w0 = t0 if a == 1 else 1.0 - t0
+        if w0 == 0.0 or (a == 1 and n_n == 1):
+            continue
+        for b in range(2):
+            w1 = t1 if b == 1 else 1.0 - t1
+            if w1 == 0.0 or (b == 1 and s_n == 1):
+                continue
+            for c in range(2):
+                w2 = t2 if c == 1 else 1.0 - t2
+                if w2 == 0.0 or (c == 1 and p_n == 1):
+                    continue
+                total += w0 * w1 * w2 * table[grid + (i0 + a) * s0 + (i1 + b) * s1 + (i2 + c)]
+    return total
+
+
+# ---------------------------------------------------------------- table (profile)
+
+
+@njit(cache=True)
+def table_attention_us_nb(params, table, chunk, kv_prefill, n_decode, kv_decode):
+    """Attention time of one layer for one grid query, us.
+
+    ``chunk`` and ``kv_decode`` are clamped up to the smallest positive knot
+    when there is a prefill / a decode (a chunk or context below the first
+    measured one costs what that one costs); 0 means "none".
+    """
+    pc = chunk
+    if pc > 0.0 and pc < params[P_PC_MIN]:
+        pc = params[P_PC_MIN]
+    kvd = kv_decode
+    if n_decode > 0 and kvd < params[P_KVD_MIN]:
+        kvd = params[P_KVD_MIN]
+    if n_decode == 0:
+        kvd = 0.0
+    return interp4_nb(table, params, pc, kv_prefill, float(n_decode), kvd)
+
+
+@njit(cache=True)
+def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens):
+    """Pass time from a per-operator profile, ms (see docs/timing.md).
+
+    ``num_layers x (dense per-layer ops at T + attention) + once-per-pass dense
+    ops at T + per-sequence ops at S``, with ``T = prefill_tokens + num_decode``
+    and ``S = num_prefill + num_decode``.  Attention: the mean prefill entry
+    (chunk ``prefill_tokens / num_prefill``, cached ``(prefill_kv_tokens -
+    prefill_tokens) / num_prefill``) shares the grid query with the decodes
+    (``num_decode``, cached ``decode_kv_tokens / num_decode - 1`` each), and
+    each further prefill entry adds a prefill-only query at the same mean shape.
+    """
+    tokens = float(prefill_tokens + num_decode)
+    seqs = float(num_prefill + num_decode)
+    n_dense = int(params[P_DENSE_N])
+    dense_layer = interp1_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
+    dense_pass = interp1_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_PASS]), n_dense, tokens)
+    per_seq = interp1_nb(table, int(params[P_SEQ_X]), int(params[P_SEQ_Y]), int(params[P_SEQ_N]), seqs)
+    chunk = 0.0
+    cached = 0.0
+    if num_prefill > 0:
+        chunk = prefill_tokens / num_prefill
+        cached = (prefill_kv_tokens - prefill_tokens) / num_prefill
+    kv_decode = 0.0
+    if num_decode > 0:
+        kv_decode = decode_kv_tokens / num_decode - 1.0
+    attn = table_attention_us_nb(params, table, chunk, cached, num_decode, kv_decode)
+    if num_prefill > 1:
+        attn += (num_prefill - 1) * table_attention_us_nb(params, table, chunk, cached, 0, 0.0)
+    return (params[P_NUM_LAYERS] * (dense_layer + attn) + dense_pass + per_seq) / 1000.0
+
+
+# ---------------------------------------------------------------- aic
+
+
+@njit(cache=True)
+def aic_ga_row_nb(params, table, r, kv):
+    """Decode attention on batch row ``r`` (0-based) at ``kv`` tokens, ms."""
+    starts = int(params[A_GA_START])
+    first = int(table[starts + r])
+    n = int(table[starts + r + 1]) - first
+    i, t = bracket_nb(table, int(params[A_GA_K]) + first, n, kv)
+    values = int(params[A_GA]) + first
+    if n == 1:
+        return table[values]
+    return (1.0 - t) * table[values + i] + t * table[values + i + 1]
+
+
+@njit(cache=True)
+def aic_ga_nb(params, table, batch, kv):
+    """Decode attention of ``batch`` requests at ``kv`` tokens each (AIC query units), ms.
+
+    Each batch row has its own kv knots (refined around the steps of the
+    database's attention model); between batch rows (every integer up to 256,
+    coarser beyond) and beyond the last one the rows are combined linearly.
+    """
+    rows = int(params[A_GA_B_N])
+    x = float(kv)
+    if rows == 1:
+        return aic_ga_row_nb(params, table, 0, x)
+    i, t = bracket_nb(table, int(params[A_GA_B]), rows, float(batch))
+    if t == 0.0:
+        return aic_ga_row_nb(params, table, i, x)
+    v0 = aic_ga_row_nb(params, table, i, x)
+    v1 = aic_ga_row_nb(params, table, i + 1, x)
+    return (1.0 - t) * v0 + t * v1
+
+
+@njit(cache=True)
+def aic_ca_nb(params, table, batch, s, p):
+    """Context attention of ``batch`` requests of ``s`` new and ``p`` cached tokens, ms."""
+    return interp3_nb(
+        table,
+        int(params[A_CA_N]),
+        int(params[A_CA_N_N]),
+        int(params[A_CA_S]),
+        int(params[A_CA_S_N]),
+        int(params[A_CA_P]),
+        int(params[A_CA_P_N]),
+        int(params[A_CA]),
+        float(batch),
+        float(s),
+        float(p),
+    )
+
+
+@njit(cache=True)
+def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens):
+    """Pass time from the AIC component tables, ms (aiconfigurator-core's FPM composition).
+
+    With ``n = num_prefill``, ``P = prefill_tokens``, ``H = prefill_kv_tokens -
+    P`` (cached tokens), ``B = num_decode``, ``K = (decode_kv_tokens - B) // B``,
+    ``s = P // n``, ``p = H // n``:
+    mixed ``NA[P + B] + LG[1] + CA(ceil(P / s), s, p) + GA(B, K)``;
+    prefill-only ``NA[n s] + LG[n] + CA(n, s, p)``; decode-only ``NG[B] + GA(B, K)``.
+    """
+    na_n = int(params[A_NA_N])
+    if num_prefill > 0:
+        s = prefill_tokens // num_prefill
+        p = (prefill_kv_tokens - prefill_tokens) // num_prefill
+        if s < 1:
+            s = 1
+        if num_decode > 0:
+            k = (decode_kv_tokens - num_decode) // num_decode
+            ctx_batch = (prefill_tokens + s - 1) // s
+            return (
+                interp_int_nb(table, int(params[A_NA]), na_n, prefill_tokens + num_decode)
+                + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), 1)
+                + aic_ca_nb(params, table, ctx_batch, s, p)
+                + aic_ga_nb(params, table, num_decode, k)
+            )
+        return (
+            interp_int_nb(table, int(params[A_NA]), na_n, num_prefill * s)
+            + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), num_prefill)
+            + aic_ca_nb(params, table, num_prefill, s, p)
+        )
+    k = (decode_kv_tokens - num_decode) // num_decode
+    return interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode) + aic_ga_nb(
+        params, table, num_decode, k
+    )
+
+
+@njit(cache=True)
+def pass_times_nb(model, params, table, summaries, out):
+    """``rank_time_ms_nb`` over rows ``[num_prefill, prefill_tokens, prefill_kv_tokens,
+    num_decode, decode_kv_tokens]`` of ``summaries`` (int64, shape (n, 5)) into ``out`` (ms)."""
+    for r in range(summaries.shape[0]):
+        out[r] = rank_time_ms_nb(
+            model,
+            params,
+            table,
+            summaries[r, 0],
+            summaries[r, 1],
+            summaries[r, 2],
+            summaries[r, 3],
+            summaries[r, 4],
+        )
+

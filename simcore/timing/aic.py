@@ -1,0 +1,529 @@
+"""``timing.type=aic``: component tables from aiconfigurator-core, cached on disk.
+
+aiconfigurator-core 0.12 (the optional extra ``replaysim[aic]``) estimates a
+forward pass from its per-GPU operator database
+(``RustForwardPassPerfModel.estimate_forward_pass_time_ms``), but a call costs
+about 100 µs and cannot run inside the numba kernel.  So, once per
+configuration, :func:`build_tables` evaluates the model's compiled op list
+(``EngineHandle.evaluate_context_ops`` / ``evaluate_generation_ops``) on five
+grids that mirror the estimator's own composition (docs/timing.md):
+
+========  =====================================================  ==================================
+table     what                                                   knots
+========  =====================================================  ==================================
+``NA``    context ops except attention and logits, batch 1       every integer T <= tokens limit
+``LG``    logits GEMM at x rows                                  every integer x <= sequences limit
+``NG``    generation ops except attention (logits included)      every integer B <= sequences limit
+``GA``    decode attention, B requests at K tokens               every integer B x K (16 per octave
+                                                                 plus 2^j - 1, 2^j)
+``CA``    context attention, n requests of s new, p cached       n 1..16 then x1.5; s 8 per octave;
+                                                                 p 0 then 8 per octave from 16
+========  =====================================================  ==================================
+
+``simcore.timing.nb.aic_pass_ms_nb`` interpolates them.  A build-time
+self-check compares the tables with direct ``estimate_forward_pass_time_ms``
+calls on random passes and refuses tables whose worst error exceeds
+:data:`MAX_REL_ERROR`.  Tables are cached in
+``$REPLAYSIM_CACHE_DIR/aic/<key>.npz`` (default ``~/.cache/replaysim/aic``),
+``key`` = a hash of the configuration, the table layout and the package version.
+
+aiconfigurator-core is imported lazily: the rest of the simulator works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from simcore.config import ConfigError, TimingConfig
+from simcore.timing import nb
+
+PACKAGE = "aiconfigurator-core"
+EXTRA_HINT = "pip install 'replaysim[aic]' (aiconfigurator-core>=0.12,<0.13)"
+#: Bump when the table layout or the knots change (invalidates the disk cache).
+LAYOUT_VERSION = 2
+#: The self-check refuses tables whose worst relative error over the random passes exceeds this.
+MAX_REL_ERROR = 0.01
+#: Random passes of the self-check.
+NUM_CHECKS = 300
+#: Knots per octave of the decode-attention kv axis and of the context-attention s and p axes.
+KV_PER_OCTAVE = 16
+CTX_PER_OCTAVE = 12
+#: Relative chord error that makes the decode-attention rows bisect an interval.
+GA_REFINE_TOL = 2e-4
+#: Decode-attention rows exist for every batch up to this one (the database's
+#: attention is not linear in the batch between its measured powers of two).
+DECODE_INTEGER_BATCH = 256
+
+_MEMO: dict[str, tuple[np.ndarray, np.ndarray, dict]] = {}
+
+
+@dataclass(frozen=True)
+class AicSpec:
+    """What identifies one set of tables."""
+
+    model: str
+    gpu: str
+    backend: str
+    backend_version: str | None
+    tp: int
+    tokens: int  # NA knots 1..tokens
+    sequences: int  # LG, NG, GA batch knots 1..sequences
+    context: int  # GA kv and CA prefix knots up to this
+
+    @classmethod
+    def from_config(cls, cfg: TimingConfig) -> "AicSpec":
+        return cls(
+            cfg.model,
+            cfg.gpu,
+            cfg.backend,
+            cfg.backend_version,
+            cfg.tp,
+            int(cfg.pass_tokens_limit),
+            int(cfg.pass_sequences_limit),
+            int(cfg.context_limit),
+        )
+
+
+# ---------------------------------------------------------------- package access
+
+
+def package_version() -> str:
+    """The installed aiconfigurator-core version; ConfigError naming the extra when missing."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version(PACKAGE)
+        import aiconfigurator_core  # noqa: F401
+    except (metadata.PackageNotFoundError, ImportError):
+        raise ConfigError(f"timing.type=aic needs the optional extra: {EXTRA_HINT}") from None
+    if not version.startswith("0.12."):
+        raise ConfigError(f"timing.type=aic is built for aiconfigurator-core 0.12.x, found {version}: {EXTRA_HINT}")
+    return version
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the Rust core's "Loading low-fidelity fallback rows" lines (fd 2) while building."""
+    try:
+        fd = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(fd, 2)
+            os.close(fd)
+
+
+def _native_config(spec: AicSpec) -> dict:
+    return dict(
+        schema_version=1,
+        model_name=spec.model,
+        system_name=spec.gpu,
+        backend=spec.backend,
+        backend_version=spec.backend_version,
+        tp_size=spec.tp,
+        pp_size=1,
+        attention_dp_size=1,
+        moe_tp_size=None,
+        moe_ep_size=None,
+        cp_size=1,
+        weight_dtype=None,
+        moe_dtype=None,
+        activation_dtype=None,
+        kv_cache_dtype=None,
+        nextn=0,
+        kv_block_size=None,
+        extra={},
+    )
+
+
+def _what(spec: AicSpec) -> str:
+    version = spec.backend_version or "current"
+    return f"timing.model={spec.model} timing.gpu={spec.gpu} timing.backend={spec.backend} ({version}) timing.tp={spec.tp}"
+
+
+def direct_model(spec: AicSpec):
+    """aiconfigurator-core's own forward-pass model (the reference of the self-check)."""
+    package_version()
+    from aiconfigurator_core.sdk import RustForwardPassPerfModel
+
+    try:
+        with _quiet_stderr():
+            return RustForwardPassPerfModel.from_native(_native_config(spec))
+    except Exception as exc:  # the Rust core raises ValueError/RuntimeError with its reason
+        raise ConfigError(f"aiconfigurator-core cannot model {_what(spec)}: {exc}") from None
+
+
+def direct_pass_ms(model, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens) -> float:
+    """One direct estimate for a SPEC §8 batch summary, ms.
+
+    The FPM counts cached tokens (vLLM's ``num_computed_tokens``), so
+    ``sum_prefill_kv_tokens = prefill_kv_tokens - prefill_tokens`` and
+    ``sum_decode_kv_tokens = decode_kv_tokens - num_decode``.
+    """
+    fpm = {
+        "version": 1,
+        "scheduled_requests": {
+            "num_prefill_requests": int(num_prefill),
+            "sum_prefill_tokens": int(prefill_tokens),
+            "sum_prefill_kv_tokens": int(prefill_kv_tokens - prefill_tokens),
+            "num_decode_requests": int(num_decode),
+            "sum_decode_kv_tokens": int(decode_kv_tokens - num_decode),
+        },
+    }
+    return float(model.estimate_forward_pass_time_ms(fpm))
+
+
+# ---------------------------------------------------------------- knots
+
+
+def log_knots(start: int, stop: int, per_octave: int) -> np.ndarray:
+    """Integers ``round(start x 2^(i / per_octave))`` up to ``stop`` (both included), unique."""
+    if stop <= start:
+        return np.array([start], dtype=np.int64)
+    count = int(math.ceil(per_octave * math.log2(stop / start)))
+    knots = np.rint(start * np.exp2(np.arange(count + 1) / per_octave)).astype(np.int64)
+    return np.unique(np.clip(np.append(knots, stop), start, stop))
+
+
+def kv_knots(context: int) -> np.ndarray:
+    """Decode kv knots: 1..16, 16 per octave beyond, every 2^j - 1 and 2^j, up to ``context``."""
+    knots = [np.arange(1, 17), log_knots(16, max(context, 16), KV_PER_OCTAVE)]
+    j = 1
+    while (1 << j) <= context:
+        knots.append(np.array([(1 << j) - 1, 1 << j]))
+        j += 1
+    knots.append(np.array([context]))
+    out = np.unique(np.concatenate(knots))
+    return out[(out >= 1) & (out <= max(context, 1))]
+
+
+def decode_batch_knots(sequences: int) -> np.ndarray:
+    """Decode-attention batch rows: every integer up to 256, then 32 per octave, up to ``sequences``."""
+    knots = np.arange(1, min(sequences, DECODE_INTEGER_BATCH) + 1)
+    if sequences > DECODE_INTEGER_BATCH:
+        knots = np.concatenate([knots, log_knots(DECODE_INTEGER_BATCH, sequences, 32)])
+    return np.unique(knots)
+
+
+def batch_knots(sequences: int) -> np.ndarray:
+    """Context-attention batch knots: 1..16, then x1.5 steps (24, 32, 48, ...), up to ``sequences``."""
+    knots = list(range(1, 17))
+    v = 16
+    while v < sequences:
+        v = int(v * 1.5) if (v & (v - 1)) == 0 else 1 << v.bit_length()
+        knots.append(v)
+    out = np.unique(np.array(knots, dtype=np.int64))
+    out = out[out <= sequences]
+    return np.unique(np.append(out, sequences)) if sequences > 1 else np.array([1], dtype=np.int64)
+
+
+# ---------------------------------------------------------------- build
+
+
+def _refined_row(f, base: np.ndarray, tol: float = GA_REFINE_TOL) -> tuple[np.ndarray, np.ndarray]:
+    """Knots and values of ``f`` on the integer ``base`` knots, bisected where linear interpolation fails.
+
+    Each interval is checked at its integer midpoint; where the value there is
+    more than ``tol`` (relative) off the chord, both halves are checked again,
+    down to adjacent integers.  So the steps of the database's decode-attention
+    model (its kernel-split heuristics) are bracketed by adjacent knots.
+    """
+    values = {int(k): f(int(k)) for k in base}
+    stack = [(int(a), int(b)) for a, b in zip(base[:-1], base[1:])]
+    while stack:
+        a, b = stack.pop()
+        if b - a < 2:
+            continue
+        m = (a + b) // 2
+        fm = f(m)
+        chord = values[a] + (values[b] - values[a]) * (m - a) / (b - a)
+        if abs(fm - chord) > tol * max(abs(fm), 1e-12):
+            values[m] = fm
+            stack.append((a, m))
+            stack.append((m, b))
+    knots = np.array(sorted(values), dtype=np.int64)
+    return knots, np.array([values[int(k)] for k in knots], dtype=np.float64)
+
+
+def _op_indices(handle) -> tuple[list[int], int, int, list[int], int]:
+    """Indices of (non-attention non-logits context ops, context attention, context logits,
+    non-attention generation ops, generation attention) in the compiled op lists."""
+
+    def names(evaluate) -> list[str]:
+        out = []
+        while True:
+            try:
+                row = evaluate([len(out)], batch_size=1, s=8)
+            except Exception:
+                return out
+            out.append(row[0][0] if row else "")
+
+    ctx = names(handle.evaluate_context_ops)
+    gen = names(handle.evaluate_generation_ops)
+    try:
+        ca = ctx.index("context_attention")
+        lg = ctx.index("context_logits_gemm")
+        ga = gen.index("generation_attention")
+    except ValueError:
+        raise ConfigError(
+            "timing.type=aic supports models whose aiconfigurator-core op lists hold "
+            "context_attention, context_logits_gemm and generation_attention (GQA/MHA decoders); "
+            f"got context ops {ctx} and generation ops {gen}"
+        ) from None
+    na = [i for i in range(len(ctx)) if i not in (ca, lg)]
+    ng = [i for i in range(len(gen)) if i != ga]
+    return na, ca, lg, ng, ga
+
+
+def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Evaluate the component tables of ``spec``; returns the kernel's ``(params, table)``."""
+    package_version()
+    from aiconfigurator_core.sdk import EngineHandle
+
+    try:
+        with _quiet_stderr():
+            handle = EngineHandle.compile(
+                spec.model, spec.gpu, spec.backend, backend_version=spec.backend_version, tp_size=spec.tp
+            )
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"aiconfigurator-core cannot model {_what(spec)}: {exc}") from None
+    na, ca, lg, ng, ga = _op_indices(handle)
+    ctx_ops = handle.evaluate_context_ops
+    gen_ops = handle.evaluate_generation_ops
+
+    def total(rows) -> float:
+        return float(sum(r[1] for r in rows))
+
+    with _quiet_stderr():
+        na_tab = np.array([total(ctx_ops(na, batch_size=1, s=t)) for t in range(1, spec.tokens + 1)])
+        lg_tab = np.array([total(ctx_ops([lg], batch_size=x, s=1)) for x in range(1, spec.sequences + 1)])
+        ng_tab = np.array([total(gen_ops(ng, batch_size=b, s=1)) for b in range(1, spec.sequences + 1)])
+        base = kv_knots(spec.context)
+        b_knots = decode_batch_knots(spec.sequences)
+        rows = [_refined_row(lambda k, b=int(b): total(gen_ops([ga], batch_size=b, s=k)), base) for b in b_knots]
+        ga_starts = np.cumsum([0] + [r[0].size for r in rows])
+        ga_knots = np.concatenate([r[0] for r in rows])
+        ga_tab = np.concatenate([r[1] for r in rows])
+        n_knots = batch_knots(spec.sequences)
+        s_knots = log_knots(1, spec.tokens, CTX_PER_OCTAVE)
+        p_knots = np.concatenate([[0], log_knots(16, max(spec.context, 16), CTX_PER_OCTAVE)])
+        ca_tab = np.array(
+            [
+                [[total(ctx_ops([ca], batch_size=int(n), s=int(s), prefix=int(p))) for p in p_knots] for s in s_knots]
+                for n in n_knots
+            ]
+        )
+    pieces = [na_tab, lg_tab, ng_tab, ga_starts, ga_knots, ga_tab, n_knots, s_knots, p_knots, ca_tab, b_knots]
+    offsets = np.cumsum([0] + [p.size for p in pieces])
+    params = np.zeros(nb.AIC_NUM_PARAMS, dtype=np.float64)
+    params[nb.A_NA], params[nb.A_NA_N] = offsets[0], na_tab.size
+    params[nb.A_LG], params[nb.A_LG_N] = offsets[1], lg_tab.size
+    params[nb.A_NG], params[nb.A_NG_N] = offsets[2], ng_tab.size
+    params[nb.A_GA_START], params[nb.A_GA_B_N] = offsets[3], b_knots.size
+    params[nb.A_GA_B] = offsets[10]
+    params[nb.A_GA_K], params[nb.A_GA] = offsets[4], offsets[5]
+    params[nb.A_CA_N], params[nb.A_CA_N_N] = offsets[6], n_knots.size
+    params[nb.A_CA_S], params[nb.A_CA_S_N] = offsets[7], s_knots.size
+    params[nb.A_CA_P], params[nb.A_CA_P_N] = offsets[8], p_knots.size
+    params[nb.A_CA] = offsets[9]
+    table = np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in pieces])
+    return params, table
+
+
+# ---------------------------------------------------------------- self-check
+
+
+def random_passes(spec: AicSpec, count: int, seed: int = 0) -> np.ndarray:
+    """``count`` random vLLM-like SPEC §8 summaries within the spec's limits, int64 (count, 5).
+
+    A third each: decode-only (1..sequences decodes, log-uniform per-request
+    context 64..min(32k, context)), mixed (those decodes plus 1-3 prefill
+    entries filling up to the token budget, half of them with a log-uniform
+    prefix up to 16k) and prefill-only.
+    """
+    rng = np.random.default_rng(seed)
+    out = np.zeros((count, 5), dtype=np.int64)
+    budget = max(spec.tokens - spec.sequences, 16)
+    kv_hi = max(min(32768, spec.context - 1), 65)
+    for r in range(count):
+        kind = r % 3
+        b = 0 if kind == 2 else int(np.exp(rng.uniform(0.0, math.log(spec.sequences + 0.999))))
+        b = min(max(b, 0 if kind == 2 else 1), spec.sequences)
+        if b:
+            ctx = np.exp(rng.uniform(math.log(64), math.log(kv_hi), size=b)).astype(np.int64)
+            out[r, 3] = b
+            out[r, 4] = int(ctx.sum()) + b  # Σ (cached + 1)
+        if kind == 0:
+            continue
+        n = int(rng.integers(1, 4))
+        room = max(budget - b, n)
+        tokens = int(rng.integers(n, room + 1))
+        prefix = 0
+        if rng.random() < 0.5:
+            prefix = int(np.exp(rng.uniform(math.log(16), math.log(max(min(16384, spec.context - 1), 17))))) * n
+        out[r, 0] = n
+        out[r, 1] = tokens
+        out[r, 2] = tokens + prefix
+    return out
+
+
+def self_check(spec: AicSpec, params: np.ndarray, table: np.ndarray, count: int = NUM_CHECKS) -> dict:
+    """Compare the tables with direct calls on ``count`` random passes; ConfigError above 1%."""
+    model = direct_model(spec)
+    passes = random_passes(spec, count)
+    got = np.zeros(count, dtype=np.float64)
+    nb.pass_times_nb(nb.TIMING_AIC, params, table, passes, got)
+    with _quiet_stderr():
+        want = np.array([direct_pass_ms(model, *row) for row in passes])
+    err = np.abs(got - want) / np.maximum(want, 1e-12)
+    worst = int(np.argmax(err))
+    stats = {
+        "passes": int(count),
+        "mean_rel_error": float(err.mean()),
+        "p99_rel_error": float(np.percentile(err, 99)),
+        "max_rel_error": float(err.max()),
+    }
+    if not err.max() <= MAX_REL_ERROR:
+        row = passes[worst]
+        raise ConfigError(
+            f"timing.type=aic: the precomputed tables for {_what(spec)} differ from direct "
+            f"aiconfigurator-core calls by up to {100 * err.max():.2f}% (> {100 * MAX_REL_ERROR:g}%), "
+            f"worst at num_prefill={row[0]}, prefill_tokens={row[1]}, prefill_kv_tokens={row[2]}, "
+            f"num_decode={row[3]}, decode_kv_tokens={row[4]}: {got[worst]:.4f} ms vs {want[worst]:.4f} ms; "
+            "this model/GPU combination is not supported by the table layout"
+        )
+    return stats
+
+
+# ---------------------------------------------------------------- cache
+
+
+def cache_dir() -> str:
+    """``$REPLAYSIM_CACHE_DIR/aic``, else ``~/.cache/replaysim/aic``."""
+    root = os.environ.get("REPLAYSIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "replaysim")
+    return os.path.join(root, "aic")
+
+
+def cache_key(spec: AicSpec, version: str) -> str:
+    blob = json.dumps({"spec": spec.__dict__, "package": version, "layout": LAYOUT_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def aic_arrays(cfg: TimingConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's ``(params, table)`` for ``cfg``: from memory, the disk cache, or a checked build."""
+    params, table, _ = load_or_build(AicSpec.from_config(cfg))
+    return params, table
+
+
+def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(params, table, info)``; ``info`` holds the self-check errors and the build time."""
+    version = package_version()
+    key = cache_key(spec, version)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = os.path.join(cache_dir(), f"{key}.npz")
+    if os.path.isfile(path):
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                found = (data["params"].copy(), data["table"].copy(), json.loads(str(data["info"])))
+            _MEMO[key] = found
+            return found
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable: rebuild below
+    start = time.perf_counter()
+    params, table = build_tables(spec)
+    built = time.perf_counter() - start
+    info = self_check(spec, params, table)
+    info.update(build_seconds=built, package=version, spec=spec.__dict__, key=key)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, params=params, table=table, info=np.array(json.dumps(info)))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a rebuild next time
+    _MEMO[key] = (params, table, info)
+    return _MEMO[key]
+
+
+# ---------------------------------------------------------------- KV capacity
+
+
+def auto_num_blocks(cfg: TimingConfig, block_size: int, max_tokens: int, max_sequences: int, *, field: str) -> int:
+    """``num_blocks: auto``: KV blocks of one rank from aiconfigurator-core's memory model.
+
+    ``estimate_num_gpu_blocks`` with the model, GPU, backend, TP, the pool's
+    token and sequence limits and ``timing.memory_fraction`` (a fraction of total
+    memory for vLLM/SGLang, of free memory for TensorRT-LLM).
+    """
+    version = package_version()
+    blob = json.dumps(
+        [cfg.model, cfg.gpu, cfg.backend, cfg.backend_version, cfg.tp, cfg.memory_fraction, block_size, max_tokens, max_sequences, version]
+    )
+    key = "kv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+    if key in _MEMO:
+        return int(_MEMO[key])
+    path = os.path.join(cache_dir(), f"{key}.json")
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                blocks = int(json.load(handle)["num_blocks"])
+            _MEMO[key] = blocks
+            return blocks
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    from aiconfigurator_core.sdk import estimate_num_gpu_blocks
+
+    try:
+        with _quiet_stderr():
+            blocks = int(
+                estimate_num_gpu_blocks(
+                    cfg.model,
+                    cfg.gpu,
+                    cfg.backend,
+                    cfg.backend_version or "current",  # None finds no database here
+                    scheduler_block_size=int(block_size),
+                    max_num_tokens=int(max_tokens),
+                    max_batch_size=int(max_sequences),
+                    memory_fraction_kind="of_free" if cfg.backend == "trtllm" else "of_total",
+                    memory_fraction_value=float(cfg.memory_fraction),
+                    tp_size=int(cfg.tp),
+                )
+            )
+    except Exception as exc:
+        raise ConfigError(
+            f"{field}=auto: aiconfigurator-core cannot derive the KV capacity of timing.model={cfg.model} "
+            f"on timing.gpu={cfg.gpu} (timing.backend={cfg.backend}): {exc}; set {field} to a number"
+        ) from None
+    if blocks < 1:
+        raise ConfigError(
+            f"{field}=auto: aiconfigurator-core leaves no KV memory for timing.model={cfg.model} on "
+            f"timing.gpu={cfg.gpu} at timing.memory_fraction={cfg.memory_fraction} (tp={cfg.tp})"
+        )
+    _MEMO[key] = blocks
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".json.tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"num_blocks": blocks, "inputs": json.loads(blob)}, handle)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return blocks

@@ -1,0 +1,221 @@
+"""Table-driven timing models: the profile loader and kernel (timing.type=table) and the
+aiconfigurator-core tables (timing.type=aic, skipped without the optional extra)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import sys
+import tomllib
+
+import numpy as np
+import pytest
+
+from simcore.config import ConfigError, load_config
+from simcore.timing import nb
+from simcore.timing.api import timing_arrays
+from simcore.timing.profile import load_profile, profile_arrays
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "llmservingsim-vllm-bench"))
+RTXPRO_LLAMA = os.path.join(DATA, "profiler", "RTXPRO6000", "meta-llama", "Llama-3.1-8B", "bf16", "tp1")
+HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
+
+# ------------------------------------------------------------------ synthetic profile
+
+
+def _attn(pc, kvp, nd, kvd):
+    """Multilinear in (pc, kvp, nd, kvd): multilinear interpolation reproduces it exactly."""
+    return 1 + 0.1 * pc + 0.01 * kvp + 2 * nd + 0.05 * nd * kvd
+
+
+def write_profile(path, *, dense=None, seq=None, attention=None):
+    os.makedirs(path, exist_ok=True)
+    dense = dense or [
+        ("layer", "tokens", "time_us"),
+        ("embedding", 1, 1.0), ("embedding", 101, 2.0),
+        ("layernorm", 1, 0.5), ("layernorm", 101, 1.5),
+        ("qkv_proj", 1, 10.0), ("qkv_proj", 101, 30.0),
+        ("final_layernorm", 1, 0.2), ("final_layernorm", 101, 0.4),
+    ]
+    seq = seq or [
+        ("layer", "sequences", "time_us"),
+        ("lm_head", 1, 100.0), ("lm_head", 11, 120.0),
+        ("sampler", 1, 5.0), ("sampler", 11, 15.0),
+    ]
+    if attention is None:
+        attention = [("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")]
+        for pc in (0, 16, 32):
+            for kvp in ((0,) if pc == 0 else (0, 64)):
+                for nd in (0, 1, 2):
+                    for kvd in ((0,) if nd == 0 else (16, 48)):
+                        if pc == 0 and nd == 0:
+                            continue
+                        attention.append((pc, kvp, nd, kvd, _attn(pc, kvp, nd, kvd)))
+    for name, rows in (("dense.csv", dense), ("per_sequence.csv", seq), ("attention.csv", attention)):
+        with open(os.path.join(path, name), "w", newline="") as handle:
+            csv.writer(handle).writerows(rows)
+    return str(path)
+
+
+def pass_ms(params, table, *summary):
+    return nb.rank_time_ms_nb(nb.TIMING_TABLE, params, table, *summary)
+
+
+def test_table_interpolation_matches_hand_computed_values(tmp_path):
+    params, table = profile_arrays(load_profile(write_profile(tmp_path / "p"), num_layers=4))
+    # One prefill entry (24 new over 32 cached) with two decodes of 32 cached tokens each.
+    # T = 26 tokens: layernorm 0.5 + 25/100 = 0.75 (twice per layer), qkv 10 + 0.25 * 20 = 15;
+    # once per pass: embedding 1.25 + final_layernorm 0.25.  S = 3: lm_head 104 + sampler 7.
+    # Attention at (24, 32, 2, 32): 1 + 2.4 + 0.32 + 4 + 3.2 = 10.92.
+    expected = (4 * (2 * 0.75 + 15 + 10.92) + (1.25 + 0.25) + (104 + 7)) / 1000
+    assert pass_ms(params, table, 1, 24, 56, 2, 66) == pytest.approx(expected, rel=1e-12)
+    # Two prefill entries of mean 24 new over 32 cached, no decodes: the second adds a
+    # prefill-only query at the same mean shape.  T = 48, S = 2.
+    attention = 2 * (1 + 2.4 + 0.32)
+    expected = (4 * (2 * 0.97 + 19.4 + attention) + (1.47 + 0.294) + (102 + 6)) / 1000
+    assert pass_ms(params, table, 2, 48, 112, 0, 0) == pytest.approx(expected, rel=1e-12)
+    # One decode of 5 cached tokens: kv_decode is clamped up to the first knot (16).
+    # T = 1, S = 1; attention 1 + 2 + 0.8.
+    expected = (4 * (2 * 0.5 + 10 + 3.8) + (1.0 + 0.2) + 105) / 1000
+    assert pass_ms(params, table, 0, 0, 0, 1, 6) == pytest.approx(expected, rel=1e-12)
+    # Beyond the last dense knot the last segment is extended: T = 201 tokens (one prefill, no
+    # history) gives layernorm 2.5, qkv 50, embedding 3, final_layernorm 0.6; S = 1.
+    attention = 1 + 0.1 * 201  # pc = 201 extends the [16, 32] segment of the pc axis
+    expected = (4 * (2 * 2.5 + 50 + attention) + (3 + 0.6) + 105) / 1000
+    assert pass_ms(params, table, 1, 201, 201, 0, 0) == pytest.approx(expected, rel=1e-12)
+    assert pass_ms(params, table, 0, 0, 0, 0, 0) == 0.0
+
+
+def test_table_grid_points_reproduce_the_csv_exactly():
+    profile = load_profile(RTXPRO_LLAMA, num_layers=32)
+    params, table = profile_arrays(profile)
+    rows = np.loadtxt(os.path.join(RTXPRO_LLAMA, "attention.csv"), delimiter=",", skiprows=1)
+    for pc, kvp, nd, kvd, us in rows:
+        got = nb.table_attention_us_nb(params, table, pc, kvp, int(nd), kvd)
+        assert got == us, (pc, kvp, nd, kvd)
+    # Dense and per-sequence sums on their knots are the CSV values, weighted per op.
+    dense = {}
+    with open(os.path.join(RTXPRO_LLAMA, "dense.csv"), newline="") as handle:
+        for layer, tokens, us in csv.reader(handle):
+            if layer != "layer":
+                dense.setdefault(int(tokens), {})[layer] = float(us)
+    for tokens in (1, 7, 64, 1024, 2048):
+        ops = dense[tokens]
+        per_layer = sum(v * (2 if k == "layernorm" else 1) for k, v in ops.items() if k not in ("embedding", "final_layernorm"))
+        i = int(np.searchsorted(profile.dense_x, tokens))
+        assert profile.dense_layer[i] == pytest.approx(per_layer, rel=1e-14)
+        assert profile.dense_pass[i] == pytest.approx(ops["embedding"] + ops["final_layernorm"], rel=1e-14)
+
+
+def test_real_rtxpro6000_profile_loads_and_drives_the_engine():
+    import simcore
+
+    profile = load_profile(RTXPRO_LLAMA, num_layers=32)
+    assert profile.attention.shape == tuple(a.shape[0] for a in profile.axes) == (20, 20, 10, 20)
+    assert np.isfinite(profile.attention).all() and (profile.attention >= 0).all()
+    assert int(profile.measured.sum()) == 19364
+    cfg = {
+        "timing": {"type": "table", "profile": RTXPRO_LLAMA, "num_layers": 32},
+        "workload": {"num_requests": 40, "input_tokens": 700, "output_tokens": 20},
+        "load": {"concurrency": 16},
+        "engine": {"aggregated": {"max_batched_tokens": 2048, "max_sequences": 128}},
+        "output": {"passes": True},
+    }
+    result = simcore.run(cfg)
+    passes = result.passes
+    summary = np.stack(
+        [passes[c].to_numpy() for c in ("num_prefill", "prefill_tokens", "prefill_kv_tokens", "num_decode", "decode_kv_tokens")],
+        axis=1,
+    ).astype(np.int64)
+    model, params, table = timing_arrays(load_config(cfg).timing)
+    want = np.zeros(summary.shape[0])
+    nb.pass_times_nb(model, params, table, np.ascontiguousarray(summary), want)
+    assert np.array_equal(passes["rank_time_ms"].to_numpy(), want)
+    # An 8B model on this GPU: a full 2048-token prefill takes tens of ms, a 16-decode step ~20 ms.
+    assert 40 < pass_ms(params, table, 1, 2048, 2048, 0, 0) < 150
+    assert 10 < pass_ms(params, table, 0, 0, 0, 16, 16 * 1001) < 40
+
+
+@pytest.mark.parametrize(
+    "file, rows, where",
+    [
+        ("dense.csv", [("layer", "tokens", "time_us"), ("qkv_proj", 1, 1.0), ("qkv_proj", 2, "fast")], "dense.csv:3"),
+        ("dense.csv", [("layer", "tokens", "time_us"), ("qkv_proj", 0, 1.0)], "dense.csv:2"),
+        ("dense.csv", [("layer", "tokens", "time_us"), ("qkv_proj", 4, 1.0), ("o_proj", 4, 1.0), ("qkv_proj", 4, 2.0)], "dense.csv:4"),
+        ("dense.csv", [("layer", "tokens", "time_us"), ("qkv_proj", 4, -1.0)], "dense.csv:2"),
+        ("dense.csv", [("layer", "tokens", "us")], "dense.csv:1"),
+        ("per_sequence.csv", [("layer", "sequences", "time_us"), ("lm_head", 1, 1.0, 7)], "per_sequence.csv:2"),
+        ("per_sequence.csv", [("layer", "sequences", "time_us"), ("lm_head", 1.5, 1.0)], "per_sequence.csv:2"),
+        ("attention.csv", [("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"), (16, 0, 0, 0, 1.0), (0, 0, 0, 0, 1.0)], "attention.csv:3"),
+        ("attention.csv", [("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"), (16, 0, 0, 0, "nan")], "attention.csv:2"),
+        ("attention.csv", [("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us"), (0, 16, 1, 16, 1.0)], "attention.csv:2"),
+    ],
+)
+def test_bad_profile_rows_are_named_by_file_and_line(tmp_path, file, rows, where):
+    path = write_profile(tmp_path / "p", **{{"dense.csv": "dense", "per_sequence.csv": "seq", "attention.csv": "attention"}[file]: rows})
+    with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+        load_profile(path, num_layers=2)
+
+
+def test_timing_config_combinations(tmp_path):
+    with pytest.raises(ConfigError, match="timing.model is only used by timing.type=aic"):
+        load_config({"timing": {"model": "meta-llama/Meta-Llama-3.1-8B"}})
+    with pytest.raises(ConfigError, match="timing.profile is only used by timing.type=table"):
+        load_config({"timing": {"type": "aic", "model": "m", "gpu": "g", "profile": str(tmp_path)}})
+    with pytest.raises(ConfigError, match="timing.gpu must be set"):
+        load_config({"timing": {"type": "aic", "model": "meta-llama/Meta-Llama-3.1-8B"}})
+    with pytest.raises(ConfigError, match="timing.backend must be one of"):
+        load_config({"timing": {"type": "aic", "model": "m", "gpu": "g", "backend": "tgi"}})
+    with pytest.raises(ConfigError, match="timing.memory_fraction must be in"):
+        load_config({"timing": {"type": "aic", "model": "m", "gpu": "g", "memory_fraction": 1.5}})
+    with pytest.raises(ConfigError, match="num_blocks=auto .* needs timing.type=aic"):
+        load_config({"engine": {"aggregated": {"num_blocks": "auto"}}})
+    with pytest.raises(ConfigError, match="timing.profile must be set"):
+        load_config({"timing": {"type": "table"}})
+    with pytest.raises(ConfigError, match="timing.num_layers must be set"):
+        load_config({"timing": {"type": "table", "profile": RTXPRO_LLAMA}})
+    cfg = load_config({"timing": {"type": "aic", "model": "m", "gpu": "g"}, "engine": {"policy": "sglang"}})
+    assert (cfg.timing.backend, cfg.timing.tp, cfg.timing.memory_fraction) == ("sglang", 1, 0.9)
+    path = write_profile(tmp_path / "p")
+    with open(os.path.join(path, "meta.yaml"), "w") as handle:
+        handle.write("num_layers: 6\n")
+    assert load_config({"timing": {"type": "table", "profile": path}}).timing.num_layers == 6
+
+
+def test_aic_extra_is_optional_and_named_when_missing(monkeypatch):
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
+        extras = tomllib.load(handle)["project"]["optional-dependencies"]
+    assert not any("aiconfigurator" in dep for dep in extras["dev"])
+    assert extras["aic"] == ["aiconfigurator-core>=0.12,<0.13"]
+    from simcore.timing import aic
+
+    monkeypatch.setitem(sys.modules, "aiconfigurator_core", None)  # import fails as if absent
+    with pytest.raises(ConfigError, match=r"replaysim\[aic\]"):
+        aic.package_version()
+
+
+@pytest.mark.skipif(not HAS_AIC, reason="aiconfigurator-core (the replaysim[aic] extra) is not installed")
+def test_aic_tables_match_direct_calls_on_a_small_config():
+    """Builds (or loads from the disk cache) the tables of a small configuration, then checks
+    them against direct estimate_forward_pass_time_ms calls on random passes (< 1%)."""
+    import simcore
+    from simcore.timing import aic
+
+    cfg = {
+        "timing": {"type": "aic", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "h200_sxm"},
+        "engine": {"aggregated": {"max_batched_tokens": 480, "max_sequences": 32, "context_length": 4000, "num_blocks": "auto"}},
+        "workload": {"num_requests": 64, "input_tokens": 600, "output_tokens": 16},
+        "load": {"concurrency": 24},
+    }
+    timing = load_config(cfg).timing
+    assert (timing.pass_tokens_limit, timing.pass_sequences_limit, timing.context_limit) == (512, 32, 4096)
+    spec = aic.AicSpec.from_config(timing)
+    params, table, info = aic.load_or_build(spec)
+    assert info["max_rel_error"] < aic.MAX_REL_ERROR
+    stats = aic.self_check(spec, params, table, count=150)  # fresh passes, raises above 1%
+    assert stats["max_rel_error"] < 0.01
+    result = simcore.run(cfg)
+    assert result.summary["completed"] == 64
+    assert 0 < result.summary["mean_tpot_ms"] < 50
