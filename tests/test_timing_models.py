@@ -20,6 +20,7 @@ from simcore.timing.profile import load_profile, profile_arrays
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data", "llmservingsim-vllm-bench"))
 RTXPRO_LLAMA = os.path.join(DATA, "profiler", "RTXPRO6000", "meta-llama", "Llama-3.1-8B", "bf16", "tp1")
+needs_profile = pytest.mark.skipif(not os.path.isdir(RTXPRO_LLAMA), reason="the shared profiles are not beside this checkout")
 HAS_AIC = importlib.util.find_spec("aiconfigurator_core") is not None
 
 # ------------------------------------------------------------------ synthetic profile
@@ -88,6 +89,7 @@ def test_table_interpolation_matches_hand_computed_values(tmp_path):
     assert pass_ms(params, table, 0, 0, 0, 0, 0) == 0.0
 
 
+@needs_profile
 def test_table_grid_points_reproduce_the_csv_exactly():
     profile = load_profile(RTXPRO_LLAMA, num_layers=32)
     params, table = profile_arrays(profile)
@@ -109,6 +111,7 @@ def test_table_grid_points_reproduce_the_csv_exactly():
         assert profile.dense_pass[i] == pytest.approx(ops["embedding"] + ops["final_layernorm"], rel=1e-14)
 
 
+@needs_profile
 def test_real_rtxpro6000_profile_loads_and_drives_the_engine():
     import simcore
 
@@ -159,6 +162,7 @@ def test_bad_profile_rows_are_named_by_file_and_line(tmp_path, file, rows, where
         load_profile(path, num_layers=2)
 
 
+@needs_profile
 def test_timing_config_combinations(tmp_path):
     with pytest.raises(ConfigError, match="timing.model is only used by timing.type=aic"):
         load_config({"timing": {"model": "meta-llama/Meta-Llama-3.1-8B"}})
