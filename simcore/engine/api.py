@@ -79,7 +79,7 @@ def simulate_engine(
     record_passes: bool = False,
     detok_path: str = "auto",
 ) -> EngineRun:
-    """Replay ``requests`` through the configured aggregated deployment.
+    """Replay ``requests`` through the configured deployment (aggregated or P/D, any policy).
 
     Parameters
     ----------
