@@ -74,9 +74,13 @@ class _Fallback(Exception):
 class _Checks:
     """Row checks in order of preference: the first failing check names a bad row."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, problems: dict[int, str]):
+        """Start with the rows the reader already found unparsable (``problems``)."""
         self.n = n
         self.items: list[tuple[np.ndarray, Callable[[int], str]]] = []
+        rows = np.zeros(n, dtype=bool)
+        rows[list(problems)] = True
+        self.add(rows, problems.__getitem__)
 
     def add(self, mask: Any, describe: Callable[[int], str]) -> None:
         mask = np.asarray(mask, dtype=bool)
@@ -348,10 +352,7 @@ def _mooncake_rows(
     path: str, table: pa.Table, line: np.ndarray, problems: dict[int, str], with_times: bool, block_size: int
 ) -> _Trace:
     n = table.num_rows
-    checks = _Checks(n)
-    rows = np.zeros(n, dtype=bool)
-    rows[list(problems)] = True
-    checks.add(rows, problems.__getitem__)
+    checks = _Checks(n, problems)
 
     def column(name: str) -> pa.Array:
         return table.column(name).combine_chunks()
@@ -556,10 +557,7 @@ def _azure_rows(
     path: str, table: pa.Table, line: np.ndarray, problems: dict[int, str], with_times: bool
 ) -> _Trace:
     n = table.num_rows
-    checks = _Checks(n)
-    rows = np.zeros(n, dtype=bool)
-    rows[list(problems)] = True
-    checks.add(rows, problems.__getitem__)
+    checks = _Checks(n, problems)
     text = {name: _trimmed(table.column(name).combine_chunks()) for name in table.column_names}
     for name in table.column_names:
         checks.add(text[name].is_null().to_numpy(zero_copy_only=False), lambda row, c=name: f"{c} is missing")
