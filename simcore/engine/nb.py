@@ -32,6 +32,7 @@ from numba import njit
 from simcore.scheduler.kv_nb import kv_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
+    batch_summary_nb,
     POLICY_TRTLLM,
     build_sglang_batch_nb,
     build_vllm_batch_nb,
@@ -52,6 +53,10 @@ ROLE_PREFILL = 1
 ROLE_DECODE = 2
 
 NO_CAP = np.iinfo(np.int64).max
+
+# Flags of a pass output for the detokenizer's per-job costs.
+OUT_FIRST = 1  # the request's first token
+OUT_FINAL = 2  # the token that finished the request
 
 # Columns of the int64 pass log (one row per rank per pass).
 PASS_WORKER = 0
@@ -283,10 +288,6 @@ def simulate_engine_nb(
     pass_log_rows = 0
     num_emitted = 0
     num_handoffs = 0
-    base_ms = detok_params[0]
-    per_output_us = detok_params[1]
-    first_output_us = detok_params[2]
-    final_output_us = detok_params[3]
 
     # Per-request engine state.
     computed = np.zeros(n, dtype=np.int64)
@@ -300,7 +301,6 @@ def simulate_engine_nb(
     wait_tail = np.full(num_ranks, -1, dtype=np.int64)
     running = np.empty((num_ranks, rank_max_sequences.max()), dtype=np.int64)
     run_len = np.zeros(num_ranks, dtype=np.int64)
-    num_sched = np.zeros(num_ranks, dtype=np.int64)
     blocks_used = np.zeros(num_ranks, dtype=np.int64)
     rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
 
@@ -315,10 +315,11 @@ def simulate_engine_nb(
     detok_free = np.zeros(num_workers * detok_workers, dtype=np.int64)
     max_outputs = max_ranks * rank_max_sequences.max()
     out_token = np.empty(max_outputs, dtype=np.int64)
-    out_req = np.empty(max_outputs, dtype=np.int64)
-    out_final = np.zeros(max_outputs, dtype=np.bool_)
-    job_tokens = np.empty(max_outputs, dtype=np.int64)
-    job_final = np.zeros(max_outputs, dtype=np.bool_)
+    out_server = np.empty(max_outputs, dtype=np.int64)
+    out_flags = np.zeros(max_outputs, dtype=np.int64)
+    job_count = np.zeros(detok_workers, dtype=np.int64)
+    job_tokens = np.empty((detok_workers, max_outputs), dtype=np.int64)
+    job_flags = np.zeros((detok_workers, max_outputs), dtype=np.int64)
 
     # Event queues: engine arrivals by (instant, k); KV-transfer ends by
     # (instant, handoff number); closed-loop sends by instant.
@@ -409,8 +410,8 @@ def simulate_engine_nb(
                                             )
                                     elif detok_mode == DETOK_IN_KERNEL:
                                         out_token[num_out] = tok
-                                        out_req[num_out] = k
-                                        out_final[num_out] = leaves
+                                        out_server[num_out] = detok_server[k]
+                                        out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
                                         num_out += 1
                                     else:
                                         emit_log[num_emitted] = tok
@@ -422,37 +423,30 @@ def simulate_engine_nb(
                             running[g, keep] = k
                             keep += 1
                     run_len[g] = keep
-                    num_sched[g] = 0
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
                 # the server's outputs in rank then running order, cut in chunks.
                 if detok_mode == DETOK_IN_KERNEL and num_out > 0:
-                    for s in range(detok_workers):
-                        send_size = _detokenize_pass_nb(
-                            t,
-                            s,
-                            w * detok_workers + s,
-                            num_out,
-                            out_token,
-                            out_req,
-                            out_final,
-                            detok_server,
-                            token_offset,
-                            chunk_size,
-                            base_ms,
-                            per_output_us,
-                            first_output_us,
-                            final_output_us,
-                            detok_free,
-                            token_recv_ns,
-                            job_tokens,
-                            job_final,
-                            closed_loop,
-                            think_ns,
-                            send_key,
-                            send_val,
-                            send_size,
-                        )
+                    send_size = _detokenize_pass_nb(
+                        t,
+                        w * detok_workers,
+                        num_out,
+                        out_token,
+                        out_server,
+                        out_flags,
+                        chunk_size,
+                        detok_params,
+                        detok_free,
+                        token_recv_ns,
+                        job_count,
+                        job_tokens,
+                        job_flags,
+                        closed_loop,
+                        think_ns,
+                        send_key,
+                        send_val,
+                        send_size,
+                    )
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -513,27 +507,26 @@ def simulate_engine_nb(
                 worst_ms = 0.0
                 for r in range(num_dp):
                     g = first_rank + r
-                    for c in range(6):
-                        summary[r, c] = 0
                     if rank_policy[g] == POLICY_SGLANG:
                         preempted = build_sglang_batch_nb(
-                            g, r, t, input_tokens, output_tokens, generated, computed, held,
-                            sched_n, running, run_len, num_sched, blocks_used, wait_head,
+                            g, t, input_tokens, output_tokens, generated, computed, held,
+                            sched_n, running, run_len, blocks_used, wait_head,
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            summary, rank_max_sequences, rank_num_blocks, rank_block_size,
+                            rank_max_sequences, rank_num_blocks, rank_block_size,
                             rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
                         )
                     else:
                         preempted = build_vllm_batch_nb(
-                            g, r, t, input_tokens, output_tokens, generated, computed, held,
-                            sched_n, running, run_len, num_sched, blocks_used, wait_head,
+                            g, t, input_tokens, output_tokens, generated, computed, held,
+                            sched_n, running, run_len, blocks_used, wait_head,
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            summary, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
+                            rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
                             rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
                             worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
                             cached_tokens,
                         )
-                    if num_sched[g] > 0:
+                    batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
+                    if summary[r, 0] + summary[r, 3] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
                     ms = rank_time_ms_nb(
@@ -603,65 +596,62 @@ def _enter_rank_nb(
 @njit(cache=True)
 def _detokenize_pass_nb(
     t,
-    s,
-    server,
+    first_server,
     num_out,
     out_token,
-    out_req,
-    out_final,
-    detok_server,
-    token_offset,
+    out_server,
+    out_flags,
     chunk_size,
-    base_ms,
-    per_output_us,
-    first_output_us,
-    final_output_us,
+    detok_params,
     detok_free,
     token_recv_ns,
+    job_count,
     job_tokens,
-    job_final,
+    job_flags,
     closed_loop,
     think_ns,
     send_key,
     send_val,
     send_size,
 ):
-    """Queue one server's outputs of the pass ending at t as FIFO jobs (SPEC §7).
+    """Queue a worker's outputs of the pass ending at t as FIFO jobs (SPEC §7).
 
-    Stamps the receipts of the jobs' tokens and, in a closed loop, queues the
-    send released by each request-final token.  Returns the send-heap size.
+    A sweep over the outputs (rank, then running order) sorts them by server;
+    then each server's outputs are cut into jobs of at most ``chunk_size``
+    (0: no limit), served in order.  Servers are independent queues, so this
+    gives the same receipts as SPEC's job order.  Stamps the receipts and, in a
+    closed loop, queues the send released by each request-final token.
+    Returns the send-heap size.
     """
-    count = 0
-    n_first = 0
-    n_final = 0
-    for e in range(num_out + 1):
-        flush = e == num_out
-        if not flush:
-            k = out_req[e]
-            if detok_server[k] != s:
-                continue
-            job_tokens[count] = out_token[e]
-            job_final[count] = out_final[e]
-            count += 1
-            if out_token[e] == token_offset[k]:
-                n_first += 1
-            if out_final[e]:
-                n_final += 1
-            flush = count == chunk_size
-        if flush and count > 0:
+    for e in range(num_out):
+        s = out_server[e]
+        q = job_count[s]
+        job_tokens[s, q] = out_token[e]
+        job_flags[s, q] = out_flags[e]
+        job_count[s] = q + 1
+    for s in range(job_count.shape[0]):
+        count = job_count[s]
+        server = first_server + s
+        lo = 0
+        while lo < count:
+            hi = count if chunk_size == 0 else min(lo + chunk_size, count)
+            n_first = 0
+            n_final = 0
+            for q in range(lo, hi):
+                n_first += job_flags[s, q] & OUT_FIRST
+                n_final += job_flags[s, q] >> 1
             ms = (
-                base_ms
-                + per_output_us * count / 1000
-                + first_output_us * n_first / 1000
-                + final_output_us * n_final / 1000
+                detok_params[0]
+                + detok_params[1] * (hi - lo) / 1000
+                + detok_params[2] * n_first / 1000
+                + detok_params[3] * n_final / 1000
             )
             end = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
             detok_free[server] = end
-            for q in range(count):
-                token_recv_ns[job_tokens[q]] = end
-                if closed_loop and job_final[q]:
+            for q in range(lo, hi):
+                token_recv_ns[job_tokens[s, q]] = end
+                if closed_loop and job_flags[s, q] & OUT_FINAL:
                     send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
-            count = 0
-            n_first = 0
-            n_final = 0
+            lo = hi
+        job_count[s] = 0
     return send_size
