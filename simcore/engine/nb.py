@@ -317,7 +317,10 @@ def simulate_engine_nb(
     out_token = np.empty(max_outputs, dtype=np.int64)
     out_server = np.empty(max_outputs, dtype=np.int64)
     out_flags = np.zeros(max_outputs, dtype=np.int64)
-    job_count = np.zeros(detok_workers, dtype=np.int64)
+    job_count = np.zeros(detok_workers, dtype=np.int64)  # outputs in each server's job
+    job_firsts = np.zeros(detok_workers, dtype=np.int64)  # of which request-first tokens
+    job_finals = np.zeros(detok_workers, dtype=np.int64)  # of which request-final tokens
+    job_ends = np.zeros(detok_workers, dtype=np.int64)
     job_tokens = np.empty((detok_workers, max_outputs), dtype=np.int64)
     job_flags = np.zeros((detok_workers, max_outputs), dtype=np.int64)
 
@@ -409,10 +412,16 @@ def simulate_engine_nb(
                                                 send_key, send_val, send_size, t + think_ns, 0
                                             )
                                     elif detok_mode == DETOK_IN_KERNEL:
+                                        srv = detok_server[k]
                                         out_token[num_out] = tok
-                                        out_server[num_out] = detok_server[k]
+                                        out_server[num_out] = srv
                                         out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
                                         num_out += 1
+                                        # The server's job so far (one job per server
+                                        # per pass unless chunked).
+                                        job_count[srv] += 1
+                                        job_firsts[srv] += j == 0
+                                        job_finals[srv] += leaves
                                     else:
                                         emit_log[num_emitted] = tok
                                     num_emitted += 1
@@ -439,6 +448,9 @@ def simulate_engine_nb(
                         detok_free,
                         token_recv_ns,
                         job_count,
+                        job_firsts,
+                        job_finals,
+                        job_ends,
                         job_tokens,
                         job_flags,
                         closed_loop,
@@ -606,6 +618,9 @@ def _detokenize_pass_nb(
     detok_free,
     token_recv_ns,
     job_count,
+    job_firsts,
+    job_finals,
+    job_ends,
     job_tokens,
     job_flags,
     closed_loop,
@@ -617,12 +632,40 @@ def _detokenize_pass_nb(
     """Queue a worker's outputs of the pass ending at t as FIFO jobs (SPEC §7).
 
     A sweep over the outputs (rank, then running order) sorts them by server;
-    then each server's outputs are cut into jobs of at most ``chunk_size``
-    (0: no limit), served in order.  Servers are independent queues, so this
+    then each server's outputs are cut into jobs of at most ``chunk_size``,
+    served in order.  Without chunking a server has one job, whose counts
+    (``job_count``, ``job_firsts``, ``job_finals``) the pass end kept as it
+    emitted: a single sweep stamps the job ends.  Servers are independent queues, so this
     gives the same receipts as SPEC's job order.  Stamps the receipts and, in a
     closed loop, queues the send released by each request-final token.
     Returns the send-heap size.
     """
+    if chunk_size == 0:
+        # One job per server, counted as the pass emitted: serve, then stamp.
+        for s in range(job_count.shape[0]):
+            if job_count[s] > 0:
+                ms = (
+                    detok_params[0]
+                    + detok_params[1] * job_count[s] / 1000
+                    + detok_params[2] * job_firsts[s] / 1000
+                    + detok_params[3] * job_finals[s] / 1000
+                )
+                server = first_server + s
+                job_ends[s] = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
+                detok_free[server] = job_ends[s]
+            job_count[s] = 0
+            job_firsts[s] = 0
+            job_finals[s] = 0
+        for e in range(num_out):
+            end = job_ends[out_server[e]]
+            token_recv_ns[out_token[e]] = end
+            if closed_loop and out_flags[e] & OUT_FINAL:
+                send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
+        return send_size
+    # Chunked: the sweep below places every output in its job and counts per job.
+    job_count[:] = 0
+    job_firsts[:] = 0
+    job_finals[:] = 0
     for e in range(num_out):
         s = out_server[e]
         q = job_count[s]
@@ -634,7 +677,7 @@ def _detokenize_pass_nb(
         server = first_server + s
         lo = 0
         while lo < count:
-            hi = count if chunk_size == 0 else min(lo + chunk_size, count)
+            hi = min(lo + chunk_size, count)
             n_first = 0
             n_final = 0
             for q in range(lo, hi):
