@@ -14,6 +14,7 @@ import pyarrow as pa
 from simcore.config import GoodputConfig, MetricsConfig
 from simcore.engine import nb
 from simcore.engine.api import EngineRun
+from simcore.metrics.nb import itl_gaps_nb, receipts_nb
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
 from simcore.units import NOT_YET
 
@@ -39,19 +40,13 @@ class RequestColumns:
     """Per-request instants and metrics derived from an engine run (int64 ns)."""
 
     def __init__(self, run: EngineRun):
-        offset = run.token_offset
-        recv = run.token_recv_ns
-        # A request's receipts are non-decreasing in token order (one FIFO
-        # server), so the tokens received by the cap are a prefix of its tokens.
-        received_before = np.concatenate(([0], np.cumsum(recv != NOT_YET)))
-        num_received = received_before[offset[1:]] - received_before[offset[:-1]]
+        n = run.generated.shape[0]
+        num_received = np.empty(n, dtype=np.int64)
+        self.first_recv_ns = np.empty(n, dtype=np.int64)
+        self.last_recv_ns = np.empty(n, dtype=np.int64)
+        receipts_nb(run.token_offset, run.token_recv_ns, num_received, self.first_recv_ns, self.last_recv_ns)
+        self.num_received = num_received
         has_first = num_received > 0
-        last = np.maximum(recv.shape[0] - 1, 0)
-        padded = recv if recv.shape[0] else np.full(1, NOT_YET, dtype=np.int64)
-        first_index = np.minimum(offset[:-1], last)
-        last_index = np.clip(offset[:-1] + num_received - 1, 0, last)
-        self.first_recv_ns = np.where(has_first, padded[first_index], NOT_YET)
-        self.last_recv_ns = np.where(has_first, padded[last_index], NOT_YET)
 
         final_received = (run.finish_ns != NOT_YET) & (num_received == run.generated) & has_first
         self.status = np.full(run.generated.shape[0], INCOMPLETE, dtype=np.int8)
@@ -86,14 +81,10 @@ class RequestColumns:
 
     def itl_ms(self) -> np.ndarray:
         """Every gap between consecutive receipts of one completed request, pooled."""
-        run = self.run
-        recv = run.token_recv_ns
-        if recv.size < 2:
-            return np.zeros(0)
-        request_of_token = np.repeat(np.arange(run.generated.shape[0]), np.diff(run.token_offset))
-        same = request_of_token[1:] == request_of_token[:-1]
-        usable = same & self.completed[request_of_token[1:]] & (recv[1:] != NOT_YET) & (recv[:-1] != NOT_YET)
-        return (recv[1:][usable] - recv[:-1][usable]) / 1e6
+        gaps = np.maximum(self.num_received - 1, 0)
+        out = np.empty(int(gaps[self.completed].sum()), dtype=np.float64)
+        itl_gaps_nb(self.run.token_offset, self.run.token_recv_ns, self.num_received, self.completed, out)
+        return out
 
 
 def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns) -> pa.Table:
