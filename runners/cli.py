@@ -35,6 +35,7 @@ from runners.sweep import (
     Point,
     RunnerOptions,
     job_points,
+    presimulate,
     record_failure,
     run_point,
     say,
@@ -203,9 +204,9 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
     progress = Progress(len(points), "batch")
-    for point in points:
+    for point, simulated in zip(points, presimulate(points, options)):
         try:
-            run_point(point, options, isolate=False)
+            run_point(point, options, isolate=False, simulated=simulated)
         except ConfigError as exc:  # a bad request table or trace
             fail(f"{point.run_id}: {exc}")
         progress.update()
@@ -262,8 +263,8 @@ def task(cfg: DictConfig) -> None:
     if not multirun:
         batch_run(points, options, root)
         return
-    for point in points:
-        run_point(point, options, isolate=True)
+    for point, simulated in zip(points, presimulate(points, options)):
+        run_point(point, options, isolate=True, simulated=simulated)
 
 
 def main() -> None:

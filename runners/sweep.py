@@ -22,7 +22,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -279,16 +279,68 @@ def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result,
     pyarrow.Table or None
         The tokens table, when recorded.
     """
+    return _as_asked(config, simcore.run(_config_to_run(config, options)))
+
+
+def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:
+    """``config``, recording tokens when the ``vllm_bench.json`` export needs them."""
     if not options.vllm_bench or config.output.tokens:
-        result = simcore.run(config)
-        return result, result.tokens
+        return config
     resolved = _plain(config.resolved)
     resolved["output"]["tokens"] = True
-    result = simcore.run(load_config(resolved))
+    return load_config(resolved)
+
+
+def _as_asked(config: SimConfig, result: simcore.Result) -> tuple[simcore.Result, pa.Table | None]:
+    if result.config is config:
+        return result, result.tokens
     return dataclasses.replace(result, tokens=None, config=config), result.tokens
 
 
-def run_point(point: Point, options: RunnerOptions, *, isolate: bool, quiet: bool = False) -> str:
+#: Points simulated together by :func:`presimulate` (bounds the results held at once).
+BATCH_CHUNK = 256
+
+
+def presimulate(points: Sequence[Point], options: RunnerOptions) -> Iterator[tuple[simcore.Result, pa.Table | None] | None]:
+    """Simulate a job's batch points together (:func:`simcore.run_batch`), ahead of :func:`run_point`.
+
+    Yields, per point in order, what :func:`simulate` would return, or None
+    when the point is left to :func:`run_point` (an invalid configuration, a
+    point that will be skipped, a lone point, or a chunk in which some point
+    raised: its points then run one by one, so failures stay isolated).
+    Chunks of ``BATCH_CHUNK`` points are simulated as they are consumed.
+    """
+    for start in range(0, len(points), BATCH_CHUNK):
+        chunk = points[start : start + BATCH_CHUNK]
+        configs: dict[int, SimConfig] = {}
+        for index, point in enumerate(chunk):
+            try:
+                config = load_config(point.mapping)
+            except Exception:
+                continue  # run_point reports it
+            if not options.force and (point.dir / SUMMARY_FILE).exists() and _same_config(point.dir, config.resolved):
+                continue
+            configs[index] = config
+        done: dict[int, tuple[simcore.Result, pa.Table | None]] = {}
+        if len(configs) > 1:
+            try:
+                results = simcore.run_batch([_config_to_run(c, options) for c in configs.values()])
+            except Exception:
+                results = None
+            if results is not None:
+                done = {i: _as_asked(configs[i], r) for i, r in zip(configs, results)}
+        for index in range(len(chunk)):
+            yield done.get(index)
+
+
+def run_point(
+    point: Point,
+    options: RunnerOptions,
+    *,
+    isolate: bool,
+    quiet: bool = False,
+    simulated: tuple[simcore.Result, pa.Table | None] | None = None,
+) -> str:
     """Simulate one point into its directory, unless it is done already.
 
     Parameters
@@ -303,6 +355,8 @@ def run_point(point: Point, options: RunnerOptions, *, isolate: bool, quiet: boo
         2 on bad input).
     quiet : bool
         Print nothing (the caller reports).
+    simulated : tuple, optional
+        The point's :func:`simulate` output, computed ahead (:func:`presimulate`).
 
     Returns
     -------
@@ -319,7 +373,7 @@ def run_point(point: Point, options: RunnerOptions, *, isolate: bool, quiet: boo
             if not quiet:
                 say(f"{point.run_id}: skipped (summary.json exists; force=true reruns it)")
             return "skipped"
-        result, tokens = simulate(config, options)
+        result, tokens = simulated if simulated is not None else simulate(config, options)
         columns = params.id_columns(point.run_id, config.seed, point.keys, values)
         extra = {}
         if options.vllm_bench:
@@ -537,6 +591,7 @@ __all__ = [
     "Point",
     "RunnerOptions",
     "job_points",
+    "presimulate",
     "record_failure",
     "run_point",
     "say",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from simcore.config import SimConfig, load_config
-from simcore.engine.api import simulate_engine
+from simcore.engine.api import prepare, run_prepared, simulate_engine
+from simcore.engine.batch import batch_key, run_prepared_batch
 from simcore.metrics.api import (
     RequestColumns,
     passes_table,
@@ -64,11 +65,62 @@ def run(config: Mapping[str, Any] | SimConfig | None = None, requests: pa.Table 
     -------
     Result
     """
+    cfg, table, send_ns = _inputs(config, requests)
+    engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes)
+    return _result(cfg, table, engine)
+
+
+def run_batch(
+    configs: Sequence[Mapping[str, Any] | SimConfig | None], requests: pa.Table | None = None
+) -> list[Result]:
+    """Simulate many configurations; those of one shape share one parallel kernel call.
+
+    Configurations whose requests count, output lengths, workers and ranks,
+    detokenization mode and prefix-cache sizes agree (and that record no pass
+    log) run together in ``simcore.engine.batch`` (``prange`` over
+    configurations, ``NUMBA_NUM_THREADS`` threads); the rest run one by one as
+    in :func:`run`.  Every result equals what :func:`run` gives for its
+    configuration.
+
+    Parameters
+    ----------
+    configs : sequence of (mapping or SimConfig)
+        The configurations, as for :func:`run`.
+    requests : pyarrow.Table, optional
+        A request table that replaces every configuration's workload.
+
+    Returns
+    -------
+    list of Result
+        In the order of ``configs``.
+    """
+    inputs = [_inputs(config, requests) for config in configs]
+    preps = [
+        prepare(cfg, table, send_ns, record_passes=cfg.output.passes) for cfg, table, send_ns in inputs
+    ]
+    groups: dict[tuple, list[int]] = {}
+    for index, prep in enumerate(preps):
+        groups.setdefault(batch_key(prep) if not prep.record_passes else ("single", index), []).append(index)
+    engines: list = [None] * len(preps)
+    for members in groups.values():
+        if len(members) == 1:
+            engines[members[0]] = run_prepared(preps[members[0]])
+            continue
+        for index, engine in zip(members, run_prepared_batch([preps[i] for i in members])):
+            engines[index] = engine
+    return [_result(cfg, table, engine) for (cfg, table, _), engine in zip(inputs, engines)]
+
+
+def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | None):
+    """The validated config, its request table and open-loop send instants (None: closed loop)."""
     cfg = config if isinstance(config, SimConfig) else load_config(config)
     rng = np.random.default_rng(cfg.seed)
     table = build_requests(cfg, requests, rng)
     send_ns = send_instants_ns(cfg.load, table, rng)
-    engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes)
+    return cfg, table, send_ns
+
+
+def _result(cfg: SimConfig, table, engine) -> Result:
     cols = RequestColumns(engine)
     summary = summarize(cols, table.input_tokens, cfg.metrics)
     summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)

@@ -71,6 +71,64 @@ class EngineRun:
     pass_ms: np.ndarray | None
 
 
+#: The kernel's input arguments, in order (``simulate_engine_nb``).  ``send_ns``
+#: is an in/out buffer and ``prefix_cache`` mutable state: both are allocated
+#: per call; every other value is prepared once by :func:`prepare`.
+KERNEL_INPUTS = (
+    "input_tokens", "output_tokens", "token_offset", "send_ns", "closed_loop", "concurrency",
+    "think_ns", "recv_rank", "tok_server", "tok_service_ns", "num_tok_servers", "transfer_ns",
+    "detok_mode", "detok_server", "detok_workers", "detok_params", "chunk_size", "worker_role",
+    "worker_first_rank", "worker_num_ranks", "num_decode_workers", "rank_max_batched_tokens",
+    "rank_max_sequences", "rank_num_blocks", "rank_block_size", "rank_seq_limit", "rank_policy",
+    "rank_chunk_tokens", "rank_max_prefill_tokens", "ratio_params", "rank_prefix_caching",
+    "prefix_cache", "timing_model", "timing_params", "timing_table", "cap_ns",
+)
+#: The kernel's caller-allocated outputs, in order (see :func:`_allocate`).
+KERNEL_OUTPUTS = (
+    "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
+    "transfer_end_ns", "decode_rank", "cached_tokens", "generated", "num_preemptions",
+    "token_emit_ns", "token_recv_ns", "emit_log", "pass_log", "pass_ms", "bad_batch",
+)
+
+
+@dataclass
+class Prepared:
+    """One configuration's kernel inputs and what turning its outputs into an EngineRun needs.
+
+    ``args`` holds every name of ``KERNEL_INPUTS`` but ``send_ns`` (``send``
+    gives the open-loop instants) and ``prefix_cache`` (:meth:`prefix_cache`
+    allocates a fresh state).
+    """
+
+    cfg: SimConfig
+    args: dict
+    send: np.ndarray | None
+    n: int
+    num_tokens: int
+    pass_rows: int
+    record_passes: bool
+    worker: np.ndarray
+    rank: np.ndarray
+    topo: dict
+    cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
+
+    @property
+    def closed(self) -> bool:
+        return self.args["closed_loop"]
+
+    @property
+    def mode(self) -> int:
+        return self.args["detok_mode"]
+
+    def prefix_cache(self) -> tuple:
+        return allocate_prefix_cache(*self.cache_shape)
+
+    def kernel_args(self, out: dict, prefix_cache: tuple) -> list:
+        """Positional arguments of ``simulate_engine_nb`` with the outputs ``out``."""
+        args = dict(self.args, send_ns=out["send_ns"], prefix_cache=prefix_cache)
+        return [args[name] for name in KERNEL_INPUTS] + [out[name] for name in KERNEL_OUTPUTS]
+
+
 def simulate_engine(
     cfg: SimConfig,
     requests: RequestTable,
@@ -94,6 +152,32 @@ def simulate_engine(
         closed loop, vectorised after the run in an open loop.  The two agree
         exactly; a closed loop cannot use ``after_run``.
     """
+    return run_prepared(prepare(cfg, requests, send_ns, record_passes=record_passes, detok_path=detok_path))
+
+
+def run_prepared(prep: Prepared) -> EngineRun:
+    """Run one prepared configuration (:func:`prepare`) through the kernel."""
+    pass_rows = prep.pass_rows
+    while True:
+        out = _allocate(prep.n, prep.num_tokens, prep.mode, pass_rows)
+        if not prep.closed:
+            out["send_ns"][:] = prep.send
+        status, rows, num_emitted = nb.simulate_engine_nb(*prep.kernel_args(out, prep.prefix_cache()))
+        if status != nb.PASS_LOG_FULL:
+            break
+        pass_rows *= 2
+    return finish(prep, out, status, rows, num_emitted)
+
+
+def prepare(
+    cfg: SimConfig,
+    requests: RequestTable,
+    send_ns: np.ndarray | None,
+    *,
+    record_passes: bool = False,
+    detok_path: str = "auto",
+) -> Prepared:
+    """Validate and build the kernel inputs of one configuration (see :func:`simulate_engine`)."""
     if detok_path not in DETOK_PATHS:
         raise ValueError(f"detok_path must be one of {DETOK_PATHS}, got {detok_path!r}")
     closed = cfg.load.closed_loop
@@ -140,7 +224,6 @@ def simulate_engine(
         mode = nb.DETOK_IN_KERNEL
     else:
         mode = nb.DETOK_DEFERRED
-    detok_server = server_index(requests.request_id, detok.workers)
     timing_model, timing_params, timing_table = timing_arrays(cfg.timing)
     cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms)
 
@@ -154,69 +237,61 @@ def simulate_engine(
         pass_rows = (num_tokens + chunks * len(pools) + len(topo["worker_role"])) * int(
             topo["worker_num_ranks"].max()
         )
-    while True:
-        out = _allocate(n, num_tokens, mode, pass_rows)
-        prefix_cache = allocate_prefix_cache(num_slots, len(rank_prefix_caching), ident_offset, ident)
-        if not closed:
-            out["send_ns"][:] = send_ns
-        status, rows, num_emitted = nb.simulate_engine_nb(
-            input_tokens,
-            output_tokens,
-            token_offset,
-            out["send_ns"],
-            closed,
-            cfg.load.concurrency,
-            ms_to_ns(cfg.load.think_time_ms),
-            recv_rank,
-            tok_server,
-            tok_service,
-            receiving.replicas * tok.workers,
-            transfer_ns,
-            mode,
-            detok_server,
-            detok.workers,
-            detokenization_params(detok),
-            detok.chunk_size or 0,
-            topo["worker_role"],
-            topo["worker_first_rank"],
-            topo["worker_num_ranks"],
-            pools[-1].replicas if cfg.engine.mode == "disaggregated" else 0,
-            topo["rank_max_batched_tokens"],
-            topo["rank_max_sequences"],
-            topo["rank_num_blocks"],
-            topo["rank_block_size"],
-            topo["rank_seq_limit"],
-            topo["rank_policy"],
-            topo["rank_chunk_tokens"],
-            topo["rank_max_prefill_tokens"],
-            topo["ratio_params"],
-            rank_prefix_caching,
-            prefix_cache,
-            timing_model,
-            timing_params,
-            timing_table,
-            nb.NO_CAP if cap_ns is None else cap_ns,
-            out["arrival_ns"],
-            out["first_admit_ns"],
-            out["first_emit_ns"],
-            out["finish_ns"],
-            out["reject_ns"],
-            out["handoff_ns"],
-            out["transfer_end_ns"],
-            out["decode_rank"],
-            out["cached_tokens"],
-            out["generated"],
-            out["num_preemptions"],
-            out["token_emit_ns"],
-            out["token_recv_ns"],
-            out["emit_log"],
-            out["pass_log"],
-            out["pass_ms"],
-            out["bad_batch"],
-        )
-        if status != nb.PASS_LOG_FULL:
-            break
-        pass_rows *= 2
+    args = {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "token_offset": token_offset,
+        "closed_loop": closed,
+        "concurrency": cfg.load.concurrency,
+        "think_ns": ms_to_ns(cfg.load.think_time_ms),
+        "recv_rank": recv_rank,
+        "tok_server": tok_server,
+        "tok_service_ns": tok_service,
+        "num_tok_servers": receiving.replicas * tok.workers,
+        "transfer_ns": transfer_ns,
+        "detok_mode": mode,
+        "detok_server": server_index(requests.request_id, detok.workers),
+        "detok_workers": detok.workers,
+        "detok_params": detokenization_params(detok),
+        "chunk_size": detok.chunk_size or 0,
+        "worker_role": topo["worker_role"],
+        "worker_first_rank": topo["worker_first_rank"],
+        "worker_num_ranks": topo["worker_num_ranks"],
+        "num_decode_workers": pools[-1].replicas if cfg.engine.mode == "disaggregated" else 0,
+        "rank_max_batched_tokens": topo["rank_max_batched_tokens"],
+        "rank_max_sequences": topo["rank_max_sequences"],
+        "rank_num_blocks": topo["rank_num_blocks"],
+        "rank_block_size": topo["rank_block_size"],
+        "rank_seq_limit": topo["rank_seq_limit"],
+        "rank_policy": topo["rank_policy"],
+        "rank_chunk_tokens": topo["rank_chunk_tokens"],
+        "rank_max_prefill_tokens": topo["rank_max_prefill_tokens"],
+        "ratio_params": topo["ratio_params"],
+        "rank_prefix_caching": rank_prefix_caching,
+        "timing_model": timing_model,
+        "timing_params": timing_params,
+        "timing_table": timing_table,
+        "cap_ns": nb.NO_CAP if cap_ns is None else cap_ns,
+    }
+    return Prepared(
+        cfg=cfg,
+        args=args,
+        send=None if closed else send_ns,
+        n=n,
+        num_tokens=num_tokens,
+        pass_rows=pass_rows,
+        record_passes=record_passes,
+        worker=worker,
+        rank=rank,
+        topo=topo,
+        cache_shape=(num_slots, len(rank_prefix_caching), ident_offset, ident),
+    )
+
+
+def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) -> EngineRun:
+    """Turn one configuration's kernel outputs into its EngineRun (or its timing error)."""
+    cfg = prep.cfg
+    topo, worker = prep.topo, prep.worker
     if status == nb.BAD_TIMING:
         b = out["bad_batch"]
         raise ConfigError(
@@ -225,16 +300,20 @@ def simulate_engine(
             f"prefill_kv_tokens={int(b[4])}, num_decode={int(b[5])}, decode_kv_tokens={int(b[6])}); "
             "a pass time must be finite and >= 0"
         )
+    cap_ns = None if prep.args["cap_ns"] == nb.NO_CAP else prep.args["cap_ns"]
+    token_offset = prep.args["token_offset"]
+    detok = cfg.detokenization
 
     token_recv = out["token_recv_ns"]
-    if mode == nb.DETOK_DEFERRED:
+    if prep.mode == nb.DETOK_DEFERRED:
         emit_log = out["emit_log"][:num_emitted]
-        request_of_token = np.repeat(k, output_tokens)
+        request_of_token = np.repeat(np.arange(prep.n, dtype=np.int64), prep.args["output_tokens"])
         finished = out["finish_ns"] >= 0
-        is_final = np.zeros(num_tokens, dtype=bool)
+        is_final = np.zeros(prep.num_tokens, dtype=bool)
         is_final[(token_offset[:-1] + out["generated"] - 1)[finished]] = True
-        is_first = np.zeros(num_tokens, dtype=bool)
+        is_first = np.zeros(prep.num_tokens, dtype=bool)
         is_first[token_offset[:-1]] = True
+        detok_server = prep.args["detok_server"]
         token_recv = detokenize_after_run(
             emit_log,
             out["token_emit_ns"],
@@ -250,7 +329,7 @@ def simulate_engine(
         out["send_ns"][out["send_ns"] > cap_ns] = -1
 
     pass_log = pass_ms = None
-    if record_passes:
+    if prep.record_passes:
         pass_log = out["pass_log"][:rows]
         pass_ms = out["pass_ms"][:rows]
         if cap_ns is not None:
@@ -271,7 +350,7 @@ def simulate_engine(
         generated=out["generated"],
         num_preemptions=out["num_preemptions"],
         worker=worker,
-        rank=rank,
+        rank=prep.rank,
         cached_tokens=out["cached_tokens"],
         prompt_done_ns=out["handoff_ns"] if cfg.engine.mode == "disaggregated" else out["first_emit_ns"],
         transfer_end_ns=out["transfer_end_ns"],
@@ -331,10 +410,15 @@ def _topology(pools, policy: str) -> dict[str, np.ndarray]:
     }
 
 
-def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int) -> dict[str, np.ndarray]:
-    """Caller-allocated kernel outputs, initialised to their "not yet" values."""
+def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int, batch: int | None = None) -> dict[str, np.ndarray]:
+    """Caller-allocated kernel outputs, initialised to their "not yet" values.
+
+    ``batch``: a leading axis of that many configurations on every output but
+    the (shared, then empty) pass log.
+    """
+    lead = () if batch is None else (batch,)
     out = {
-        name: np.full(n, -1, dtype=np.int64)
+        name: np.full(lead + (n,), -1, dtype=np.int64)
         for name in (
             "send_ns",
             "arrival_ns",
@@ -347,13 +431,13 @@ def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int) -> dict[str, n
             "decode_rank",
         )
     }
-    out["generated"] = np.zeros(n, dtype=np.int64)
-    out["cached_tokens"] = np.zeros(n, dtype=np.int64)
-    out["num_preemptions"] = np.zeros(n, dtype=np.int64)
-    out["token_emit_ns"] = np.full(num_tokens, -1, dtype=np.int64)
-    out["token_recv_ns"] = np.full(num_tokens, -1, dtype=np.int64)
-    out["emit_log"] = np.empty(num_tokens if mode == nb.DETOK_DEFERRED else 0, dtype=np.int64)
+    out["generated"] = np.zeros(lead + (n,), dtype=np.int64)
+    out["cached_tokens"] = np.zeros(lead + (n,), dtype=np.int64)
+    out["num_preemptions"] = np.zeros(lead + (n,), dtype=np.int64)
+    out["token_emit_ns"] = np.full(lead + (num_tokens,), -1, dtype=np.int64)
+    out["token_recv_ns"] = np.full(lead + (num_tokens,), -1, dtype=np.int64)
+    out["emit_log"] = np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64)
     out["pass_log"] = np.zeros((pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64)
     out["pass_ms"] = np.zeros(pass_rows, dtype=np.float64)
-    out["bad_batch"] = np.zeros(8, dtype=np.float64)
+    out["bad_batch"] = np.zeros(lead + (8,), dtype=np.float64)
     return out

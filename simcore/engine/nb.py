@@ -27,7 +27,7 @@ at ``receipt + think``, which is the same instant SPEC §2 gives it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from simcore.scheduler.kv_nb import kv_release_nb
 from simcore.scheduler.nb import (
@@ -584,6 +584,158 @@ def simulate_engine_nb(
                 # Only preemptions happened: try again at once (SPEC §5 (e)).
 
     return OK, pass_log_rows, num_emitted
+
+
+
+@njit(cache=True, parallel=True)
+def simulate_batch_nb(
+    input_tokens,
+    output_tokens,
+    token_offset,
+    send_ns,
+    closed_loop,
+    concurrency,
+    think_ns,
+    recv_rank,
+    tok_server,
+    tok_service_ns,
+    num_tok_servers,
+    transfer_ns,
+    detok_mode,
+    detok_server,
+    detok_workers,
+    detok_params,
+    chunk_size,
+    worker_role,
+    worker_first_rank,
+    worker_num_ranks,
+    num_decode_workers,
+    rank_max_batched_tokens,
+    rank_max_sequences,
+    rank_num_blocks,
+    rank_block_size,
+    rank_seq_limit,
+    rank_policy,
+    rank_chunk_tokens,
+    rank_max_prefill_tokens,
+    ratio_params,
+    rank_prefix_caching,
+    prefix_cache,
+    timing_model,
+    timing_params,
+    timing_table,
+    cap_ns,
+    arrival_ns,
+    first_admit_ns,
+    first_emit_ns,
+    finish_ns,
+    reject_ns,
+    handoff_ns,
+    transfer_end_ns,
+    decode_rank,
+    cached_tokens,
+    generated,
+    num_preemptions,
+    token_emit_ns,
+    token_recv_ns,
+    emit_log,
+    pass_log,
+    pass_ms,
+    bad_batch,
+    status,
+):
+    """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
+
+    Configuration ``c`` reads row ``c`` of every per-configuration array and
+    writes row ``c`` of every output; the arguments keep the names and order of
+    ``simulate_engine_nb`` (plus ``status``).  "One shape": the same requests
+    count ``n`` and output lengths (``output_tokens``, ``token_offset``: the
+    per-token arrays have one width), the same workers and ranks
+    (``worker_*``, ``num_decode_workers``, ``recv_rank``), one ``detok_mode``
+    and no pass log; these are shared 1-D arrays or scalars.
+
+    Per configuration (leading axis C): ``input_tokens``, ``send_ns``,
+    ``tok_server``, ``tok_service_ns``, ``transfer_ns``, ``detok_server``
+    (C, n); ``closed_loop``, ``concurrency``, ``think_ns``,
+    ``num_tok_servers``, ``detok_workers``, ``chunk_size``, ``timing_model``,
+    ``cap_ns`` (C,); ``detok_params`` (C, 4); the ``rank_*`` limits and
+    ``rank_prefix_caching`` (C, ranks); ``ratio_params`` (C, ranks, 3);
+    ``timing_params`` and ``timing_table`` (C, width), zero padded;
+    ``prefix_cache``: the 15 arrays of ``simcore.scheduler.kv_nb``, each
+    stacked to (C, length) (every configuration's state has the same lengths).
+
+    Outputs: the per-request outputs (C, n), ``token_emit_ns`` /
+    ``token_recv_ns`` (C, tokens), ``emit_log`` (C, tokens or 0),
+    ``bad_batch`` (C, 8), initialised as for ``simulate_engine_nb``;
+    ``pass_log`` (0, ``PASS_LOG_COLUMNS``) and ``pass_ms`` (0,) are shared and
+    empty; ``status`` (C, 3) receives each configuration's ``(status,
+    num_pass_rows, num_emitted)``.
+    """
+    num_configs = send_ns.shape[0]
+    for c in prange(num_configs):
+        pc = prefix_cache
+        state = (
+            pc[0][c], pc[1][c], pc[2][c], pc[3][c], pc[4][c], pc[5][c], pc[6][c], pc[7][c],
+            pc[8][c], pc[9][c], pc[10][c], pc[11][c], pc[12][c], pc[13][c], pc[14][c],
+        )
+        code, rows, emitted = simulate_engine_nb(
+            input_tokens[c],
+            output_tokens,
+            token_offset,
+            send_ns[c],
+            closed_loop[c],
+            concurrency[c],
+            think_ns[c],
+            recv_rank,
+            tok_server[c],
+            tok_service_ns[c],
+            num_tok_servers[c],
+            transfer_ns[c],
+            detok_mode,
+            detok_server[c],
+            detok_workers[c],
+            detok_params[c],
+            chunk_size[c],
+            worker_role,
+            worker_first_rank,
+            worker_num_ranks,
+            num_decode_workers,
+            rank_max_batched_tokens[c],
+            rank_max_sequences[c],
+            rank_num_blocks[c],
+            rank_block_size[c],
+            rank_seq_limit[c],
+            rank_policy[c],
+            rank_chunk_tokens[c],
+            rank_max_prefill_tokens[c],
+            ratio_params[c],
+            rank_prefix_caching[c],
+            state,
+            timing_model[c],
+            timing_params[c],
+            timing_table[c],
+            cap_ns[c],
+            arrival_ns[c],
+            first_admit_ns[c],
+            first_emit_ns[c],
+            finish_ns[c],
+            reject_ns[c],
+            handoff_ns[c],
+            transfer_end_ns[c],
+            decode_rank[c],
+            cached_tokens[c],
+            generated[c],
+            num_preemptions[c],
+            token_emit_ns[c],
+            token_recv_ns[c],
+            emit_log[c],
+            pass_log,
+            pass_ms,
+            bad_batch[c],
+        )
+        status[c, 0] = code
+        status[c, 1] = rows
+        status[c, 2] = emitted
 
 
 @njit(cache=True)

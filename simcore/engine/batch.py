@@ -1,0 +1,166 @@
+"""Batched engine replay: many configurations of one shape in one parallel kernel call.
+
+``simulate_engine_batch`` prepares each configuration exactly as
+:func:`simcore.engine.api.simulate_engine` does (:func:`~simcore.engine.api.prepare`),
+stacks the per-configuration inputs into 2-D arrays, runs
+``nb.simulate_batch_nb`` once (``prange`` over configurations) and turns row
+``c`` of the outputs into the EngineRun that ``simulate_engine`` would return
+(:func:`~simcore.engine.api.finish`).
+
+*One shape* (what the configurations must share): the number of requests and
+their output lengths (the per-token arrays have one width), the deployment's
+workers and ranks (mode, replicas, attention-DP ranks), the detokenizer's
+evaluation mode (off, in the kernel, or after the run), no pass log, and
+equal prefix-cache state sizes.  Everything else may differ: prompts, request
+ids, send instants, closed or open loop, concurrency, think time, tokenizer
+and detokenizer servers and costs, scheduler limits, policy, timing model and
+coefficients, time cap.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from simcore.config import SimConfig
+from simcore.engine import nb
+from simcore.engine.api import KERNEL_INPUTS, KERNEL_OUTPUTS, EngineRun, Prepared, _allocate, finish, prepare
+from simcore.workload.api import RequestTable
+
+#: Kernel inputs shared by a batch (1-D or scalar), with the field a mismatch reports.
+SHARED_INPUTS = {
+    "output_tokens": "the requests' output lengths (output_tokens)",
+    "token_offset": "the requests' output lengths (token_offset)",
+    "recv_rank": "topology (receiving rank of each request: replicas, attention_dp)",
+    "detok_mode": "detokenization mode (detok_mode: detokenization on or off, closed or open loop)",
+    "worker_role": "topology (worker roles: engine.mode, replicas)",
+    "worker_first_rank": "topology (first rank of each worker: replicas, attention_dp)",
+    "worker_num_ranks": "topology (ranks of each worker: attention_dp)",
+    "num_decode_workers": "topology (decode workers)",
+}
+#: Per-configuration inputs that are padded to the widest row (read by index only).
+PADDED_INPUTS = ("timing_params", "timing_table")
+
+
+def shape_of(prep: Prepared) -> dict[str, object]:
+    """The fields that must be equal for configurations to share a batch, by name."""
+    shape: dict[str, object] = {"the number of requests (n)": prep.n}
+    for name, label in SHARED_INPUTS.items():
+        value = prep.args[name]
+        shape[label] = (value.shape, value.tobytes()) if isinstance(value, np.ndarray) else value
+    shape["record_passes (output.passes)"] = prep.record_passes
+    num_slots, num_ranks, ident_offset, ident = prep.cache_shape
+    shape["prefix-cache state sizes (prefix_caching, num_blocks, prompt blocks)"] = (
+        num_slots, num_ranks, ident_offset.shape[0], ident.shape[0]
+    )
+    return shape
+
+
+def batch_key(prep: Prepared) -> tuple:
+    """A hashable form of :func:`shape_of`: configurations with equal keys share a batch."""
+    return tuple(shape_of(prep).values())
+
+
+def _mismatch(first: dict[str, object], other: dict[str, object]) -> str | None:
+    for label, value in first.items():
+        if other[label] != value:
+            return label
+    return None
+
+
+def simulate_engine_batch(
+    cfgs: Sequence[SimConfig],
+    requests: RequestTable | Sequence[RequestTable],
+    send_ns_list: Sequence[np.ndarray | None] | None = None,
+) -> list[EngineRun]:
+    """Simulate configurations of one shape in one parallel kernel call.
+
+    Parameters
+    ----------
+    cfgs : sequence of SimConfig
+        The configurations (``output.passes`` must be false).
+    requests : RequestTable or sequence of RequestTable
+        One table for all, or one per configuration.
+    send_ns_list : sequence of (ndarray(int64) or None), optional
+        Each configuration's open-loop send instants (None for a closed loop);
+        omitted: all closed loops.
+
+    Returns
+    -------
+    list of EngineRun
+        Equal, array for array, to ``simulate_engine(cfg, table, send_ns)``
+        of each configuration (arrays may be rows of shared 2-D buffers).
+
+    Raises
+    ------
+    ValueError
+        The configurations are not of one shape (the message names the field).
+    simcore.ConfigError
+        As ``simulate_engine`` (the first configuration, in order, whose
+        timing model gave a bad pass time).
+    """
+    cfgs = list(cfgs)
+    if not cfgs:
+        return []
+    tables = [requests] * len(cfgs) if isinstance(requests, RequestTable) else list(requests)
+    sends = [None] * len(cfgs) if send_ns_list is None else list(send_ns_list)
+    if len(tables) != len(cfgs) or len(sends) != len(cfgs):
+        raise ValueError(
+            f"simulate_engine_batch: {len(cfgs)} configurations but {len(tables)} request tables "
+            f"and {len(sends)} send-instant arrays"
+        )
+    preps = [prepare(cfg, table, send) for cfg, table, send in zip(cfgs, tables, sends)]
+    shapes = [shape_of(prep) for prep in preps]
+    for index, shape in enumerate(shapes[1:], start=1):
+        field = _mismatch(shapes[0], shape)
+        if field is not None:
+            raise ValueError(
+                f"simulate_engine_batch: configuration {index} differs from configuration 0 in "
+                f"{field}; a batch needs one shape (use simcore.run_batch to group them)"
+            )
+    return run_prepared_batch(preps)
+
+
+def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
+    """Run prepared configurations of one shape (checked by the caller) in one kernel call."""
+    first = preps[0]
+    count = len(preps)
+    args = []
+    for name in KERNEL_INPUTS:
+        if name == "send_ns":
+            out = _allocate(first.n, first.num_tokens, first.mode, 0, batch=count)
+            for c, prep in enumerate(preps):
+                if not prep.closed:
+                    out["send_ns"][c] = prep.send
+            args.append(out["send_ns"])
+        elif name == "prefix_cache":
+            states = [prep.prefix_cache() for prep in preps]
+            args.append(tuple(np.stack([state[i] for state in states]) for i in range(len(states[0]))))
+        elif name in SHARED_INPUTS:
+            args.append(first.args[name])
+        else:
+            args.append(_stack([prep.args[name] for prep in preps], pad=name in PADDED_INPUTS))
+    status = np.zeros((count, 3), dtype=np.int64)
+    nb.simulate_batch_nb(*args, *(out[name] for name in KERNEL_OUTPUTS), status)
+    runs = []
+    for c, prep in enumerate(preps):
+        row = {name: (value if name in ("pass_log", "pass_ms") else value[c]) for name, value in out.items()}
+        runs.append(finish(prep, row, int(status[c, 0]), int(status[c, 1]), int(status[c, 2])))
+    return runs
+
+
+def _stack(values: list, *, pad: bool) -> np.ndarray:
+    """Per-configuration values as one array with a leading configuration axis."""
+    first = values[0]
+    if not isinstance(first, np.ndarray):
+        dtype = np.bool_ if isinstance(first, (bool, np.bool_)) else np.int64
+        return np.array(values, dtype=dtype)
+    if pad:
+        width = max(v.shape[0] for v in values)
+        stacked = np.zeros((len(values), width), dtype=first.dtype)
+        for c, v in enumerate(values):
+            stacked[c, : v.shape[0]] = v
+        return stacked
+    return np.ascontiguousarray(np.stack(values))
+
