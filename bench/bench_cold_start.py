@@ -1,0 +1,166 @@
+"""Cold start: wall time of the ``replaysim`` command with the embedded default.
+
+Times, in fresh subprocesses (each writes its results into a temporary
+``hydra.run.dir``):
+
+- ``warm``: ``replaysim`` as found on PATH, numba cache warm (a private
+  ``NUMBA_CACHE_DIR`` filled by one untimed run first), median of ``--runs``;
+- ``cold``: ``replaysim`` with a fresh, empty ``NUMBA_CACHE_DIR`` (every kernel
+  compiles; Python bytecode caches stay warm), median of ``--cold-runs``;
+- ``import_simcore`` / ``import_runners_cli``: ``import simcore`` and
+  ``import runners.cli`` timed inside a fresh interpreter, median of ``--runs``;
+  ``python_startup``: the bare interpreter for comparison;
+- ``importtime_top``: the top-level packages with the largest cumulative import
+  time under ``import runners.cli`` (``python -X importtime``, one run; nested,
+  so they overlap: ``simcore`` includes what it imports first, e.g. numba);
+- ``reference``: the pure-Python reference (``tests/reference``) simulating and
+  summarising the embedded default workload in this process (imports
+  excluded), and its ratio to the warm command.
+
+Output: CSV (``case,detail,runs,median_s,min_s,max_s,ratio``), the warm figure on the last line.
+
+Usage: python bench/bench_cold_start.py [--runs 5] [--cold-runs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 1.5  # issue 6: warm numba cache, imports included
+
+
+def console_script() -> str:
+    found = shutil.which("replaysim")
+    if found is None:
+        sys.exit("replaysim is not on PATH: pip install -e .")
+    return found
+
+
+def run_command(argv: list[str], cache_dir: str, work: str) -> float:
+    # PYTHONPATH: the console script imports this checkout even if another is installed.
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT))
+    run_dir = tempfile.mkdtemp(dir=work)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [*argv, f"hydra.run.dir={run_dir}"], cwd=work, env=env, capture_output=True, text=True
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
+    if not (Path(run_dir) / "summary.json").exists():
+        sys.exit(f"{' '.join(argv)} wrote no summary.json into {run_dir}")
+    return seconds
+
+
+def time_in_subprocess(statement: str, cache_dir: str) -> float:
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def wall_of_subprocess(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=ROOT, capture_output=True, check=True)
+    return time.perf_counter() - start
+
+
+def importtime_top(cache_dir: str, count: int) -> list[tuple[str, float]]:
+    """The top-level packages with the largest cumulative import time under ``import runners.cli``."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import runners.cli"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    )
+    rows = []
+    for line in proc.stderr.splitlines():
+        # "import time: <self us> | <cumulative us> | <2 spaces per nesting level><module>"
+        if not line.startswith("import time:"):
+            continue
+        parts = line[len("import time:"):].split("|")
+        name = parts[2].strip()
+        if len(parts) != 3 or not parts[1].strip().isdigit() or "." in name:
+            continue  # the header line, or a submodule: keep top-level packages only
+        rows.append((name, int(parts[1]) / 1e6))
+    rows.sort(key=lambda r: -r[1])
+    return rows[:count]
+
+
+def reference_default(cache_dir: str) -> float:
+    """Pure-Python reference on the embedded default workload, simulate + summary, imports excluded."""
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+
+    from simcore.config import load_config, merge_config
+    from simcore.workload.api import build_requests
+    from tests.reference.metrics import summarize
+    from tests.reference.sim import simulate
+
+    config = merge_config({})
+    cfg = load_config({})
+    requests = build_requests(cfg, None, np.random.default_rng(cfg.seed))
+    ids, inputs, outputs = requests.request_id.to_pylist(), list(requests.input_tokens), list(requests.output_tokens)
+    start = time.perf_counter()
+    result = simulate(config, ids, inputs, outputs, None)
+    m = config["metrics"]
+    summarize(result, inputs, outputs, m["percentiles"], m["goodput"], None)
+    return time.perf_counter() - start
+
+
+def row(case: str, detail: str, values: list[float], ratio: str = "") -> None:
+    print(
+        f"{case},{detail},{len(values)},{statistics.median(values):.3f},{min(values):.3f},{max(values):.3f},{ratio}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cold-runs", type=int, default=1)
+    parser.add_argument("--top", type=int, default=8, help="importtime rows to print")
+    args = parser.parse_args()
+    command = [console_script()]
+
+    with tempfile.TemporaryDirectory(prefix="replaysim-cold-start-") as work:
+        warm_cache = os.path.join(work, "numba-warm")
+        print("case,detail,runs,median_s,min_s,max_s,ratio", flush=True)
+
+        cold = [run_command(command, os.path.join(work, f"numba-cold-{i}"), work) for i in range(args.cold_runs)]
+        run_command(command, warm_cache, work)  # fills the warm cache
+        warm = [run_command(command, warm_cache, work) for _ in range(args.runs)]
+        row("cold", "replaysim, empty NUMBA_CACHE_DIR (JIT compile)", cold)
+        row("warm", f"{command[0]}, warm numba cache", warm)
+
+        row("python_startup", "python -c pass (wall)", [wall_of_subprocess([sys.executable, "-c", "pass"]) for _ in range(args.runs)])
+        row("import_simcore", "import simcore (in a fresh interpreter)",
+            [time_in_subprocess("import simcore", warm_cache) for _ in range(args.runs)])
+        row("import_runners_cli", "import runners.cli (in a fresh interpreter)",
+            [time_in_subprocess("import runners.cli", warm_cache) for _ in range(args.runs)])
+        for name, seconds in importtime_top(warm_cache, args.top):
+            row("importtime_top", f"{name} (cumulative)", [seconds])
+
+        ref = reference_default(warm_cache)
+        warm_s = statistics.median(warm)
+        row("reference", "pure-Python reference, default workload, simulate + summary (in process)", [ref],
+            f"{ref / warm_s:.1f}")
+
+    verdict = "met" if warm_s <= TARGET_S else f"missed by {warm_s - TARGET_S:.2f} s"
+    print(
+        f"replaysim (embedded default), warm numba cache: {warm_s:.2f} s wall "
+        f"(target <= {TARGET_S} s: {verdict}); cold {statistics.median(cold):.1f} s; "
+        f"the pure-Python reference alone takes x{ref / warm_s:.1f} the warm command"
+    )
+
+
+if __name__ == "__main__":
+    main()
