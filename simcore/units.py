@@ -9,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 NS_PER_MS = 1_000_000
-MS_PER_NS = 1e-6
-NS_PER_S = 1_000_000_000
 
 #: Sentinel for "did not happen" in int64 ns arrays.
 NOT_YET = -1
@@ -24,11 +22,3 @@ def ms_to_ns(ms: float) -> int:
 def ms_array_to_ns(ms: np.ndarray) -> np.ndarray:
     """Vectorised :func:`ms_to_ns` (the same float64 product, the same rounding)."""
     return np.rint(np.asarray(ms, dtype=np.float64) * 1e6).astype(np.int64)
-
-
-def ns_to_ms(ns: np.ndarray) -> np.ndarray:
-    """int64 ns (with ``NOT_YET`` sentinels) to float64 ms with NaN for missing."""
-    ns = np.asarray(ns, dtype=np.int64)
-    out = ns / 1e6
-    out[ns == NOT_YET] = np.nan
-    return out
