@@ -180,7 +180,20 @@ AUTO_BLOCKS = "auto"
 
 
 def dotted_keys(tree: Mapping[str, Any] = DEFAULTS, prefix: str = "") -> list[str]:
-    """Every leaf key of ``tree`` as a dotted path (``engine.aggregated.replicas``)."""
+    """Every leaf key of ``tree`` as a dotted path (``engine.aggregated.replicas``).
+
+    Parameters
+    ----------
+    tree : Mapping[str, Any]
+        A nested configuration mapping; default :data:`DEFAULTS`.
+    prefix : str
+        Prepended to every path (used by the recursion).
+
+    Returns
+    -------
+    list of str
+        Dotted leaf paths, in the mapping's order.
+    """
     keys = []
     for name, value in tree.items():
         path = f"{prefix}{name}"
@@ -192,7 +205,18 @@ def dotted_keys(tree: Mapping[str, Any] = DEFAULTS, prefix: str = "") -> list[st
 
 
 def merge_config(user: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Merge ``user`` over :data:`DEFAULTS`; unknown keys are a ConfigError."""
+    """Merge ``user`` over :data:`DEFAULTS`; unknown keys are a ConfigError.
+
+    Parameters
+    ----------
+    user : Mapping[str, Any] or None
+        Nested user overrides (None: the defaults).
+
+    Returns
+    -------
+    dict[str, Any]
+        A deep copy of the defaults with ``user`` merged in (not validated).
+    """
     merged = copy.deepcopy(DEFAULTS)
     if user is not None:
         _merge_into(merged, user, "")
@@ -459,7 +483,23 @@ class SimConfig:
 
 
 def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
-    """Merge ``user`` over the defaults, validate every field and freeze it."""
+    """Merge ``user`` over the defaults, validate every field and freeze it.
+
+    Parameters
+    ----------
+    user : Mapping[str, Any] or None
+        Nested user overrides (None: the defaults).
+
+    Returns
+    -------
+    SimConfig
+        The validated, frozen configuration (``resolved`` holds the merged mapping).
+
+    Raises
+    ------
+    ConfigError
+        An unknown key, a bad value or an invalid combination.
+    """
     raw = merge_config(user)
     w, ld, e, t = raw["workload"], raw["load"], raw["engine"], raw["timing"]
     tok, detok, m = raw["tokenization"], raw["detokenization"], raw["metrics"]

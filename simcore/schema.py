@@ -95,7 +95,20 @@ TOKENS_SCHEMA = _schema(
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Cast ``table`` to ``schema``; any drift in column names is an error."""
+    """Cast ``table`` to ``schema``; any drift in column names is an error.
+
+    Parameters
+    ----------
+    table : pyarrow.Table
+        A result table whose column names must equal ``schema.names``, in order.
+    schema : pyarrow.Schema
+        The output schema (``REQUESTS_SCHEMA``, ``TOKENS_SCHEMA`` or ``PASSES_SCHEMA``).
+
+    Returns
+    -------
+    pyarrow.Table
+        ``table`` cast to ``schema`` (with its field metadata: units, descriptions).
+    """
     if table.column_names != schema.names:
         raise ValueError(f"result columns {table.column_names} do not match the schema {schema.names}")
     return table.cast(schema)

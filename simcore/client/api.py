@@ -20,7 +20,20 @@ from simcore.units import ms_array_to_ns
 
 
 def server_index(request_ids: pa.Array, workers: int) -> np.ndarray:
-    """``fnv1a64(utf8(request_id)) mod workers`` per request, int64."""
+    """``fnv1a64(utf8(request_id)) mod workers`` per request, int64.
+
+    Parameters
+    ----------
+    request_ids : pyarrow.StringArray or ChunkedArray
+        Request ids (n).
+    workers : int
+        Number of servers, >= 1.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Server index of each request, ``0 .. workers - 1`` (all 0 when ``workers == 1``).
+    """
     n = len(request_ids)
     out = np.zeros(n, dtype=np.int64)
     if workers == 1 or n == 0:
@@ -38,13 +51,36 @@ def server_index(request_ids: pa.Array, workers: int) -> np.ndarray:
 
 
 def tokenization_service_ns(cfg: TokenizationConfig, input_tokens: np.ndarray) -> np.ndarray:
-    """Per-request tokenizer job service, ns: ``base_ms + per_input_us x input / 1000``."""
+    """Per-request tokenizer job service, ns: ``base_ms + per_input_us x input / 1000``.
+
+    Parameters
+    ----------
+    cfg : TokenizationConfig
+        Cost coefficients (``base_ms``, ms; ``per_input_us``, us per input token).
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt length of each request, tokens.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Tokenizer service of each request, ns.
+    """
     ms = cfg.base_ms + cfg.per_input_us * input_tokens.astype(np.float64) / 1000
     return ms_array_to_ns(ms)
 
 
 def detokenization_params(cfg: DetokenizationConfig) -> np.ndarray:
-    """The four per-job cost coefficients in the order the kernels read them."""
+    """The four per-job cost coefficients in the order the kernels read them.
+
+    Parameters
+    ----------
+    cfg : DetokenizationConfig
+
+    Returns
+    -------
+    ndarray(float64, shape (4,))
+        ``[base_ms, per_output_us, first_output_us, final_output_us]`` (ms, then us).
+    """
     return np.array(
         [cfg.base_ms, cfg.per_output_us, cfg.first_output_us, cfg.final_output_us],
         dtype=np.float64,
@@ -54,7 +90,23 @@ def detokenization_params(cfg: DetokenizationConfig) -> np.ndarray:
 def detokenization_service_ns(
     params: np.ndarray, k: np.ndarray, n_first: np.ndarray, n_final: np.ndarray
 ) -> np.ndarray:
-    """Job service, ns, for jobs of ``k`` outputs (SPEC §7), evaluated left to right."""
+    """Job service, ns, for jobs of ``k`` outputs (SPEC §7), evaluated left to right.
+
+    Parameters
+    ----------
+    params : ndarray(float64, shape (4,))
+        ``[base_ms, per_output_us, first_output_us, final_output_us]``
+        (:func:`detokenization_params`).
+    k : ndarray(int64, ndim=1)
+        Outputs (tokens) in each job.
+    n_first, n_final : ndarray(int64, ndim=1)
+        Per job, outputs that are a request's first token / its finishing token.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Service of each job, ns.
+    """
     base_ms, per_output_us, first_output_us, final_output_us = params
     ms = (
         base_ms

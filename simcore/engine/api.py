@@ -151,12 +151,35 @@ def simulate_engine(
         Where detokenization is evaluated.  ``auto``: inside the kernel in a
         closed loop, vectorised after the run in an open loop.  The two agree
         exactly; a closed loop cannot use ``after_run``.
+
+    Returns
+    -------
+    EngineRun
+        Per-request and per-token instants, int64 ns (-1: did not happen).
+
+    Raises
+    ------
+    simcore.ConfigError
+        The timing model gave a pass time that is not finite and >= 0.
     """
     return run_prepared(prepare(cfg, requests, send_ns, record_passes=record_passes, detok_path=detok_path))
 
 
 def run_prepared(prep: Prepared) -> EngineRun:
-    """Run one prepared configuration (:func:`prepare`) through the kernel."""
+    """Run one prepared configuration (:func:`prepare`) through the kernel.
+
+    The pass log is doubled and the run repeated while the kernel reports it full.
+
+    Parameters
+    ----------
+    prep : Prepared
+        Kernel inputs of one configuration.
+
+    Returns
+    -------
+    EngineRun
+        As :func:`simulate_engine`.
+    """
     pass_rows = prep.pass_rows
     while True:
         out = _allocate(prep.n, prep.num_tokens, prep.mode, pass_rows)
@@ -177,7 +200,31 @@ def prepare(
     record_passes: bool = False,
     detok_path: str = "auto",
 ) -> Prepared:
-    """Validate and build the kernel inputs of one configuration (see :func:`simulate_engine`)."""
+    """Validate and build the kernel inputs of one configuration (see :func:`simulate_engine`).
+
+    Parameters
+    ----------
+    cfg : SimConfig
+    requests : RequestTable
+    send_ns : ndarray(int64, ndim=1) or None
+        Open-loop send instants, ns, one per request; None for a closed loop.
+    record_passes : bool
+        Size a pass log (rows estimated from outputs and prompt chunks).
+    detok_path : {"auto", "kernel", "after_run"}
+        As :func:`simulate_engine`.
+
+    Returns
+    -------
+    Prepared
+        The kernel inputs (all but ``send_ns`` and ``prefix_cache``), placement
+        and topology.
+
+    Raises
+    ------
+    ValueError
+        Bad ``detok_path``, ``after_run`` in a closed loop, or open-loop
+        ``send_ns`` missing or of the wrong length.
+    """
     if detok_path not in DETOK_PATHS:
         raise ValueError(f"detok_path must be one of {DETOK_PATHS}, got {detok_path!r}")
     closed = cfg.load.closed_loop
@@ -289,7 +336,32 @@ def prepare(
 
 
 def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) -> EngineRun:
-    """Turn one configuration's kernel outputs into its EngineRun (or its timing error)."""
+    """Turn one configuration's kernel outputs into its EngineRun (or its timing error).
+
+    Parameters
+    ----------
+    prep : Prepared
+        The configuration's prepared inputs.
+    out : dict of str to ndarray
+        Its kernel outputs by ``KERNEL_OUTPUTS`` name, plus ``send_ns`` (int64 ns).
+    status : int
+        Kernel status: ``nb.OK`` or ``nb.BAD_TIMING``.
+    rows : int
+        Rows written to ``out["pass_log"]``.
+    num_emitted : int
+        Tokens emitted (rows of ``out["emit_log"]`` in deferred detokenization).
+
+    Returns
+    -------
+    EngineRun
+        Receipts after the run where deferred; instants after the cap set to -1;
+        pass log cut to the cap and ordered by end, worker, rank.
+
+    Raises
+    ------
+    simcore.ConfigError
+        ``status`` is ``BAD_TIMING`` (the message gives the batch summary).
+    """
     cfg = prep.cfg
     topo, worker = prep.topo, prep.worker
     if status == nb.BAD_TIMING:

@@ -44,7 +44,18 @@ PADDED_INPUTS = ("timing_params", "timing_table")
 
 
 def shape_of(prep: Prepared) -> dict[str, object]:
-    """The fields that must be equal for configurations to share a batch, by name."""
+    """The fields that must be equal for configurations to share a batch, by name.
+
+    Parameters
+    ----------
+    prep : Prepared
+        One configuration's prepared inputs.
+
+    Returns
+    -------
+    dict of str to object
+        Human-readable field label -> comparable value (arrays as ``(shape, bytes)``).
+    """
     shape: dict[str, object] = {"the number of requests (n)": prep.n}
     for name, label in SHARED_INPUTS.items():
         value = prep.args[name]
@@ -58,7 +69,17 @@ def shape_of(prep: Prepared) -> dict[str, object]:
 
 
 def batch_key(prep: Prepared) -> tuple:
-    """A hashable form of :func:`shape_of`: configurations with equal keys share a batch."""
+    """A hashable form of :func:`shape_of`: configurations with equal keys share a batch.
+
+    Parameters
+    ----------
+    prep : Prepared
+
+    Returns
+    -------
+    tuple
+        The values of ``shape_of(prep)``, in order.
+    """
     return tuple(shape_of(prep).values())
 
 
@@ -123,7 +144,23 @@ def simulate_engine_batch(
 
 
 def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
-    """Run prepared configurations of one shape (checked by the caller) in one kernel call."""
+    """Run prepared configurations of one shape (checked by the caller) in one kernel call.
+
+    Parameters
+    ----------
+    preps : sequence of Prepared
+        C >= 1 configurations with equal :func:`batch_key`.
+
+    Returns
+    -------
+    list of EngineRun
+        One per configuration, in order (arrays may be rows of shared 2-D buffers).
+
+    Raises
+    ------
+    simcore.ConfigError
+        The first configuration whose timing model gave a bad pass time.
+    """
     first = preps[0]
     count = len(preps)
     args = []

@@ -647,29 +647,50 @@ def simulate_batch_nb(
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
 
     Configuration ``c`` reads row ``c`` of every per-configuration array and
-    writes row ``c`` of every output; the arguments keep the names and order of
-    ``simulate_engine_nb`` (plus ``status``).  "One shape": the same requests
-    count ``n`` and output lengths (``output_tokens``, ``token_offset``: the
-    per-token arrays have one width), the same workers and ranks
-    (``worker_*``, ``num_decode_workers``, ``recv_rank``), one ``detok_mode``
-    and no pass log; these are shared 1-D arrays or scalars.
+    writes row ``c`` of every output.  "One shape": the same requests count
+    ``n`` and output lengths, the same workers and ranks, one ``detok_mode`` and
+    no pass log.
 
-    Per configuration (leading axis C): ``input_tokens``, ``send_ns``,
-    ``tok_server``, ``tok_service_ns``, ``transfer_ns``, ``detok_server``
-    (C, n); ``closed_loop``, ``concurrency``, ``think_ns``,
-    ``num_tok_servers``, ``detok_workers``, ``chunk_size``, ``timing_model``,
-    ``cap_ns`` (C,); ``detok_params`` (C, 4); the ``rank_*`` limits and
-    ``rank_prefix_caching`` (C, ranks); ``ratio_params`` (C, ranks, 3);
-    ``timing_params`` and ``timing_table`` (C, width), zero padded;
-    ``prefix_cache``: the 15 arrays of ``simcore.scheduler.kv_nb``, each
-    stacked to (C, length) (every configuration's state has the same lengths).
-
-    Outputs: the per-request outputs (C, n), ``token_emit_ns`` /
-    ``token_recv_ns`` (C, tokens), ``emit_log`` (C, tokens or 0),
-    ``bad_batch`` (C, 8), initialised as for ``simulate_engine_nb``;
-    ``pass_log`` (0, ``PASS_LOG_COLUMNS``) and ``pass_ms`` (0,) are shared and
-    empty; ``status`` (C, 3) receives each configuration's ``(status,
-    num_pass_rows, num_emitted)``.
+    Parameters
+    ----------
+    input_tokens, send_ns, tok_server, tok_service_ns, transfer_ns, detok_server : ndarray(int64, ndim=2)
+        Per configuration (C, n); units as in ``simulate_engine_nb`` (tokens, ns).
+    output_tokens, token_offset, recv_rank : ndarray(int64, ndim=1)
+        Shared: output lengths (tokens), their ``n + 1`` token offsets, receiving ranks.
+    closed_loop : ndarray(bool, ndim=1)
+        Per configuration (C,).
+    concurrency, think_ns, num_tok_servers, detok_workers, chunk_size, timing_model, cap_ns : ndarray(int64, ndim=1)
+        Per configuration (C,); ``think_ns`` and ``cap_ns`` in ns.
+    detok_mode, num_decode_workers : int
+        Shared.
+    detok_params : ndarray(float64, ndim=2)
+        (C, 4) ``[base_ms, per_output_us, first_output_us, final_output_us]``.
+    worker_role, worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
+        Shared topology, per worker.
+    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit, rank_policy, rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=2)
+        (C, ranks) scheduler limits (tokens, sequences, blocks, tokens per block).
+    ratio_params : ndarray(float64, ndim=3)
+        (C, ranks, 3) SGLang ``[init, min, decay]`` new_token_ratio.
+    rank_prefix_caching : ndarray(bool, ndim=2)
+        (C, ranks).
+    prefix_cache : tuple of ndarray(int64, ndim=2)
+        The 15 ``simcore.scheduler.kv_nb`` state arrays, each stacked to (C, length).
+    timing_params, timing_table : ndarray(float64, ndim=2)
+        (C, width), zero padded.
+    arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns, handoff_ns, transfer_end_ns, decode_rank, cached_tokens, generated, num_preemptions : ndarray(int64, ndim=2)
+        Out, (C, n), initialised as for ``simulate_engine_nb`` (instants in ns).
+    token_emit_ns, token_recv_ns : ndarray(int64, ndim=2)
+        Out, (C, tokens), ns, ``-1`` initialised.
+    emit_log : ndarray(int64, ndim=2)
+        Out, (C, tokens) in deferred mode, else (C, 0).
+    pass_log : ndarray(int64, ndim=2)
+        Shared and empty, (0, ``PASS_LOG_COLUMNS``).
+    pass_ms : ndarray(float64, ndim=1)
+        Shared and empty, (0,).
+    bad_batch : ndarray(float64, ndim=2)
+        Out, (C, 8), as for ``simulate_engine_nb``.
+    status : ndarray(int64, ndim=2)
+        Out, (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
     """
     num_configs = send_ns.shape[0]
     for c in prange(num_configs):

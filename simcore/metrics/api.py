@@ -88,6 +88,22 @@ class RequestColumns:
 
 
 def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns) -> pa.Table:
+    """The per-request table (``REQUESTS_SCHEMA``), one row per request in send order.
+
+    Parameters
+    ----------
+    request_id : pyarrow.StringArray
+        Request ids (n).
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Prompt and requested output lengths, tokens.
+    cols : RequestColumns
+        Instants and metrics derived from the engine run.
+
+    Returns
+    -------
+    pyarrow.Table
+        Instants and latencies in float64 ms (null / NaN where they did not happen).
+    """
     run = cols.run
     status = pa.DictionaryArray.from_arrays(
         pa.array(cols.status, type=pa.int8()), pa.array(STATUS_NAMES, type=pa.string())
@@ -139,6 +155,20 @@ def _pd_placement(run: EngineRun) -> dict[str, pa.Array]:
 
 
 def tokens_table(request_id: pa.Array, run: EngineRun) -> pa.Table:
+    """The per-token table (``TOKENS_SCHEMA``): one row per emitted token.
+
+    Parameters
+    ----------
+    request_id : pyarrow.StringArray
+        Request ids (n).
+    run : EngineRun
+
+    Returns
+    -------
+    pyarrow.Table
+        ``request_id``, token ``index``, ``emitted_ms`` and ``received_ms``
+        (float64 ms; null when not received by the cap).
+    """
     counts = np.diff(run.token_offset)
     emitted = run.token_emit_ns != NOT_YET
     request_of_token = np.repeat(np.arange(counts.shape[0]), counts)[emitted]
@@ -155,6 +185,19 @@ def tokens_table(request_id: pa.Array, run: EngineRun) -> pa.Table:
 
 
 def passes_table(run: EngineRun) -> pa.Table:
+    """The pass table (``PASSES_SCHEMA``): one row per rank per recorded pass.
+
+    Parameters
+    ----------
+    run : EngineRun
+        A run with a pass log (``record_passes=True``).
+
+    Returns
+    -------
+    pyarrow.Table
+        Pool, worker, rank, start/end (float64 ms), the SPEC §8 batch summary
+        (tokens), ``rank_time_ms`` and ``blocks_in_use`` (blocks).
+    """
     log = run.pass_log
     roles = run.worker_role[log[:, nb.PASS_WORKER]].astype(np.int8)
     table = pa.table(
@@ -177,7 +220,18 @@ def passes_table(run: EngineRun) -> pa.Table:
 
 
 def percentile_key(p: float) -> str:
-    """``p99`` for an integral percentile, ``p99.9`` otherwise (SPEC §10)."""
+    """``p99`` for an integral percentile, ``p99.9`` otherwise (SPEC §10).
+
+    Parameters
+    ----------
+    p : float
+        Percentile, 0..100.
+
+    Returns
+    -------
+    str
+        The key prefix of the summary field.
+    """
     return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
 
 
@@ -186,6 +240,21 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
 
     ``values`` is a scratch array: the order statistics partition it in place
     (after the order-sensitive sums), which saves copying millions of ITL gaps.
+
+    Parameters
+    ----------
+    name : str
+        Metric name (``ttft``, ``tpot``, ``itl``, ``e2el``).
+    values : ndarray(float64, ndim=1)
+        The metric's values, ms, without NaN; reordered in place.
+    percentiles : sequence of float
+        Percentiles to report, 0..100.
+
+    Returns
+    -------
+    dict of str to (float or None)
+        ``mean_<name>_ms``, ``median_<name>_ms``, ``std_<name>_ms``,
+        ``min_<name>_ms``, ``max_<name>_ms`` and ``p<q>_<name>_ms``, ms.
     """
     if values.size == 0:
         keys = ["mean", "median", "std", "min", "max"]
@@ -208,7 +277,24 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
 
 
 def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsConfig) -> dict:
-    """The SPEC §10 summary, keyed like ``vllm bench serve``'s result JSON."""
+    """The SPEC §10 summary, keyed like ``vllm bench serve``'s result JSON.
+
+    Parameters
+    ----------
+    cols : RequestColumns
+        Per-request instants and metrics of the run.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt length of each request, tokens.
+    metrics : MetricsConfig
+        Percentiles and goodput SLOs.
+
+    Returns
+    -------
+    dict
+        Counts, token totals, ``duration_s`` (s), throughputs (per s), goodput,
+        prefix-cache hit rate, distribution statistics and mean TTFT stages (ms);
+        None where undefined.
+    """
     run = cols.run
     done = cols.completed
     completed = int(done.sum())

@@ -41,7 +41,24 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray):
-    """The cache state tuple for ``num_slots`` identity-bearing blocks (Python side)."""
+    """The cache state tuple for ``num_slots`` identity-bearing blocks (Python side).
+
+    Parameters
+    ----------
+    num_slots : int
+        Identity-bearing blocks over all ranks (blocks per rank x ranks).
+    num_ranks : int
+        Global ranks.
+    ident_offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's prompt-block identities in ``ident``.
+    ident : ndarray(int64, ndim=1)
+        Dense prompt-block identities, request by request.
+
+    Returns
+    -------
+    tuple of ndarray(int64, ndim=1)
+        The 15 state arrays at the ``PC_*`` indices (empty map, all slots free).
+    """
     capacity = 1 << max(4, int(2 * max(num_slots, 1) - 1).bit_length())
     n = ident_offset.shape[0] - 1
     return (
@@ -143,7 +160,21 @@ def _lru_push_tail_nb(pc, g, slot):
 @njit(cache=True)
 def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
     """Take ``count`` blocks on rank g, evicting cached blocks (LRU head first)
-    when the truly free ones do not suffice."""
+    when the truly free ones do not suffice.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (``PC_*`` indices), mutated in place.
+    g : int
+        Global rank.
+    count : int
+        Blocks to take.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank; ``blocks_used[g]`` grows by ``count``.
+    num_blocks : int
+        KV blocks of rank g.
+    """
     shortfall = blocks_used[g] + count + pc[PC_CACHED][g] - num_blocks
     for _ in range(shortfall):
         slot = pc[PC_LRU_HEAD][g]
@@ -158,7 +189,32 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
 @njit(cache=True)
 def kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size):
     """Leading complete prompt blocks of request k resident on rank g, with at
-    least the last known token left to compute; and how many of them are cached."""
+    least the last known token left to compute; and how many of them are cached.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (read only).
+    g : int
+        Global rank.
+    num_ranks : int
+        Global ranks (map keys are ``identity x num_ranks + rank``).
+    k : int
+        Request index.
+    known : int
+        Tokens of request k known so far (prompt + generated), tokens.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt lengths, tokens (unused).
+    block_size : int
+        Tokens per block.
+
+    Returns
+    -------
+    hits : int
+        Resident leading prompt blocks, blocks.
+    cached : int
+        Of those, blocks unreferenced (in the LRU queue), blocks.
+    """
     offset = pc[PC_IDENT_OFFSET]
     ident = pc[PC_IDENT]
     limit = min(offset[k + 1] - offset[k], (known - 1) // block_size)
@@ -176,7 +232,23 @@ def kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size):
 
 @njit(cache=True)
 def kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used):
-    """Reference request k's first ``hits`` prompt blocks (resident on rank g)."""
+    """Reference request k's first ``hits`` prompt blocks (resident on rank g).
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (``PC_*`` indices), mutated in place.
+    g : int
+        Global rank.
+    num_ranks : int
+        Global ranks.
+    k : int
+        Request index.
+    hits : int
+        Leading prompt blocks to reference (from :func:`kv_hits_nb`), blocks.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank; grows by the cached blocks taken out of the LRU.
+    """
     offset = pc[PC_IDENT_OFFSET]
     ident = pc[PC_IDENT]
     ref = pc[PC_SLOT_REF]
@@ -193,7 +265,23 @@ def kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used):
 @njit(cache=True)
 def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     """Give identities to request k's prompt blocks completed by ``tokens``
-    computed tokens, in block order, unless the identity is already resident."""
+    computed tokens, in block order, unless the identity is already resident.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (``PC_*`` indices), mutated in place.
+    g : int
+        Global rank.
+    num_ranks : int
+        Global ranks.
+    k : int
+        Request index.
+    tokens : int
+        Request k's computed tokens after the pass, tokens.
+    block_size : int
+        Tokens per block.
+    """
     offset = pc[PC_IDENT_OFFSET]
     ident = pc[PC_IDENT]
     complete = min(tokens // block_size, offset[k + 1] - offset[k])
@@ -215,7 +303,21 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
 @njit(cache=True)
 def kv_release_nb(pc, g, k, held, blocks_used):
     """Drop request k's blocks on rank g in reverse block order: identity-bearing
-    blocks whose last reference goes join the LRU tail, the rest become free."""
+    blocks whose last reference goes join the LRU tail, the rest become free.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (``PC_*`` indices), mutated in place.
+    g : int
+        Global rank.
+    k : int
+        Request index.
+    held : ndarray(int64, ndim=1)
+        Blocks held per request; ``held[k]`` is set to 0.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank; ``blocks_used[g]`` shrinks accordingly.
+    """
     offset = pc[PC_IDENT_OFFSET]
     ref = pc[PC_SLOT_REF]
     settled = pc[PC_SETTLED][k]

@@ -36,6 +36,19 @@ RETRACT_DECODE_STEPS = 20
 
 @njit(cache=True)
 def wait_push_back_nb(head, tail, nxt, prv, g, k):
+    """Append request k to rank g's waiting queue.
+
+    Parameters
+    ----------
+    head, tail : ndarray(int64, ndim=1)
+        Per rank, first and last waiting request (-1: empty); updated.
+    nxt, prv : ndarray(int64, ndim=1)
+        Per request, next and previous links (-1: none); updated.
+    g : int
+        Global rank.
+    k : int
+        Request index.
+    """
     nxt[k] = -1
     prv[k] = tail[g]
     if tail[g] >= 0:
@@ -96,6 +109,51 @@ def build_vllm_batch_nb(
     request's reservation to completion; then allocations never fail.  With
     ``caching`` (prefix caching, docs/prefix-caching.md) an admission first
     reuses the request's longest resident prompt prefix.
+
+    Parameters
+    ----------
+    g : int
+        Global rank.
+    t : int
+        Pass start, ns (stamped as a first admission).
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Per request, prompt and requested output lengths, tokens.
+    generated, computed : ndarray(int64, ndim=1)
+        Per request, tokens emitted and tokens whose KV is computed (before the pass).
+    held : ndarray(int64, ndim=1)
+        Per request, KV blocks held; updated.
+    sched_n : ndarray(int64, ndim=1)
+        Out, per request: tokens scheduled in this pass.
+    running : ndarray(int64, ndim=2)
+        (ranks, max sequences) running requests per rank, in running order; updated.
+    run_len : ndarray(int64, ndim=1)
+        Running requests per rank; updated.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use KV blocks per rank; updated.
+    wait_head, wait_tail, wait_next, wait_prev : ndarray(int64, ndim=1)
+        The waiting queues (per rank heads/tails, per request links); updated.
+    first_admit_ns : ndarray(int64, ndim=1)
+        Per request first admission, ns (-1: not yet); set to ``t``.
+    num_preemptions : ndarray(int64, ndim=1)
+        Per request preemption (retraction) count; updated.
+    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit : ndarray(int64, ndim=1)
+        Per rank token budget (tokens), sequences, KV blocks, tokens per block,
+        sequence limit L (tokens).
+    no_evict : bool
+        TensorRT-LLM GUARANTEED_NO_EVICT admission.
+    prefill_role : bool
+        The rank is in the P/D prefill pool (reserves the prompt only).
+    caching : bool
+        Prefix caching on this rank.
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
+    cached_tokens : ndarray(int64, ndim=1)
+        Per request prompt tokens reused at the first admission, tokens; set then.
+
+    Returns
+    -------
+    bool
+        Whether a running request was preempted.
     """
     num_ranks = rank_num_blocks.shape[0]
     budget = rank_max_batched_tokens[g]
@@ -204,6 +262,46 @@ def build_sglang_batch_nb(
     within the token budgets) if anything can be admitted; otherwise a decode
     batch of every running request, retracting the requests with the fewest
     generated tokens while the step's KV does not fit.
+
+    Parameters
+    ----------
+    g : int
+        Global rank.
+    t : int
+        Pass start, ns (stamped as a first admission).
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Per request, prompt and requested output lengths, tokens.
+    generated, computed : ndarray(int64, ndim=1)
+        Per request, tokens emitted and tokens whose KV is computed (before the pass).
+    held : ndarray(int64, ndim=1)
+        Per request, KV blocks held; updated.
+    sched_n : ndarray(int64, ndim=1)
+        Out, per request: tokens scheduled in this pass.
+    running : ndarray(int64, ndim=2)
+        (ranks, max sequences) running requests per rank, in running order; updated.
+    run_len : ndarray(int64, ndim=1)
+        Running requests per rank; updated.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use KV blocks per rank; updated.
+    wait_head, wait_tail, wait_next, wait_prev : ndarray(int64, ndim=1)
+        The waiting queues (per rank heads/tails, per request links); updated.
+    first_admit_ns : ndarray(int64, ndim=1)
+        Per request first admission, ns (-1: not yet); set to ``t``.
+    num_preemptions : ndarray(int64, ndim=1)
+        Per request preemption (retraction) count; updated.
+    rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
+        Per rank sequences, KV blocks, tokens per block.
+    rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=1)
+        Per rank chunked-prefill and extend-batch budgets, tokens.
+    rank_ratio : ndarray(float64, ndim=1)
+        Per rank current new_token_ratio; updated.
+    ratio_params : ndarray(float64, ndim=2)
+        (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
+
+    Returns
+    -------
+    bool
+        Whether a running request was retracted.
     """
     block_size = rank_block_size[g]
     num_blocks = rank_num_blocks[g]
@@ -361,6 +459,26 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     every call (measured: ~30 ns per entry).  An entry is a decode entry if it
     schedules one token at or past the end of its prompt (``computed`` is still
     the value before the pass).
+
+    Parameters
+    ----------
+    summary : ndarray(int64, ndim=2)
+        Out, (worker ranks, >= 5): row ``r`` receives ``[num_prefill,
+        prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens]`` (tokens).
+    r : int
+        Rank index within its worker.
+    g : int
+        Global rank.
+    running : ndarray(int64, ndim=2)
+        (ranks, max sequences) running requests per rank.
+    run_len : ndarray(int64, ndim=1)
+        Running requests per rank.
+    sched_n : ndarray(int64, ndim=1)
+        Tokens scheduled per request in this pass.
+    computed : ndarray(int64, ndim=1)
+        Tokens computed per request before the pass.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt lengths, tokens.
     """
     num_prefill = 0
     prefill_tokens = 0

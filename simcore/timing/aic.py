@@ -156,7 +156,22 @@ def _what(spec: AicSpec) -> str:
 
 
 def direct_model(spec: AicSpec):
-    """aiconfigurator-core's own forward-pass model (the reference of the self-check)."""
+    """aiconfigurator-core's own forward-pass model (the reference of the self-check).
+
+    Parameters
+    ----------
+    spec : AicSpec
+        Model, GPU, backend (version), TP and the table limits.
+
+    Returns
+    -------
+    RustForwardPassPerfModel
+
+    Raises
+    ------
+    ConfigError
+        The package is missing or cannot model ``spec``.
+    """
     package_version()
     from aiconfigurator_core.sdk import RustForwardPassPerfModel
 
@@ -173,6 +188,18 @@ def direct_pass_ms(model, num_prefill, prefill_tokens, prefill_kv_tokens, num_de
     The FPM counts cached tokens (vLLM's ``num_computed_tokens``), so
     ``sum_prefill_kv_tokens = prefill_kv_tokens - prefill_tokens`` and
     ``sum_decode_kv_tokens = decode_kv_tokens - num_decode``.
+
+    Parameters
+    ----------
+    model : RustForwardPassPerfModel
+        From :func:`direct_model`.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The batch summary (entries, tokens).
+
+    Returns
+    -------
+    float
+        Pass time, ms.
     """
     fpm = {
         "version": 1,
@@ -191,7 +218,20 @@ def direct_pass_ms(model, num_prefill, prefill_tokens, prefill_kv_tokens, num_de
 
 
 def log_knots(start: int, stop: int, per_octave: int) -> np.ndarray:
-    """Integers ``round(start x 2^(i / per_octave))`` up to ``stop`` (both included), unique."""
+    """Integers ``round(start x 2^(i / per_octave))`` up to ``stop`` (both included), unique.
+
+    Parameters
+    ----------
+    start, stop : int
+        First and last knot.
+    per_octave : int
+        Knots per doubling.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Ascending knots in ``[start, stop]`` (``[start]`` when ``stop <= start``).
+    """
     if stop <= start:
         return np.array([start], dtype=np.int64)
     count = int(math.ceil(per_octave * math.log2(stop / start)))
@@ -200,7 +240,18 @@ def log_knots(start: int, stop: int, per_octave: int) -> np.ndarray:
 
 
 def kv_knots(context: int) -> np.ndarray:
-    """Decode kv knots: 1..16, 16 per octave beyond, every 2^j - 1 and 2^j, up to ``context``."""
+    """Decode kv knots: 1..16, 16 per octave beyond, every 2^j - 1 and 2^j, up to ``context``.
+
+    Parameters
+    ----------
+    context : int
+        Largest kv length, tokens.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Ascending kv knots, tokens.
+    """
     knots = [np.arange(1, 17), log_knots(16, max(context, 16), KV_PER_OCTAVE)]
     j = 1
     while (1 << j) <= context:
@@ -212,7 +263,18 @@ def kv_knots(context: int) -> np.ndarray:
 
 
 def decode_batch_knots(sequences: int) -> np.ndarray:
-    """Decode-attention batch rows: every integer up to 256, then 32 per octave, up to ``sequences``."""
+    """Decode-attention batch rows: every integer up to 256, then 32 per octave, up to ``sequences``.
+
+    Parameters
+    ----------
+    sequences : int
+        Largest batch, sequences.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Ascending batch knots, sequences.
+    """
     knots = np.arange(1, min(sequences, DECODE_INTEGER_BATCH) + 1)
     if sequences > DECODE_INTEGER_BATCH:
         knots = np.concatenate([knots, log_knots(DECODE_INTEGER_BATCH, sequences, 32)])
@@ -220,7 +282,18 @@ def decode_batch_knots(sequences: int) -> np.ndarray:
 
 
 def batch_knots(sequences: int) -> np.ndarray:
-    """Context-attention batch knots: 1..16, then x1.5 steps (24, 32, 48, ...), up to ``sequences``."""
+    """Context-attention batch knots: 1..16, then x1.5 steps (24, 32, 48, ...), up to ``sequences``.
+
+    Parameters
+    ----------
+    sequences : int
+        Largest batch, sequences.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Ascending batch knots ending at ``sequences``.
+    """
     knots = list(range(1, 17))
     v = 16
     while v < sequences:
@@ -290,7 +363,25 @@ def _op_indices(handle) -> tuple[list[int], int, int, list[int], int]:
 
 
 def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Evaluate the component tables of ``spec``; returns the kernel's ``(params, table)``."""
+    """Evaluate the component tables of ``spec``; returns the kernel's ``(params, table)``.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        Model, GPU, backend (version), TP and the table limits.
+
+    Returns
+    -------
+    params : ndarray(float64, shape (AIC_NUM_PARAMS,))
+        Offsets and sizes of the pieces of ``table`` (``nb.A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        Flat NA, LG, NG, GA and CA tables (times in ms) and their knots.
+
+    Raises
+    ------
+    ConfigError
+        aiconfigurator-core cannot model ``spec``.
+    """
     package_version()
     from aiconfigurator_core.sdk import EngineHandle
 
@@ -356,6 +447,21 @@ def random_passes(spec: AicSpec, count: int, seed: int = 0) -> np.ndarray:
     context 64..min(32k, context)), mixed (those decodes plus 1-3 prefill
     entries filling up to the token budget, half of them with a log-uniform
     prefix up to 16k) and prefill-only.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        Model, GPU, backend (version), TP and the table limits.
+    count : int
+        Number of summaries.
+    seed : int
+        Seed of the generator.
+
+    Returns
+    -------
+    ndarray(int64, shape (count, 5))
+        Rows ``[num_prefill, prefill_tokens, prefill_kv_tokens, num_decode,
+        decode_kv_tokens]`` (entries, tokens).
     """
     rng = np.random.default_rng(seed)
     out = np.zeros((count, 5), dtype=np.int64)
@@ -384,7 +490,27 @@ def random_passes(spec: AicSpec, count: int, seed: int = 0) -> np.ndarray:
 
 
 def self_check(spec: AicSpec, params: np.ndarray, table: np.ndarray, count: int = NUM_CHECKS) -> dict:
-    """Compare the tables with direct calls on ``count`` random passes; ConfigError above 1%."""
+    """Compare the tables with direct calls on ``count`` random passes; ConfigError above 1%.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        Model, GPU, backend (version), TP and the table limits.
+    params, table : ndarray(float64, ndim=1)
+        The tables of :func:`build_tables`.
+    count : int
+        Random passes to compare.
+
+    Returns
+    -------
+    dict
+        ``passes``, ``mean_rel_error``, ``p99_rel_error``, ``max_rel_error`` (fractions).
+
+    Raises
+    ------
+    ConfigError
+        A relative error above ``MAX_REL_ERROR``.
+    """
     model = direct_model(spec)
     passes = random_passes(spec, count)
     got = np.zeros(count, dtype=np.float64)
@@ -421,18 +547,55 @@ def cache_dir() -> str:
 
 
 def cache_key(spec: AicSpec, version: str) -> str:
+    """Hex key of the disk-cache entry of ``spec`` (24 characters of a SHA-256).
+
+    Parameters
+    ----------
+    spec : AicSpec
+        Model, GPU, backend (version), TP and the table limits.
+    version : str
+        The installed aiconfigurator-core version.
+
+    Returns
+    -------
+    str
+    """
     blob = json.dumps({"spec": spec.__dict__, "package": version, "layout": LAYOUT_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def aic_arrays(cfg: TimingConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's ``(params, table)`` for ``cfg``: from memory, the disk cache, or a checked build."""
+    """The kernel's ``(params, table)`` for ``cfg``: from memory, the disk cache, or a checked build.
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+        A ``timing.type=aic`` section.
+
+    Returns
+    -------
+    params, table : ndarray(float64, ndim=1)
+        As :func:`build_tables`.
+    """
     params, table, _ = load_or_build(AicSpec.from_config(cfg))
     return params, table
 
 
 def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(params, table, info)``; ``info`` holds the self-check errors and the build time."""
+    """``(params, table, info)``; ``info`` holds the self-check errors and the build time.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        Model, GPU, backend (version), TP and the table limits.
+
+    Returns
+    -------
+    params, table : ndarray(float64, ndim=1)
+        As :func:`build_tables`.
+    info : dict
+        :func:`self_check` statistics, ``build_seconds`` (s), package, spec, key.
+    """
     version = package_version()
     key = cache_key(spec, version)
     if key in _MEMO:
@@ -472,6 +635,29 @@ def auto_num_blocks(cfg: TimingConfig, block_size: int, max_tokens: int, max_seq
     ``estimate_num_gpu_blocks`` with the model, GPU, backend, TP, the pool's
     token and sequence limits and ``timing.memory_fraction`` (a fraction of total
     memory for vLLM/SGLang, of free memory for TensorRT-LLM).
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+        A ``timing.type=aic`` section.
+    block_size : int
+        Tokens per block.
+    max_tokens : int
+        The pool's per-pass token limit, tokens.
+    max_sequences : int
+        The pool's sequence limit, sequences.
+    field : str
+        The configuration key named in errors (``engine.<pool>.num_blocks``).
+
+    Returns
+    -------
+    int
+        KV blocks per rank, >= 1 (memoised and cached on disk).
+
+    Raises
+    ------
+    ConfigError
+        aiconfigurator-core cannot derive the capacity, or leaves no KV memory.
     """
     version = package_version()
     blob = json.dumps(

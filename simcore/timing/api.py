@@ -18,6 +18,21 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
     loads its component tables from the disk cache or builds and self-checks
     them (``simcore.timing.aic``, needs the ``replaysim[aic]`` extra).  Both are
     memoised per process.
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+        The ``timing.*`` section.
+
+    Returns
+    -------
+    model : int
+        ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE`` or ``TIMING_AIC``.
+    params : ndarray(float64, ndim=1)
+        fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms, per_prefill_token_us,
+        per_decode_seq_us, per_kv_token_ns]``; table/aic: offsets and sizes into ``table``.
+    table : ndarray(float64, ndim=1)
+        Flat lookup tables (empty for fixed and linear).
     """
     if cfg.type == "fixed":
         return TIMING_FIXED, np.array([cfg.prefill_ms, cfg.decode_ms], dtype=np.float64), NO_TABLE

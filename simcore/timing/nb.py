@@ -166,7 +166,24 @@ def bracket_nb(table, off, n, x):
 
 @njit(cache=True)
 def interp1_nb(table, xoff, yoff, n, x):
-    """Piecewise-linear value at ``x`` of the knots ``table[xoff:xoff + n]`` -> ``table[yoff:...]``."""
+    """Piecewise-linear value at ``x`` of the knots ``table[xoff:xoff + n]`` -> ``table[yoff:...]``.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    xoff, yoff : int
+        Offsets of the ascending knots and of their values.
+    n : int
+        Number of knots, >= 1.
+    x : float
+        Query point (knot units).
+
+    Returns
+    -------
+    float
+        Interpolated value (value units; end segments extended).
+    """
     i, t = bracket_nb(table, xoff, n, x)
     if n == 1:
         return table[yoff]
@@ -178,6 +195,22 @@ def interp_int_nb(table, yoff, n, k):
     """Value at integer ``k >= 1`` of a table holding knots 1..n at ``table[yoff:yoff + n]``.
 
     Below 1 the value at 1 is used; beyond n the last segment is extended.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    yoff : int
+        Offset of the values.
+    n : int
+        Number of knots, >= 1.
+    k : int
+        Query knot.
+
+    Returns
+    -------
+    float
+        Value (ms for the AIC tables).
     """
     if k <= 1 or n == 1:
         return table[yoff]
@@ -189,7 +222,22 @@ def interp_int_nb(table, yoff, n, k):
 
 @njit(cache=True)
 def interp4_nb(table, params, x0, x1, x2, x3):
-    """Multilinear value of the profile attention grid at ``(pc, kvp, nd, kvd)``, us."""
+    """Multilinear value of the profile attention grid at ``(pc, kvp, nd, kvd)``, us.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    x0, x1, x2, x3 : float
+        Prefill chunk (tokens), kv prefill (tokens), decodes (sequences), kv decode (tokens).
+
+    Returns
+    -------
+    float
+        Attention time of one layer, us.
+    """
     n0 = int(params[P_PC_N])
     n1 = int(params[P_KVP_N])
     n2 = int(params[P_ND_N])
@@ -226,7 +274,24 @@ def interp4_nb(table, params, x0, x1, x2, x3):
 
 @njit(cache=True)
 def interp3_nb(table, n_off, n_n, s_off, s_n, p_off, p_n, grid, xn, xs, xp):
-    """Trilinear value of a ``[n, s, p]`` grid stored at ``table[grid:]`` (C order)."""
+    """Trilinear value of a ``[n, s, p]`` grid stored at ``table[grid:]`` (C order).
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    n_off, n_n, s_off, s_n, p_off, p_n : int
+        Offset and count of the knots of each axis.
+    grid : int
+        Offset of the grid values.
+    xn, xs, xp : float
+        Query point on the three axes.
+
+    Returns
+    -------
+    float
+        Interpolated value (ms for the AIC CA table).
+    """
     i0, t0 = bracket_nb(table, n_off, n_n, xn)
     i1, t1 = bracket_nb(table, s_off, s_n, xs)
     i2, t2 = bracket_nb(table, p_off, p_n, xp)
@@ -259,6 +324,26 @@ def table_attention_us_nb(params, table, chunk, kv_prefill, n_decode, kv_decode)
     ``chunk`` and ``kv_decode`` are clamped up to the smallest positive knot
     when there is a prefill / a decode (a chunk or context below the first
     measured one costs what that one costs); 0 means "none".
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    chunk : float
+        Mean prefill chunk, tokens (0: no prefill).
+    kv_prefill : float
+        Mean cached tokens of a prefill entry, tokens.
+    n_decode : int
+        Decode entries, sequences.
+    kv_decode : float
+        Mean cached tokens of a decode entry, tokens.
+
+    Returns
+    -------
+    float
+        Time, us.
     """
     pc = chunk
     if pc > 0.0 and pc < params[P_PC_MIN]:
@@ -282,6 +367,26 @@ def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_toke
     prefill_tokens) / num_prefill``) shares the grid query with the decodes
     (``num_decode``, cached ``decode_kv_tokens / num_decode - 1`` each), and
     each further prefill entry adds a prefill-only query at the same mean shape.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    num_prefill : int
+        Prefill entries.
+    prefill_tokens, prefill_kv_tokens : int
+        Prefill tokens scheduled, and their total with the cached ones, tokens.
+    num_decode : int
+        Decode entries.
+    decode_kv_tokens : int
+        Sum of ``computed + 1`` over decode entries, tokens.
+
+    Returns
+    -------
+    float
+        The rank's time, ms.
     """
     tokens = float(prefill_tokens + num_decode)
     seqs = float(num_prefill + num_decode)
@@ -308,7 +413,24 @@ def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_toke
 
 @njit(cache=True)
 def aic_ga_row_nb(params, table, r, kv):
-    """Decode attention on batch row ``r`` (0-based) at ``kv`` tokens, ms."""
+    """Decode attention on batch row ``r`` (0-based) at ``kv`` tokens, ms.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    r : int
+        Batch row, 0-based.
+    kv : float
+        Kv length, tokens.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
     starts = int(params[A_GA_START])
     first = int(table[starts + r])
     n = int(table[starts + r + 1]) - first
@@ -326,6 +448,22 @@ def aic_ga_nb(params, table, batch, kv):
     Each batch row has its own kv knots (refined around the steps of the
     database's attention model); between batch rows (every integer up to 256,
     coarser beyond) and beyond the last one the rows are combined linearly.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    batch : int
+        Decode requests, sequences.
+    kv : int
+        Kv length per request, tokens.
+
+    Returns
+    -------
+    float
+        Time, ms.
     """
     rows = int(params[A_GA_B_N])
     x = float(kv)
@@ -341,7 +479,24 @@ def aic_ga_nb(params, table, batch, kv):
 
 @njit(cache=True)
 def aic_ca_nb(params, table, batch, s, p):
-    """Context attention of ``batch`` requests of ``s`` new and ``p`` cached tokens, ms."""
+    """Context attention of ``batch`` requests of ``s`` new and ``p`` cached tokens, ms.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    batch : int
+        Prefill requests, sequences.
+    s, p : int
+        New and cached tokens per request, tokens.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
     return interp3_nb(
         table,
         int(params[A_CA_N]),
@@ -366,6 +521,26 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
     ``s = P // n``, ``p = H // n``:
     mixed ``NA[P + B] + LG[1] + CA(ceil(P / s), s, p) + GA(B, K)``;
     prefill-only ``NA[n s] + LG[n] + CA(n, s, p)``; decode-only ``NG[B] + GA(B, K)``.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    num_prefill : int
+        Prefill entries.
+    prefill_tokens, prefill_kv_tokens : int
+        Prefill tokens scheduled, and their total with the cached ones, tokens.
+    num_decode : int
+        Decode entries.
+    decode_kv_tokens : int
+        Sum of ``computed + 1`` over decode entries, tokens.
+
+    Returns
+    -------
+    float
+        The rank's time, ms.
     """
     na_n = int(params[A_NA_N])
     if num_prefill > 0:
@@ -396,7 +571,21 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
 @njit(cache=True)
 def pass_times_nb(model, params, table, summaries, out):
     """``rank_time_ms_nb`` over rows ``[num_prefill, prefill_tokens, prefill_kv_tokens,
-    num_decode, decode_kv_tokens]`` of ``summaries`` (int64, shape (n, 5)) into ``out`` (ms)."""
+    num_decode, decode_kv_tokens]`` of ``summaries`` (int64, shape (n, 5)) into ``out`` (ms).
+
+    Parameters
+    ----------
+    model : int
+        Timing-model code (``TIMING_*``).
+    params : ndarray(float64, ndim=1)
+        The model's parameters.
+    table : ndarray(float64, ndim=1)
+        Its flat lookup tables (may be empty).
+    summaries : ndarray(int64, shape (n, 5))
+        SPEC §8 batch summaries (entries, tokens).
+    out : ndarray(float64, ndim=1)
+        Out, (n,): pass time of each row, ms.
+    """
     for r in range(summaries.shape[0]):
         out[r] = rank_time_ms_nb(
             model,

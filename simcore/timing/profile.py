@@ -194,6 +194,24 @@ def fill_grid(axes, grid: np.ndarray) -> np.ndarray:
        from the two nearest known cells (axes n_decode, prefill_chunk,
        kv_prefill, kv_decode; one known cell: copied), and step 2 repeats.
     Measured cells are never changed.
+
+    Parameters
+    ----------
+    axes : tuple of 4 ndarray(float64, ndim=1)
+        Ascending knots: prefill chunk (tokens), kv prefill (tokens), decodes
+        (sequences), kv decode (tokens).
+    grid : ndarray(float64, ndim=4)
+        Attention time per layer, us, NaN where not measured.
+
+    Returns
+    -------
+    ndarray(float64, ndim=4)
+        The filled grid, us, same shape.
+
+    Raises
+    ------
+    ConfigError
+        A cell has no measured neighbour on any axis.
     """
     g = grid.copy()
     pc, kvp, nd, kvd = axes
@@ -261,7 +279,18 @@ def _fill_lines(g: np.ndarray, knots: np.ndarray, axis: int, *, extend: bool) ->
 
 
 def read_num_layers(path: str) -> int | None:
-    """Top-level ``num_layers`` of ``meta.yaml`` in the profile directory or its parent, or None."""
+    """Top-level ``num_layers`` of ``meta.yaml`` in the profile directory or its parent, or None.
+
+    Parameters
+    ----------
+    path : str
+        The profile directory.
+
+    Returns
+    -------
+    int or None
+        Decoder layers, >= 1; None when no ``meta.yaml`` sets it.
+    """
     import yaml
 
     for candidate in (os.path.join(path, META_FILE), os.path.join(os.path.dirname(os.path.normpath(path)), META_FILE)):
@@ -313,7 +342,21 @@ def load_profile(path: str, num_layers: int | None = None) -> Profile:
 
 
 def profile_arrays(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's ``(params, table)`` for a loaded profile (layout ``nb.P_*``)."""
+    """The kernel's ``(params, table)`` for a loaded profile (layout ``nb.P_*``).
+
+    Parameters
+    ----------
+    profile : Profile
+        From :func:`load_profile`.
+
+    Returns
+    -------
+    params : ndarray(float64, shape (TABLE_NUM_PARAMS,))
+        Layer count, offsets and sizes of the pieces of ``table``, smallest
+        positive prefill-chunk and kv-decode knots (tokens).
+    table : ndarray(float64, ndim=1)
+        Dense and per-sequence knots and times (us), attention axes and grid (us).
+    """
     pieces: list[np.ndarray] = []
     offsets: dict[str, int] = {}
     cursor = 0
@@ -361,7 +404,20 @@ _CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def table_arrays(path: str, num_layers: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """``profile_arrays(load_profile(path, num_layers))``, memoised per process on the files' mtimes."""
+    """``profile_arrays(load_profile(path, num_layers))``, memoised per process on the files' mtimes.
+
+    Parameters
+    ----------
+    path : str
+        The profile directory.
+    num_layers : int or None
+        Decoder layers; None: from ``meta.yaml``.
+
+    Returns
+    -------
+    params, table : ndarray(float64, ndim=1)
+        As :func:`profile_arrays`.
+    """
     stamp = []
     for name in (DENSE_FILE, SEQUENCE_FILE, ATTENTION_FILE, META_FILE):
         file = os.path.join(path, name)

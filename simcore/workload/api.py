@@ -58,13 +58,46 @@ class RequestTable:
 
 
 def default_ids(n: int) -> pa.Array:
+    """The default request ids ``r0 .. r{n-1}``.
+
+    Parameters
+    ----------
+    n : int
+        Number of requests.
+
+    Returns
+    -------
+    pyarrow.StringArray
+        ``n`` ids.
+    """
     return pa.array([f"r{i}" for i in range(n)], type=pa.string())
 
 
 def synthetic_lengths(
     rng: np.random.Generator, dist: str, mean: int, std: float, range_ratio: float, n: int
 ) -> np.ndarray:
-    """``n`` token lengths >= 1 of one column (SPEC §1)."""
+    """``n`` token lengths >= 1 of one column (SPEC §1).
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        The run's generator (draws advance it).
+    dist : {"fixed", "uniform", "normal", "lognormal"}
+        Length distribution.
+    mean : int
+        Mean length, tokens (uniform: the upper bound).
+    std : float
+        Standard deviation, tokens (normal, lognormal).
+    range_ratio : float
+        Uniform lower bound as a fraction of ``mean``.
+    n : int
+        Number of lengths.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Lengths, tokens.
+    """
     if dist == "fixed":
         return np.full(n, mean, dtype=np.int64)
     if dist == "uniform":
@@ -80,6 +113,19 @@ def synthetic_lengths(
 
 
 def synthetic_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> RequestTable:
+    """Synthetic request table: input lengths, then output lengths, from ``rng``.
+
+    Parameters
+    ----------
+    cfg : WorkloadConfig
+        ``num_requests`` and the length distributions.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    RequestTable
+        Default ids, no send times.
+    """
     n = cfg.num_requests
     inputs = synthetic_lengths(rng, cfg.input_dist, cfg.input_tokens, cfg.input_std, cfg.range_ratio, n)
     outputs = synthetic_lengths(
@@ -89,7 +135,18 @@ def synthetic_requests(cfg: WorkloadConfig, rng: np.random.Generator) -> Request
 
 
 def read_table_file(path: str) -> pa.Table:
-    """Read a CSV or Parquet request table; errors name the file (and line)."""
+    """Read a CSV or Parquet request table; errors name the file (and line).
+
+    Parameters
+    ----------
+    path : str
+        A ``.csv``, ``.parquet`` or ``.pq`` file.
+
+    Returns
+    -------
+    pyarrow.Table
+        The raw columns (validated by :func:`table_requests`).
+    """
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"workload.path: no such file: {path}")
@@ -141,7 +198,27 @@ def _parse_field(file: Path, line: int, name: str, value: str):
 
 
 def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> RequestTable:
-    """Validate a user request table (from a file or the Python API)."""
+    """Validate a user request table (from a file or the Python API).
+
+    Parameters
+    ----------
+    table : pyarrow.Table
+        Columns ``input_tokens``, ``output_tokens`` (tokens, integers >= 1),
+        optional ``request_id`` (unique) and ``send_ms`` (ms, finite, non-decreasing).
+    origin : str
+        Named in error messages (a path, or ``requests``).
+    num_requests : int or None
+        Keep at most this many rows from the top.
+
+    Returns
+    -------
+    RequestTable
+
+    Raises
+    ------
+    ConfigError
+        A missing or unknown column, or a bad value (naming its line or row).
+    """
     missing = [c for c in ("input_tokens", "output_tokens") if c not in table.column_names]
     if missing:
         raise ConfigError(
@@ -224,7 +301,20 @@ def _row(origin: str, index: int) -> str:
 
 
 def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
-    """The run's request table: the API override, the configured file, or synthetic."""
+    """The run's request table: the API override, the configured file, or synthetic.
+
+    Parameters
+    ----------
+    cfg : SimConfig
+    requests : pyarrow.Table or None
+        A user table replacing the configured workload.
+    rng : numpy.random.Generator
+        Used for synthetic lengths.
+
+    Returns
+    -------
+    RequestTable
+    """
     if requests is not None:  # replaces the whole configured workload
         return table_requests(requests, "requests", None)
     if cfg.workload.source == "table":
@@ -238,7 +328,21 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
 
 
 def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Generator) -> np.ndarray | None:
-    """Open-loop send instants, ns (SPEC §2); None for a closed loop."""
+    """Open-loop send instants, ns (SPEC §2); None for a closed loop.
+
+    Parameters
+    ----------
+    load : LoadConfig
+    requests : RequestTable
+        ``send_ms`` is read for ``load.type=trace``.
+    rng : numpy.random.Generator
+        Used for poisson and gamma gaps.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1) or None
+        One send instant per request, ns, non-decreasing, the first at 0.
+    """
     n = len(requests)
     if load.type == "closed_loop":
         return None
