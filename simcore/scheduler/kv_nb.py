@@ -187,7 +187,7 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
 
 
 @njit(cache=True)
-def kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size):
+def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
     """Leading complete prompt blocks of request k resident on rank g, with at
     least the last known token left to compute; and how many of them are cached.
 
@@ -203,8 +203,6 @@ def kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size):
         Request index.
     known : int
         Tokens of request k known so far (prompt + generated), tokens.
-    input_tokens : ndarray(int64, ndim=1)
-        Prompt lengths, tokens (unused).
     block_size : int
         Tokens per block.
 

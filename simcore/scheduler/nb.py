@@ -206,7 +206,7 @@ def build_vllm_batch_nb(
         cached_hits = 0
         start = computed[k]  # 0, or input - 1 for a P/D decode entrant
         if caching:
-            hits, cached_hits = kv_hits_nb(pc, g, num_ranks, k, known, input_tokens, block_size)
+            hits, cached_hits = kv_hits_nb(pc, g, num_ranks, k, known, block_size)
             start = hits * block_size
         n_tok = min(known - start, budget)
         grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
