@@ -399,14 +399,8 @@ def build_sglang_batch_nb(
                 victim_i = i
         v = running[g, victim_i]
         needed -= _grow_nb(computed[v] + 1, held[v], block_size)
-        for i in range(victim_i, run_len[g] - 1):
-            running[g, i] = running[g, i + 1]
-        run_len[g] -= 1
-        blocks_used[g] -= held[v]
-        held[v] = 0
-        computed[v] = 0
-        num_preemptions[v] += 1
-        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, v)
+        _retract_nb(g, victim_i, running, run_len, blocks_used, held, computed,
+                    num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
         decoders -= 1
         retracted = True
     if needed > num_blocks - blocks_used[g] and partial >= 0:
@@ -414,15 +408,9 @@ def build_sglang_batch_nb(
         # missing blocks (a re-admitted P/D decode request can be chunked).
         for i in range(run_len[g]):
             if running[g, i] == partial:
-                for j in range(i, run_len[g] - 1):
-                    running[g, j] = running[g, j + 1]
+                _retract_nb(g, i, running, run_len, blocks_used, held, computed,
+                            num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
                 break
-        run_len[g] -= 1
-        blocks_used[g] -= held[partial]
-        held[partial] = 0
-        computed[partial] = 0
-        num_preemptions[partial] += 1
-        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, partial)
         partial = -1
         retracted = True
     if retracted:
@@ -448,6 +436,22 @@ def build_sglang_batch_nb(
             held[k] += grow
             sched_n[k] = 1
     return retracted
+
+
+@njit(cache=True)
+def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preemptions,
+                wait_head, wait_tail, wait_next, wait_prev):
+    """Retract ``running[g, i]`` (SGLang): the others keep their order, it frees
+    its blocks, recomputes from scratch later and joins the back of waiting."""
+    k = running[g, i]
+    for j in range(i, run_len[g] - 1):
+        running[g, j] = running[g, j + 1]
+    run_len[g] -= 1
+    blocks_used[g] -= held[k]
+    held[k] = 0
+    computed[k] = 0
+    num_preemptions[k] += 1
+    wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
 
 
 @njit(cache=True)
