@@ -23,9 +23,7 @@ Usage: python bench/bench_batch.py [--runs 5] [--configs 400]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numba
@@ -38,6 +36,7 @@ from simcore.config import load_config  # noqa: E402
 from simcore.engine.api import simulate_engine  # noqa: E402
 from simcore.engine.batch import simulate_engine_batch  # noqa: E402
 from simcore.workload.api import build_requests  # noqa: E402
+from benchtime import median_seconds  # noqa: E402  (bench/ is the script directory)
 
 
 def configs(count: int) -> list[dict]:
@@ -54,16 +53,6 @@ def configs(count: int) -> list[dict]:
             },
         })
     return out
-
-
-def median_seconds(fn, runs: int) -> float:
-    fn()  # warm-up: JIT compile or cache load
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
 
 
 def main() -> None:
@@ -84,7 +73,7 @@ def main() -> None:
     rate = {}
     print("case,configs,median_s,configs_per_s")
     for name, fn in cases.items():
-        median = median_seconds(fn, args.runs)
+        median = median_seconds(fn, args.runs, warm_up=True)
         rate[name] = args.configs / median
         print(f"{name},{args.configs},{median:.4f},{rate[name]:.1f}")
     print(

@@ -15,7 +15,6 @@ with the pure-Python reference and prints the speed-up over it.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import tracemalloc
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simcore.config import load_config  # noqa: E402
 from simcore.engine.api import simulate_engine  # noqa: E402
 from simcore.workload.api import build_requests  # noqa: E402
+from benchtime import median_seconds  # noqa: E402  (bench/ is the script directory)
 
 DETOK = {"workers": 2, "base_ms": 2.85, "per_output_us": 61.6}
 
@@ -47,16 +47,12 @@ def time_case(config: dict, runs: int) -> tuple[float, float, int]:
     requests = build_requests(cfg, None, np.random.default_rng(cfg.seed))
     run = simulate_engine(cfg, requests, None)  # warm-up: JIT compile or cache load
     assert run.num_preemptions.sum() == 0, "the reference workload must not preempt"
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run = simulate_engine(cfg, requests, None)
-        seconds.append(time.perf_counter() - start)
+    median = median_seconds(lambda: simulate_engine(cfg, requests, None), runs)
     tracemalloc.start()
     simulate_engine(cfg, requests, None)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return statistics.median(seconds), peak / 2**20, int(run.generated.sum())
+    return median, peak / 2**20, int(run.generated.sum())
 
 
 def check_against_reference() -> None:

@@ -33,10 +33,7 @@ Usage: python bench/bench_scaling.py [--runs 5] [--quick] [--plot [PATH]]
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +47,7 @@ from simcore.config import load_config, merge_config  # noqa: E402
 from simcore.engine import nb  # noqa: E402
 from simcore.engine.api import simulate_engine  # noqa: E402
 from simcore.workload.api import build_requests  # noqa: E402
+from benchtime import median_seconds  # noqa: E402  (bench/ is the script directory)
 
 DETOK = {"workers": 2, "base_ms": 2.85, "per_output_us": 61.6}
 INPUT_TOKENS = 1024
@@ -117,15 +115,6 @@ class Case:
         )
 
 
-def median_time(fn, runs: int) -> float:
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
-
-
 def measure(case: Case, runs: int) -> None:
     config = case.config()
     cfg = load_config(config)
@@ -141,11 +130,11 @@ def measure(case: Case, runs: int) -> None:
     del logged
 
     simulate_engine(cfg, requests, None)  # warm-up (JIT compile or cache load)
-    t = median_time(lambda: simulate_engine(cfg, requests, None), runs)
+    t = median_seconds(lambda: simulate_engine(cfg, requests, None), runs)
     case.figures["kernel"] = (t, t / case.tokens * 1e6)
     result = simcore.run(config)  # warm-up of the metrics kernels
     assert result.summary["total_output_tokens"] == case.tokens
-    t = median_time(lambda: simcore.run(config), runs)
+    t = median_seconds(lambda: simcore.run(config), runs)
     case.figures["run"] = (t, t / case.tokens * 1e6)
 
 
@@ -176,7 +165,7 @@ def stage_breakdown(num_requests: int, runs: int) -> list[tuple[str, float]]:
         ("summary", lambda: summarize(cols, table.input_tokens, cfg.metrics)),
         ("requests_table", lambda: requests_table(table.request_id, table.input_tokens, table.output_tokens, cols)),
     ]
-    return [(name, median_time(fn, runs)) for name, fn in stages]
+    return [(name, median_seconds(fn, runs)) for name, fn in stages]
 
 
 def reference_ratio(num_requests: int, concurrency: int, runs: int) -> dict:
@@ -199,11 +188,11 @@ def reference_ratio(num_requests: int, concurrency: int, runs: int) -> dict:
     recv = [t[1] for toks in slow["tokens"] for t in toks]
     assert recv == fast.token_recv_ns.tolist(), "kernel and reference disagree"
     ref_runs = max(1, min(runs, 3))
-    sim_s = median_time(slow_sim, ref_runs)
+    sim_s = median_seconds(slow_sim, ref_runs)
     m = full["metrics"]
-    sum_s = median_time(lambda: reference_summarize(slow, inputs, outputs, m["percentiles"], m["goodput"], None), ref_runs)
-    kernel_s = median_time(lambda: simulate_engine(cfg, requests, None), runs)
-    run_s = median_time(lambda: simcore.run(config), runs)
+    sum_s = median_seconds(lambda: reference_summarize(slow, inputs, outputs, m["percentiles"], m["goodput"], None), ref_runs)
+    kernel_s = median_seconds(lambda: simulate_engine(cfg, requests, None), runs)
+    run_s = median_seconds(lambda: simcore.run(config), runs)
     tokens = int(fast.generated.sum())
     return {
         "tokens": tokens,
