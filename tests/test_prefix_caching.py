@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 import simcore
