@@ -150,10 +150,11 @@ DEFAULTS: dict[str, Any] = {
         "percentiles": [50, 90, 95, 99],
         "goodput": {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None},
     },
-    "output": {"dir": None, "passes": False, "tokens": False},
+    "output": {"dir": None, "passes": False, "tokens": False, "mode": "detailed"},
 }
 
 WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure")
+OUTPUT_MODES = ("detailed", "bounded")
 FILE_SOURCES = ("table", "mooncake", "azure")
 TRACE_SOURCES = ("mooncake", "azure")
 #: Tokens per ``hash_ids`` block of a Mooncake trace when workload.block_size is null.
@@ -462,6 +463,7 @@ class OutputConfig:
     dir: str | None
     passes: bool
     tokens: bool
+    mode: str  # detailed: per-token arrays; bounded: O(requests) memory, ITL percentiles sketched
 
 
 @dataclass(frozen=True)
@@ -588,6 +590,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             dir=_optional_str("output.dir", raw["output"]["dir"]),
             passes=_flag("output.passes", raw["output"]["passes"]),
             tokens=_flag("output.tokens", raw["output"]["tokens"]),
+            mode=_choice("output.mode", raw["output"]["mode"], OUTPUT_MODES),
         ),
         resolved=raw,
     )
@@ -809,6 +812,10 @@ def _check_combinations(cfg: SimConfig) -> None:
                 raise ConfigError(
                     f"engine.{name}.{key} is not used with engine.mode={engine.mode}, got {value!r}"
                 )
+    if cfg.output.mode == "bounded" and cfg.output.tokens:
+        raise ConfigError(
+            "output.tokens=true needs output.mode=detailed: the bounded mode keeps no per-token instants"
+        )
     transfer = engine.kv_transfer
     if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None):
         raise ConfigError(

@@ -88,6 +88,8 @@ BAD_INPUT = {
     "inf": (["timing.base_ms=inf"], None, ["timing.base_ms"]),
     "negative": (["detokenization.base_ms=-1"], None, ["detokenization.base_ms"]),
     "zero-workers": (["tokenization.workers=0"], None, ["tokenization.workers"]),
+    "bad-output-mode": (["output.mode=sketchy"], None, ["output.mode", "sketchy"]),
+    "bounded-tokens": (["output.mode=bounded", "output.tokens=true"], None, ["output.tokens", "output.mode=detailed"]),
     "fractional-workers": (["detokenization.workers=1.5"], None, ["detokenization.workers"]),
     "unknown-key": (["engine.aggregated.foo=1"], None, ["engine.aggregated.foo"]),
     "unknown-added-key": (["+foo=1"], None, ["foo is not a known config key"]),

@@ -18,6 +18,8 @@ from simcore.client.api import (
 )
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
+from simcore.metrics.nb import STREAM_FIELDS
+from simcore.metrics.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
 from simcore.scheduler.prefix import prompt_block_identities
@@ -26,6 +28,7 @@ from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
+STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
 POLICY_CODES = {"vllm": POLICY_VLLM, "sglang": POLICY_SGLANG, "trtllm": POLICY_TRTLLM}
 
 
@@ -41,7 +44,9 @@ class EngineRun:
     and in P/D ``transfer_end_ns``, ``decode_worker`` (global index) and
     ``decode_rank`` (-1 until handed off; all -1 when aggregated).  Per token (request
     k's at ``token_offset[k]:token_offset[k + 1]``): ``token_emit_ns``,
-    ``token_recv_ns`` (receipts after the cap already set to -1).
+    ``token_recv_ns`` (receipts after the cap already set to -1); both empty
+    in the bounded output mode, where ``receipts`` holds the per-request
+    receipt statistics and ITL sketch instead (None in the detailed mode).
     ``passes``: int64 log (``nb.PASS_*`` columns) and float64 ``pass_ms`` of
     the passes that ended by the cap, or None when not recorded.
     """
@@ -64,6 +69,7 @@ class EngineRun:
     token_offset: np.ndarray
     token_emit_ns: np.ndarray
     token_recv_ns: np.ndarray
+    receipts: Receipts | None
     cap_ns: int | None
     disaggregated: bool
     worker_role: np.ndarray
@@ -87,7 +93,7 @@ KERNEL_INPUTS = (
 KERNEL_OUTPUTS = (
     "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
     "transfer_end_ns", "decode_rank", "cached_tokens", "generated", "num_preemptions",
-    "token_emit_ns", "token_recv_ns", "emit_log", "pass_log", "pass_ms", "bad_batch",
+    "token_emit_ns", "token_recv_ns", "receipts", "emit_log", "pass_log", "pass_ms", "bad_batch",
 )
 
 
@@ -107,6 +113,7 @@ class Prepared:
     num_tokens: int
     pass_rows: int
     record_passes: bool
+    bounded: bool
     worker: np.ndarray
     rank: np.ndarray
     topo: dict
@@ -165,15 +172,20 @@ def simulate_engine(
     return run_prepared(prepare(cfg, requests, send_ns, record_passes=record_passes, detok_path=detok_path))
 
 
-def run_prepared(prep: Prepared) -> EngineRun:
+def run_prepared(prep: Prepared, itl_include: np.ndarray | None = None) -> EngineRun:
     """Run one prepared configuration (:func:`prepare`) through the kernel.
 
-    The pass log is doubled and the run repeated while the kernel reports it full.
+    The pass log is doubled and the run repeated while the kernel reports it
+    full; in the bounded mode, the run is repeated once more if
+    :func:`itl_rerun_mask` asks for it.
 
     Parameters
     ----------
     prep : Prepared
         Kernel inputs of one configuration.
+    itl_include : ndarray(int64, ndim=1), optional
+        Bounded mode: the requests whose gaps enter the ITL sketch (default all,
+        then repeated as needed).
 
     Returns
     -------
@@ -182,14 +194,49 @@ def run_prepared(prep: Prepared) -> EngineRun:
     """
     pass_rows = prep.pass_rows
     while True:
-        out = _allocate(prep.n, prep.num_tokens, prep.mode, pass_rows)
+        out = _allocate(prep.n, prep.num_tokens, prep.mode, pass_rows, bounded=prep.bounded)
+        if itl_include is not None:
+            out["receipts"][STREAM_INCLUDE][:] = itl_include
         if not prep.closed:
             out["send_ns"][:] = prep.send
         status, rows, num_emitted = nb.simulate_engine_nb(*prep.kernel_args(out, prep.prefix_cache()))
-        if status != nb.PASS_LOG_FULL:
-            break
-        pass_rows *= 2
-    return finish(prep, out, status, rows, num_emitted)
+        if status == nb.PASS_LOG_FULL:
+            pass_rows *= 2
+            continue
+        if status == nb.OK and itl_include is None:
+            itl_include = itl_rerun_mask(prep, out)
+            if itl_include is not None:
+                continue
+        return finish(prep, out, status, rows, num_emitted)
+
+
+def itl_rerun_mask(prep: Prepared, out: dict) -> np.ndarray | None:
+    """Bounded mode: the ITL-sketch mask for a second run, or None when the first one stands.
+
+    The sketch takes every gap as it happens, but ITL pools completed
+    requests only, and completion is known at the end.  When some request
+    with gaps did not complete (the time cap, a request that never fits), the
+    run is repeated (it is deterministic) with only the completed requests'
+    gaps let into the sketch.
+
+    Parameters
+    ----------
+    prep : Prepared
+    out : dict of str to ndarray
+        The first run's kernel outputs.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1) or None
+        1 for the completed requests, 0 for the others.
+    """
+    if not prep.bounded:
+        return None
+    received = out["receipts"][0]
+    completed = completed_mask(out["finish_ns"], out["reject_ns"], out["generated"], received)
+    if not np.any(~completed & (received >= 2)):
+        return None
+    return completed.astype(np.int64)
 
 
 def prepare(
@@ -232,6 +279,9 @@ def prepare(
         raise ValueError("a closed loop needs receipts inside the kernel (detok_path='kernel')")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
+    bounded = cfg.output.mode == "bounded"
+    if bounded and detok_path == "after_run":
+        raise ValueError("the bounded output mode needs receipts inside the kernel (detok_path='kernel')")
     pools = cfg.engine.pools
     n = len(requests)
     input_tokens = np.ascontiguousarray(requests.input_tokens, dtype=np.int64)
@@ -267,7 +317,7 @@ def prepare(
     detok = cfg.detokenization
     if not detok.enabled:
         mode = nb.DETOK_OFF
-    elif detok_path == "kernel" or (detok_path == "auto" and closed):
+    elif detok_path == "kernel" or (detok_path == "auto" and (closed or bounded)):
         mode = nb.DETOK_IN_KERNEL
     else:
         mode = nb.DETOK_DEFERRED
@@ -328,6 +378,7 @@ def prepare(
         num_tokens=num_tokens,
         pass_rows=pass_rows,
         record_passes=record_passes,
+        bounded=bounded,
         worker=worker,
         rank=rank,
         topo=topo,
@@ -377,6 +428,7 @@ def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) 
     detok = cfg.detokenization
 
     token_recv = out["token_recv_ns"]
+    receipts = Receipts.from_stream(out["receipts"]) if prep.bounded else None
     if prep.mode == nb.DETOK_DEFERRED:
         emit_log = out["emit_log"][:num_emitted]
         request_of_token = np.repeat(np.arange(prep.n, dtype=np.int64), prep.args["output_tokens"])
@@ -431,6 +483,7 @@ def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) 
         token_offset=token_offset,
         token_emit_ns=out["token_emit_ns"],
         token_recv_ns=token_recv,
+        receipts=receipts,
         cap_ns=cap_ns,
         disaggregated=cfg.engine.mode == "disaggregated",
         worker_role=topo["worker_role"],
@@ -482,11 +535,14 @@ def _topology(pools, policy: str) -> dict[str, np.ndarray]:
     }
 
 
-def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int, batch: int | None = None) -> dict[str, np.ndarray]:
+def _allocate(
+    n: int, num_tokens: int, mode: int, pass_rows: int, batch: int | None = None, *, bounded: bool = False
+) -> dict[str, np.ndarray]:
     """Caller-allocated kernel outputs, initialised to their "not yet" values.
 
     ``batch``: a leading axis of that many configurations on every output but
-    the (shared, then empty) pass log.
+    the (shared, then empty) pass log.  ``bounded``: per-request receipt
+    state instead of the per-token arrays.
     """
     lead = () if batch is None else (batch,)
     out = {
@@ -506,8 +562,10 @@ def _allocate(n: int, num_tokens: int, mode: int, pass_rows: int, batch: int | N
     out["generated"] = np.zeros(lead + (n,), dtype=np.int64)
     out["cached_tokens"] = np.zeros(lead + (n,), dtype=np.int64)
     out["num_preemptions"] = np.zeros(lead + (n,), dtype=np.int64)
-    out["token_emit_ns"] = np.full(lead + (num_tokens,), -1, dtype=np.int64)
-    out["token_recv_ns"] = np.full(lead + (num_tokens,), -1, dtype=np.int64)
+    per_token = 0 if bounded else num_tokens
+    out["token_emit_ns"] = np.full(lead + (per_token,), -1, dtype=np.int64)
+    out["token_recv_ns"] = np.full(lead + (per_token,), -1, dtype=np.int64)
+    out["receipts"] = allocate_stream_state(n if bounded else 0, batch)
     out["emit_log"] = np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64)
     out["pass_log"] = np.zeros((pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64)
     out["pass_ms"] = np.zeros(pass_rows, dtype=np.float64)

@@ -10,8 +10,8 @@ stacks the per-configuration inputs into 2-D arrays, runs
 *One shape* (what the configurations must share): the number of requests and
 their output lengths (the per-token arrays have one width), the deployment's
 workers and ranks (mode, replicas, attention-DP ranks), the detokenizer's
-evaluation mode (off, in the kernel, or after the run), no pass log, and
-equal prefix-cache state sizes.  Everything else may differ: prompts, request
+evaluation mode (off, in the kernel, or after the run), the output mode, no
+pass log, and equal prefix-cache state sizes.  Everything else may differ: prompts, request
 ids, send instants, closed or open loop, concurrency, think time, tokenizer
 and detokenizer servers and costs, scheduler limits, policy, timing model and
 coefficients, time cap.
@@ -25,7 +25,17 @@ import numpy as np
 
 from simcore.config import SimConfig
 from simcore.engine import nb
-from simcore.engine.api import KERNEL_INPUTS, KERNEL_OUTPUTS, EngineRun, Prepared, _allocate, finish, prepare
+from simcore.engine.api import (
+    KERNEL_INPUTS,
+    KERNEL_OUTPUTS,
+    EngineRun,
+    Prepared,
+    _allocate,
+    finish,
+    itl_rerun_mask,
+    prepare,
+    run_prepared,
+)
 from simcore.workload.api import RequestTable
 
 #: Kernel inputs shared by a batch (1-D or scalar), with the field a mismatch reports.
@@ -61,6 +71,7 @@ def shape_of(prep: Prepared) -> dict[str, object]:
         value = prep.args[name]
         shape[label] = (value.shape, value.tobytes()) if isinstance(value, np.ndarray) else value
     shape["record_passes (output.passes)"] = prep.record_passes
+    shape["the output mode (output.mode)"] = prep.bounded
     num_slots, num_ranks, ident_offset, ident = prep.cache_shape
     shape["prefix-cache state sizes (prefix_caching, num_blocks, prompt blocks)"] = (
         num_slots, num_ranks, ident_offset.shape[0], ident.shape[0]
@@ -166,7 +177,7 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     args = []
     for name in KERNEL_INPUTS:
         if name == "send_ns":
-            out = _allocate(first.n, first.num_tokens, first.mode, 0, batch=count)
+            out = _allocate(first.n, first.num_tokens, first.mode, 0, batch=count, bounded=first.bounded)
             for c, prep in enumerate(preps):
                 if not prep.closed:
                     out["send_ns"][c] = prep.send
@@ -182,9 +193,22 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     nb.simulate_batch_nb(*args, *(out[name] for name in KERNEL_OUTPUTS), status)
     runs = []
     for c, prep in enumerate(preps):
-        row = {name: (value if name in ("pass_log", "pass_ms") else value[c]) for name, value in out.items()}
+        row = {name: _row(name, value, c) for name, value in out.items()}
+        itl_include = itl_rerun_mask(prep, row) if status[c, 0] == nb.OK else None
+        if itl_include is not None:  # bounded mode with incomplete requests
+            runs.append(run_prepared(prep, itl_include))
+            continue
         runs.append(finish(prep, row, int(status[c, 0]), int(status[c, 1]), int(status[c, 2])))
     return runs
+
+
+def _row(name: str, value, c: int):
+    """Configuration c's part of a batched kernel output."""
+    if name in ("pass_log", "pass_ms"):
+        return value
+    if name == "receipts":
+        return tuple(array[c] for array in value)
+    return value[c]
 
 
 def _stack(values: list, *, pad: bool) -> np.ndarray:

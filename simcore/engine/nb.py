@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from simcore.metrics.nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
@@ -170,6 +171,7 @@ def simulate_engine_nb(
     num_preemptions,
     token_emit_ns,
     token_recv_ns,
+    receipts,
     emit_log,
     pass_log,
     pass_ms,
@@ -258,7 +260,13 @@ def simulate_engine_nb(
         Out, per request, zero initialised: tokens emitted, preemptions.
     token_emit_ns, token_recv_ns : ndarray(int64, ndim=1)
         Out, per token, ``-1`` initialised: emission and receipt instants, ns
-        (receipts are left at -1 in ``DETOK_DEFERRED`` mode).
+        (receipts are left at -1 in ``DETOK_DEFERRED`` mode); empty in the
+        bounded output mode.
+    receipts : tuple of ndarray(int64, ndim=1)
+        The bounded output mode's state (``simcore.metrics.nb.STREAM_FIELDS``),
+        updated at every pass end instead of the per-token arrays; arrays of
+        length 0 in the detailed mode.  Bounded needs ``DETOK_OFF`` or
+        ``DETOK_IN_KERNEL``.
     emit_log : ndarray(int64, ndim=1)
         Out: token indices in emission order (``DETOK_DEFERRED`` only; else
         may be empty).
@@ -285,6 +293,7 @@ def simulate_engine_nb(
     num_ranks = rank_num_blocks.shape[0]
     first_decode_worker = num_workers - num_decode_workers
     record_passes = pass_log.shape[0] > 0
+    bounded = receipts[0].shape[0] > 0
     pass_log_rows = 0
     num_emitted = 0
     num_handoffs = 0
@@ -314,7 +323,12 @@ def simulate_engine_nb(
     tok_free = np.zeros(num_tok_servers, dtype=np.int64)
     detok_free = np.zeros(num_workers * detok_workers, dtype=np.int64)
     max_outputs = max_ranks * rank_max_sequences.max()
+    # A pass's outputs: where the detokenizer stamps each receipt (the token's
+    # index, or in bounded mode the output's, into out_recv) and its request.
     out_token = np.empty(max_outputs, dtype=np.int64)
+    out_req = np.empty(max_outputs, dtype=np.int64)
+    out_recv = np.empty(max_outputs, dtype=np.int64)
+    recv_target = out_recv if bounded else token_recv_ns
     out_server = np.empty(max_outputs, dtype=np.int64)
     out_flags = np.zeros(max_outputs, dtype=np.int64)
     job_count = np.zeros(detok_workers, dtype=np.int64)  # outputs in each server's job
@@ -398,15 +412,20 @@ def simulate_engine_nb(
                                     j = generated[k]
                                     generated[k] = j + 1
                                     tok = token_offset[k] + j
-                                    token_emit_ns[tok] = t
                                     if j == 0:
                                         first_emit_ns[k] = t
                                     leaves = (
                                         j + 1 == output_tokens[k]
                                         or input_tokens[k] + j + 1 >= rank_seq_limit[g]
                                     )
+                                    if bounded:
+                                        out_req[num_out] = k
+                                        tok = num_out
+                                    else:
+                                        token_emit_ns[tok] = t
                                     if detok_mode == DETOK_OFF:
-                                        token_recv_ns[tok] = t
+                                        recv_target[tok] = t
+                                        num_out += bounded
                                         if leaves and closed_loop:
                                             send_size = _heap_push_nb(
                                                 send_key, send_val, send_size, t + think_ns, 0
@@ -446,7 +465,7 @@ def simulate_engine_nb(
                         chunk_size,
                         detok_params,
                         detok_free,
-                        token_recv_ns,
+                        recv_target,
                         job_count,
                         job_firsts,
                         job_finals,
@@ -459,6 +478,8 @@ def simulate_engine_nb(
                         send_val,
                         send_size,
                     )
+                if bounded and num_out > 0:
+                    stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -638,6 +659,7 @@ def simulate_batch_nb(
     num_preemptions,
     token_emit_ns,
     token_recv_ns,
+    receipts,
     emit_log,
     pass_log,
     pass_ms,
@@ -680,7 +702,9 @@ def simulate_batch_nb(
     arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns, handoff_ns, transfer_end_ns, decode_rank, cached_tokens, generated, num_preemptions : ndarray(int64, ndim=2)
         Out, (C, n), initialised as for ``simulate_engine_nb`` (instants in ns).
     token_emit_ns, token_recv_ns : ndarray(int64, ndim=2)
-        Out, (C, tokens), ns, ``-1`` initialised.
+        Out, (C, tokens), ns, ``-1`` initialised ((C, 0) in the bounded mode).
+    receipts : tuple of ndarray(int64, ndim=2)
+        The 9 bounded-mode state arrays, each (C, length) (length 0: detailed).
     emit_log : ndarray(int64, ndim=2)
         Out, (C, tokens) in deferred mode, else (C, 0).
     pass_log : ndarray(int64, ndim=2)
@@ -695,6 +719,7 @@ def simulate_batch_nb(
     num_configs = send_ns.shape[0]
     for c in prange(num_configs):
         pc = prefix_cache
+        rc = receipts
         state = (
             pc[0][c], pc[1][c], pc[2][c], pc[3][c], pc[4][c], pc[5][c], pc[6][c], pc[7][c],
             pc[8][c], pc[9][c], pc[10][c], pc[11][c], pc[12][c], pc[13][c], pc[14][c],
@@ -749,6 +774,7 @@ def simulate_batch_nb(
             num_preemptions[c],
             token_emit_ns[c],
             token_recv_ns[c],
+            (rc[0][c], rc[1][c], rc[2][c], rc[3][c], rc[4][c], rc[5][c], rc[6][c], rc[7][c], rc[8][c]),
             emit_log[c],
             pass_log,
             pass_ms,
@@ -789,7 +815,7 @@ def _detokenize_pass_nb(
     chunk_size,
     detok_params,
     detok_free,
-    token_recv_ns,
+    recv_target,
     job_count,
     job_firsts,
     job_finals,
@@ -809,7 +835,8 @@ def _detokenize_pass_nb(
     served in order.  Without chunking a server has one job, whose counts
     (``job_count``, ``job_firsts``, ``job_finals``) the pass end kept as it
     emitted: a single sweep stamps the job ends.  Servers are independent queues, so this
-    gives the same receipts as SPEC's job order.  Stamps the receipts and, in a
+    gives the same receipts as SPEC's job order.  Stamps the receipts
+    (``recv_target[out_token[e]]``) and, in a
     closed loop, queues the send released by each request-final token.
     Returns the send-heap size.
     """
@@ -831,7 +858,7 @@ def _detokenize_pass_nb(
             job_finals[s] = 0
         for e in range(num_out):
             end = job_ends[out_server[e]]
-            token_recv_ns[out_token[e]] = end
+            recv_target[out_token[e]] = end
             if closed_loop and out_flags[e] & OUT_FINAL:
                 send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
         return send_size
@@ -865,7 +892,7 @@ def _detokenize_pass_nb(
             end = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
             detok_free[server] = end
             for q in range(lo, hi):
-                token_recv_ns[job_tokens[s, q]] = end
+                recv_target[job_tokens[s, q]] = end
                 if closed_loop and job_flags[s, q] & OUT_FINAL:
                     send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
             lo = hi

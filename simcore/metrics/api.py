@@ -14,7 +14,8 @@ import pyarrow as pa
 from simcore.config import GoodputConfig, MetricsConfig
 from simcore.engine import nb
 from simcore.engine.api import EngineRun
-from simcore.metrics.nb import itl_gaps_nb, receipts_nb
+from simcore.metrics.nb import itl_gaps_nb
+from simcore.metrics.receipts import Receipts, completed_mask, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
 from simcore.units import NOT_YET
 
@@ -40,19 +41,16 @@ class RequestColumns:
     """Per-request instants and metrics derived from an engine run (int64 ns)."""
 
     def __init__(self, run: EngineRun):
-        n = run.generated.shape[0]
-        num_received = np.empty(n, dtype=np.int64)
-        self.first_recv_ns = np.empty(n, dtype=np.int64)
-        self.last_recv_ns = np.empty(n, dtype=np.int64)
-        receipts_nb(run.token_offset, run.token_recv_ns, num_received, self.first_recv_ns, self.last_recv_ns)
-        self.num_received = num_received
-        has_first = num_received > 0
+        receipts = run.receipts or Receipts.from_tokens(run.token_offset, run.token_recv_ns)
+        self.receipts = receipts
+        self.num_received = receipts.num_received
+        self.first_recv_ns = receipts.first_recv_ns
+        self.last_recv_ns = receipts.last_recv_ns
 
-        final_received = (run.finish_ns != NOT_YET) & (num_received == run.generated) & has_first
+        self.completed = completed_mask(run.finish_ns, run.reject_ns, run.generated, self.num_received)
         self.status = np.full(run.generated.shape[0], INCOMPLETE, dtype=np.int8)
-        self.status[final_received] = COMPLETED
+        self.status[self.completed] = COMPLETED
         self.status[run.reject_ns != NOT_YET] = REJECTED
-        self.completed = self.status == COMPLETED
         self.run = run
 
         self.ttft_ms = _span_ms(self.first_recv_ns, run.send_ns)
@@ -80,7 +78,7 @@ class RequestColumns:
         }
 
     def itl_ms(self) -> np.ndarray:
-        """Every gap between consecutive receipts of one completed request, pooled."""
+        """Every gap between consecutive receipts of one completed request, pooled (detailed mode)."""
         gaps = np.maximum(self.num_received - 1, 0)
         out = np.empty(int(gaps[self.completed].sum()), dtype=np.float64)
         itl_gaps_nb(self.run.token_offset, self.run.token_recv_ns, self.num_received, self.completed, out)
@@ -244,7 +242,7 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
     Parameters
     ----------
     name : str
-        Metric name (``ttft``, ``tpot``, ``itl``, ``e2el``).
+        Metric name (``ttft``, ``tpot``, ``e2el``).
     values : ndarray(float64, ndim=1)
         The metric's values, ms, without NaN; reordered in place.
     percentiles : sequence of float
@@ -257,23 +255,54 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
         ``min_<name>_ms``, ``max_<name>_ms`` and ``p<q>_<name>_ms``, ms.
     """
     if values.size == 0:
-        keys = ["mean", "median", "std", "min", "max"]
-        return {f"{key}_{name}_ms": None for key in keys} | {
-            f"{percentile_key(p)}_{name}_ms": None for p in percentiles
-        }
-    stats = {
-        f"mean_{name}_ms": float(np.mean(values)),
-        f"median_{name}_ms": None,
-        f"std_{name}_ms": float(np.std(values)),
-        f"min_{name}_ms": float(np.min(values)),
-        f"max_{name}_ms": float(np.max(values)),
-    }
-    stats[f"median_{name}_ms"] = float(np.median(values, overwrite_input=True))
-    # One call: numpy partitions once for every percentile (same values as one call each).
-    points = np.percentile(values, percentiles, overwrite_input=True) if percentiles else []
-    for p, value in zip(percentiles, points):
-        stats[f"{percentile_key(p)}_{name}_ms"] = float(value)
-    return stats
+        return _stats_dict(name, percentiles, None)
+    mean, std = float(np.mean(values)), float(np.std(values))
+    low, high = float(np.min(values)), float(np.max(values))
+    # One call: numpy partitions once for the median and every percentile.
+    points = np.percentile(values, [50, *percentiles], overwrite_input=True)
+    return _stats_dict(name, percentiles, (mean, std, low, high, points))
+
+
+def itl_stats(cols: RequestColumns, percentiles) -> dict:
+    """The ITL statistics (keys as :func:`distribution_stats`), None when no gap.
+
+    Mean, std, min and max are exact from the per-request receipt statistics
+    (equal in both output modes); the median and percentiles are exact from
+    the pooled gaps in the detailed mode and read from the log-bucket sketch
+    in the bounded mode.
+
+    Parameters
+    ----------
+    cols : RequestColumns
+    percentiles : sequence of float
+        Percentiles to report, 0..100.
+
+    Returns
+    -------
+    dict of str to (float or None)
+        ms.
+    """
+    moments = itl_moments(cols.receipts, cols.completed)
+    if moments is None:
+        return _stats_dict("itl", percentiles, None)
+    _, mean, std, low, high = moments
+    sketch = cols.receipts.itl_sketch
+    if sketch is None:
+        points = np.percentile(cols.itl_ms(), [50, *percentiles], overwrite_input=True)
+    else:
+        points = sketch_percentiles(sketch, [50, *percentiles], low, high)
+    return _stats_dict("itl", percentiles, (mean, std, low, high, points))
+
+
+def _stats_dict(name: str, percentiles, stats) -> dict:
+    """Summary keys of one distribution from ``(mean, std, min, max, [median, *points])`` or None."""
+    keys = [f"{key}_{name}_ms" for key in ("mean", "median", "std", "min", "max")]
+    keys += [f"{percentile_key(p)}_{name}_ms" for p in percentiles]
+    if stats is None:
+        return dict.fromkeys(keys)
+    mean, std, low, high, points = stats
+    values = [mean, points[0], std, low, high, *points[1:]]
+    return {key: float(value) for key, value in zip(keys, values)}
 
 
 def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsConfig) -> dict:
@@ -324,10 +353,10 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
     }
     for name, column in DISTRIBUTIONS.items():
         if column is None:
-            values = cols.itl_ms()
-        else:
-            values = getattr(cols, column)
-            values = values[done & ~np.isnan(values)]  # tpot exists from 2 tokens on
+            summary.update(itl_stats(cols, metrics.percentiles))
+            continue
+        values = getattr(cols, column)
+        values = values[done & ~np.isnan(values)]  # tpot exists from 2 tokens on
         summary.update(distribution_stats(name, values, metrics.percentiles))
     for stage in TTFT_STAGES:
         values = cols.stages[stage][done]

@@ -1,19 +1,77 @@
-"""Metric kernels over the per-token receipt array.
+"""Metric kernels: per-request receipt statistics, ITL gaps and the ITL sketch.
 
 Contract: ``@njit(cache=True)``, flat int64 arrays in, caller-allocated outputs.
 Request k's tokens are ``token_offset[k] .. token_offset[k + 1]``; receipts are
 int64 ns, ``-1`` where not received by the cap, and non-decreasing within a
 request (one FIFO detokenizer server), so the received tokens are a prefix.
+
+The per-request statistics (:data:`RECEIPT_FIELDS`) are what the summary needs
+from the receipts besides ITL percentiles.  The detailed output mode derives
+them from the per-token array (``receipts_nb``); the bounded mode accumulates
+the same integers as receipts happen (``stream_receipts_nb``), so both modes give
+bit-identical summaries.  Sums of squared gaps are exact 124-bit integers
+(``hi * 2**62 + lo``), which makes the ITL std independent of summation order.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from numba import njit
+
+#: Per-request receipt statistics, in the order of the ``receipts`` state tuple:
+#: tokens received, first and last receipt (ns, -1: none), the sum of squared
+#: ITL gaps (ns^2) as ``hi * 2**62 + lo``, and the smallest and largest gap (ns,
+#: -1: fewer than two receipts).
+RECEIPT_FIELDS = ("num_received", "first_recv_ns", "last_recv_ns", "gap_sq_hi", "gap_sq_lo", "gap_min_ns", "gap_max_ns")
+#: The bounded mode's extra state: 1 where a request's gaps enter the ITL
+#: sketch, and the sketch's bucket counts.
+STREAM_FIELDS = RECEIPT_FIELDS + ("itl_include", "itl_sketch")
+
+SQ_BITS = 62
+SQ_MASK = (1 << SQ_BITS) - 1
+_LOW_BITS = 31
+_LOW_MASK = (1 << _LOW_BITS) - 1
+_MID_MASK = (1 << 30) - 1
+
+#: Log-bucket ITL sketch: bucket 0 holds zero gaps; bucket i >= 1 holds gaps g
+#: (ns) with gamma**(i - 2) < g <= gamma**(i - 1), represented by
+#: 2 gamma**(i - 1) / (gamma + 1), within SKETCH_ALPHA relative of every member.
+SKETCH_ALPHA = 0.0005
+SKETCH_GAMMA = (1 + SKETCH_ALPHA) / (1 - SKETCH_ALPHA)
+SKETCH_LOG_GAMMA = math.log(SKETCH_GAMMA)
+SKETCH_BUCKETS = int(math.ceil(63 * math.log(2) / SKETCH_LOG_GAMMA)) + 3
+
+
+@njit(cache=True, inline="always")
+def _sq_add_nb(hi, lo, g):
+    """``(hi, lo) + g**2`` for the 124-bit total ``hi * 2**62 + lo`` (0 <= lo < 2**62, 0 <= g < 2**63)."""
+    a = g >> _LOW_BITS
+    b = g & _LOW_MASK
+    lo += b * b
+    hi += lo >> SQ_BITS
+    lo &= SQ_MASK
+    if a != 0:
+        # g**2 = a**2 * 2**62 + a*b * 2**32 + b**2
+        ab = a * b
+        lo += (ab & _MID_MASK) << 32
+        hi += (ab >> 30) + a * a + (lo >> SQ_BITS)
+        lo &= SQ_MASK
+    return hi, lo
+
+
+@njit(cache=True, inline="always")
+def _sketch_bucket_nb(g):
+    """The ITL-sketch bucket of a gap of g ns (g >= 0)."""
+    if g == 0:
+        return 0
+    return 1 + int(math.ceil(math.log(g) / SKETCH_LOG_GAMMA))
 
 
 @njit(cache=True)
-def receipts_nb(token_offset, token_recv_ns, num_received, first_recv_ns, last_recv_ns):
-    """Per request: tokens received by the cap, first and last receipt (ns, -1: none).
+def receipts_nb(token_offset, token_recv_ns, num_received, first_recv_ns, last_recv_ns, gap_sq_hi, gap_sq_lo, gap_min_ns, gap_max_ns):
+    """Per request: the :data:`RECEIPT_FIELDS` statistics of its received tokens.
 
     Parameters
     ----------
@@ -21,8 +79,9 @@ def receipts_nb(token_offset, token_recv_ns, num_received, first_recv_ns, last_r
         ``n + 1`` token offsets.
     token_recv_ns : ndarray(int64, ndim=1)
         Receipt instant of every token, ns (-1: not received).
-    num_received, first_recv_ns, last_recv_ns : ndarray(int64, ndim=1)
-        Out, per request: count, first and last receipt instants, ns.
+    num_received, first_recv_ns, last_recv_ns, gap_sq_hi, gap_sq_lo, gap_min_ns, gap_max_ns : ndarray(int64, ndim=1)
+        Out, per request: count, first and last receipt (ns), the sum of
+        squared gaps (ns^2, ``hi * 2**62 + lo``), smallest and largest gap (ns).
     """
     for k in range(num_received.shape[0]):
         lo = token_offset[k]
@@ -33,6 +92,61 @@ def receipts_nb(token_offset, token_recv_ns, num_received, first_recv_ns, last_r
         num_received[k] = count
         first_recv_ns[k] = token_recv_ns[lo] if count > 0 else -1
         last_recv_ns[k] = token_recv_ns[lo + count - 1] if count > 0 else -1
+        sq_hi = 0
+        sq_lo = 0
+        smallest = -1
+        largest = -1
+        for i in range(lo + 1, lo + count):
+            g = token_recv_ns[i] - token_recv_ns[i - 1]
+            sq_hi, sq_lo = _sq_add_nb(sq_hi, sq_lo, g)
+            if smallest < 0 or g < smallest:
+                smallest = g
+            if g > largest:
+                largest = g
+        gap_sq_hi[k] = sq_hi
+        gap_sq_lo[k] = sq_lo
+        gap_min_ns[k] = smallest
+        gap_max_ns[k] = largest
+
+
+@njit(cache=True)
+def stream_receipts_nb(num_out, out_req, out_recv, cap_ns, state):
+    """Fold one pass's receipts into the bounded mode's per-request statistics.
+
+    Each request has at most one output per pass and its receipts never
+    decrease, so passes in end order give every request's receipts in token
+    order, as ``receipts_nb`` reads them.
+
+    Parameters
+    ----------
+    num_out : int
+        Outputs of the pass.
+    out_req, out_recv : ndarray(int64, ndim=1)
+        Request and receipt instant (ns) of each output.
+    cap_ns : int
+        Time cap, ns: later receipts do not happen.
+    state : tuple of ndarray(int64, ndim=1)
+        The :data:`STREAM_FIELDS` arrays, updated in place.
+    """
+    num_received, first_recv, last_recv, sq_hi, sq_lo, gap_min, gap_max, include, sketch = state
+    for e in range(num_out):
+        end = out_recv[e]
+        if end > cap_ns:
+            continue
+        k = out_req[e]
+        if num_received[k] == 0:
+            first_recv[k] = end
+        else:
+            g = end - last_recv[k]
+            sq_hi[k], sq_lo[k] = _sq_add_nb(sq_hi[k], sq_lo[k], g)
+            if gap_min[k] < 0 or g < gap_min[k]:
+                gap_min[k] = g
+            if g > gap_max[k]:
+                gap_max[k] = g
+            if include[k]:
+                sketch[_sketch_bucket_nb(g)] += 1
+        last_recv[k] = end
+        num_received[k] += 1
 
 
 @njit(cache=True)
@@ -57,3 +171,20 @@ def itl_gaps_nb(token_offset, token_recv_ns, num_received, include, out):
         for i in range(lo + 1, lo + num_received[k]):
             out[j] = (token_recv_ns[i] - token_recv_ns[i - 1]) / 1e6
             j += 1
+
+
+def sketch_values(buckets: np.ndarray) -> np.ndarray:
+    """The representative gap (ns, float64) of each sketch bucket.
+
+    Parameters
+    ----------
+    buckets : ndarray(int64, ndim=1)
+        Bucket indices.
+
+    Returns
+    -------
+    ndarray(float64, ndim=1)
+        0 for bucket 0, else ``2 gamma**(i - 1) / (gamma + 1)``.
+    """
+    upper = np.exp((buckets - 1) * SKETCH_LOG_GAMMA)
+    return np.where(buckets == 0, 0.0, 2 * upper / (SKETCH_GAMMA + 1))

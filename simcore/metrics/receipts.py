@@ -1,0 +1,192 @@
+"""Per-request receipt statistics and the ITL distribution built from them.
+
+Both output modes reduce receipts to the same per-request integers
+(``simcore.metrics.nb.RECEIPT_FIELDS``): the detailed mode from its per-token
+array after the run, the bounded mode while the run goes.  The ITL mean, std,
+min and max come from these integers, exactly (sums of ns in unbounded Python
+integers), so they are bit-identical in the two modes; ITL percentiles come
+from the exact gaps (detailed) or from the log-bucket sketch (bounded, within
+``SKETCH_ALPHA`` relative).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import math
+
+import numpy as np
+
+from simcore.metrics.nb import (
+    RECEIPT_FIELDS,
+    SKETCH_BUCKETS,
+    STREAM_FIELDS,
+    SQ_BITS,
+    receipts_nb,
+    sketch_values,
+)
+
+_SPLIT = 31
+
+
+@dataclass
+class Receipts:
+    """Per-request receipt statistics (int64; instants and gaps in ns, -1: none).
+
+    ``itl_sketch``: the bounded mode's ITL bucket counts over completed
+    requests, None in the detailed mode.
+    """
+
+    num_received: np.ndarray
+    first_recv_ns: np.ndarray
+    last_recv_ns: np.ndarray
+    gap_sq_hi: np.ndarray
+    gap_sq_lo: np.ndarray
+    gap_min_ns: np.ndarray
+    gap_max_ns: np.ndarray
+    itl_sketch: np.ndarray | None = None
+
+    @classmethod
+    def from_tokens(cls, token_offset: np.ndarray, token_recv_ns: np.ndarray) -> "Receipts":
+        """The statistics of a per-token receipt array (detailed mode).
+
+        Parameters
+        ----------
+        token_offset : ndarray(int64, ndim=1)
+            ``n + 1`` token offsets.
+        token_recv_ns : ndarray(int64, ndim=1)
+            Receipt instant of every token, ns (-1: not received).
+
+        Returns
+        -------
+        Receipts
+        """
+        n = token_offset.shape[0] - 1
+        fields = {name: np.empty(n, dtype=np.int64) for name in RECEIPT_FIELDS}
+        receipts_nb(token_offset, token_recv_ns, *fields.values())
+        return cls(**fields)
+
+    @classmethod
+    def from_stream(cls, state: tuple) -> "Receipts":
+        """The bounded mode's kernel state (``STREAM_FIELDS`` arrays) as Receipts.
+
+        Parameters
+        ----------
+        state : tuple of ndarray(int64, ndim=1)
+
+        Returns
+        -------
+        Receipts
+        """
+        fields = dict(zip(STREAM_FIELDS, state))
+        return cls(**{name: fields[name] for name in RECEIPT_FIELDS}, itl_sketch=fields["itl_sketch"])
+
+
+def allocate_stream_state(n: int, batch: int | None = None) -> tuple:
+    """Fresh bounded-mode kernel state for n requests (every request's gaps in the sketch).
+
+    Parameters
+    ----------
+    n : int
+        Requests; 0 gives the empty state of the detailed mode.
+    batch : int, optional
+        A leading axis of that many configurations.
+
+    Returns
+    -------
+    tuple of ndarray(int64)
+        The ``STREAM_FIELDS`` arrays.
+    """
+    lead = () if batch is None else (batch,)
+    initial = {"num_received": 0, "gap_sq_hi": 0, "gap_sq_lo": 0, "itl_include": 1}
+    state = [np.full(lead + (n,), initial.get(name, -1), dtype=np.int64) for name in RECEIPT_FIELDS + ("itl_include",)]
+    state.append(np.zeros(lead + (SKETCH_BUCKETS if n else 0,), dtype=np.int64))
+    return tuple(state)
+
+
+def completed_mask(finish_ns: np.ndarray, reject_ns: np.ndarray, generated: np.ndarray, num_received: np.ndarray) -> np.ndarray:
+    """Requests completed at the client: finished, not rejected, every token received.
+
+    Parameters
+    ----------
+    finish_ns, reject_ns : ndarray(int64, ndim=1)
+        Engine finish and rejection instants, ns (-1: did not happen).
+    generated, num_received : ndarray(int64, ndim=1)
+        Tokens emitted and tokens received by the cap.
+
+    Returns
+    -------
+    ndarray(bool, ndim=1)
+    """
+    return (finish_ns != -1) & (reject_ns == -1) & (num_received == generated) & (num_received > 0)
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """Sum of non-negative int64 values as a Python int (no int64 overflow)."""
+    return (int(np.sum(values >> _SPLIT)) << _SPLIT) + int(np.sum(values & ((1 << _SPLIT) - 1)))
+
+
+def itl_moments(receipts: Receipts, completed: np.ndarray) -> tuple[int, float, float, float, float] | None:
+    """Count, mean, std, min and max of the ITL gaps of the completed requests.
+
+    Parameters
+    ----------
+    receipts : Receipts
+    completed : ndarray(bool, ndim=1)
+        The requests whose gaps count.
+
+    Returns
+    -------
+    tuple or None
+        ``(count, mean_ms, std_ms, min_ms, max_ms)`` (population std); None
+        when no completed request has two receipts.
+    """
+    several = completed & (receipts.num_received >= 2)
+    count = int(np.sum(receipts.num_received[several] - 1))
+    if count == 0:
+        return None
+    total = _exact_sum(receipts.last_recv_ns[several] - receipts.first_recv_ns[several])
+    squares = (_exact_sum(receipts.gap_sq_hi[several]) << SQ_BITS) + _exact_sum(receipts.gap_sq_lo[several])
+    variance_ns2 = (count * squares - total * total) / (count * count)  # exact integers, one rounding
+    return (
+        count,
+        total / (count * 1_000_000),
+        math.sqrt(variance_ns2) / 1e6,
+        float(receipts.gap_min_ns[several].min()) / 1e6,
+        float(receipts.gap_max_ns[several].max()) / 1e6,
+    )
+
+
+def sketch_percentiles(sketch: np.ndarray, percentiles, min_ms: float, max_ms: float) -> list[float]:
+    """Linear-interpolation percentiles (as ``numpy.percentile``) read from the ITL sketch.
+
+    Each order statistic is its bucket's representative, clamped to the exact
+    min and max, so it is within ``SKETCH_ALPHA`` relative of the exact one,
+    and so is their interpolation.
+
+    Parameters
+    ----------
+    sketch : ndarray(int64, ndim=1)
+        Bucket counts.
+    percentiles : sequence of float
+        0..100.
+    min_ms, max_ms : float
+        The exact smallest and largest gap, ms.
+
+    Returns
+    -------
+    list of float
+        One value per percentile, ms.
+    """
+    cumulative = np.cumsum(sketch)
+    count = int(cumulative[-1])
+    ranks = (count - 1) * np.asarray(percentiles, dtype=np.float64) / 100
+    below = np.floor(ranks).astype(np.int64)
+    above = np.minimum(below + 1, count - 1)
+
+    def order_statistic(rank):
+        values = sketch_values(np.searchsorted(cumulative, rank, side="right")) / 1e6
+        return np.clip(values, min_ms, max_ms)
+
+    low, high = order_statistic(below), order_statistic(above)
+    return [float(v) for v in low + (high - low) * (ranks - below)]
