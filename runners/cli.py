@@ -186,12 +186,13 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
     """One run, no sweep: bad input exits 2; results and the summary table as before."""
     out_dir = output_dir(config)
     try:
+        detailed = options.export_detailed(config)
         result, tokens = simulate(config, options)
-    except ConfigError as exc:  # a bad request table or trace
+    except ConfigError as exc:  # a bad request table or trace, an export the output mode cannot give
         fail(exc)
     extra = {}
     if options.vllm_bench:
-        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=options.detailed)
+        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
     write_results(result, out_dir, extra=extra)
     print(format_summary(result.summary, out_dir), flush=True)
 

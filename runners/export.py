@@ -50,13 +50,13 @@ def _itls_s(requests: pa.Table, tokens: pa.Table) -> list[list[float]]:
 
 
 def _peaks(send_ms: np.ndarray, last_ms: np.ndarray, completed: np.ndarray,
-           requests: pa.Table, tokens: pa.Table | None) -> tuple[float, int]:
-    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests`` over completed requests."""
+           requests: pa.Table, tokens: pa.Table | None) -> tuple[float | None, int]:
+    """vLLM's ``max_output_tokens_per_s`` (None without tokens) and ``max_concurrent_requests`` over completed requests."""
     if not completed.any():
-        return 0.0, 0
+        return (None if tokens is None else 0.0), 0
     start, end = send_ms[completed], last_ms[completed]
     origin = start.min()
-    peak_tokens = 0.0
+    peak_tokens = None if tokens is None else 0.0
     if tokens is not None and tokens.num_rows:
         done_ids = requests.column("request_id").filter(pa.array(completed))
         mine = pc.is_in(tokens.column("request_id"), value_set=done_ids).to_numpy(zero_copy_only=False)
@@ -84,7 +84,7 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
         A finished run.
     tokens : pyarrow.Table or None
         Its per-token table (``TOKENS_SCHEMA``); needed for ``itls`` and
-        ``max_output_tokens_per_s`` (0 without it).
+        ``max_output_tokens_per_s`` (null without it: the bounded output mode).
     detailed : bool
         Add the per-request arrays (``DETAILED_KEYS``), as ``--save-detailed``.
 

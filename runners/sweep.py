@@ -36,7 +36,7 @@ from simcore.config import ConfigError, SimConfig, load_config
 RUNNER_DEFAULTS: dict[str, Any] = {
     "force": False,
     "sweep": {"batch": {}},
-    "export": {"vllm_bench": True, "detailed": True},
+    "export": {"vllm_bench": True, "detailed": None},
 }
 
 POINT_FILE = "point.json"
@@ -63,14 +63,39 @@ class RunnerOptions:
         In-job batch axes: dotted config key -> values, in command-line order.
     vllm_bench : bool
         Write ``vllm_bench.json`` beside ``summary.json``.
-    detailed : bool
-        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``.
+    detailed : bool or None
+        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``;
+        None: in the detailed output mode only (:meth:`export_detailed`).
     """
 
     force: bool = False
     batch: dict[str, list] = dataclasses.field(default_factory=dict)
     vllm_bench: bool = True
-    detailed: bool = True
+    detailed: bool | None = None
+
+    def export_detailed(self, config: SimConfig) -> bool:
+        """Whether ``vllm_bench.json`` of ``config`` gets the per-request arrays.
+
+        Parameters
+        ----------
+        config : SimConfig
+
+        Returns
+        -------
+        bool
+
+        Raises
+        ------
+        simcore.ConfigError
+            ``export.detailed=true`` with ``output.mode=bounded`` (no per-token ``itls``).
+        """
+        bounded = config.output.mode == "bounded"
+        if self.detailed and bounded and self.vllm_bench:
+            raise ConfigError(
+                "export.detailed=true needs output.mode=detailed: its itls are per-token "
+                "receipts, which the bounded mode does not keep"
+            )
+        return not bounded if self.detailed is None else self.detailed
 
     @property
     def num_points(self) -> int:
@@ -132,7 +157,7 @@ def split_options(mapping: Mapping[str, Any]) -> tuple[RunnerOptions, dict[str, 
         force=force,
         batch=batch,
         vllm_bench=_flag("export.vllm_bench", export.get("vllm_bench", True)),
-        detailed=_flag("export.detailed", export.get("detailed", True)),
+        detailed=None if export.get("detailed") is None else _flag("export.detailed", export["detailed"]),
     )
     return options, sim
 
@@ -270,7 +295,8 @@ def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result,
     options : RunnerOptions
         Export flags: ``vllm_bench.json`` needs per-token receipts (``itls``,
         ``max_output_tokens_per_s``), recorded even when ``output.tokens`` is
-        false (then not written to ``tokens.parquet``).
+        false (then not written to ``tokens.parquet``), except in the bounded
+        output mode.
 
     Returns
     -------
@@ -284,7 +310,7 @@ def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result,
 
 def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:
     """``config``, recording tokens when the ``vllm_bench.json`` export needs them."""
-    if not options.vllm_bench or config.output.tokens:
+    if not options.vllm_bench or config.output.tokens or config.output.mode == "bounded":
         return config
     resolved = _plain(config.resolved)
     resolved["output"]["tokens"] = True
@@ -373,11 +399,12 @@ def run_point(
             if not quiet:
                 say(f"{point.run_id}: skipped (summary.json exists; force=true reruns it)")
             return "skipped"
+        detailed = options.export_detailed(config)
         result, tokens = simulated if simulated is not None else simulate(config, options)
         columns = params.id_columns(point.run_id, config.seed, point.keys, values)
         extra = {}
         if options.vllm_bench:
-            extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=options.detailed)
+            extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
         (out / FAILURE_FILE).unlink(missing_ok=True)
         write_results(result, out, columns=columns, extra=extra)
         _write_point(point, "ok", values, config.seed)

@@ -90,6 +90,7 @@ BAD_INPUT = {
     "zero-workers": (["tokenization.workers=0"], None, ["tokenization.workers"]),
     "bad-output-mode": (["output.mode=sketchy"], None, ["output.mode", "sketchy"]),
     "bounded-tokens": (["output.mode=bounded", "output.tokens=true"], None, ["output.tokens", "output.mode=detailed"]),
+    "bounded-detailed-export": (["output.mode=bounded", "export.detailed=true"], None, ["export.detailed", "output.mode=detailed"]),
     "fractional-workers": (["detokenization.workers=1.5"], None, ["detokenization.workers"]),
     "unknown-key": (["engine.aggregated.foo=1"], None, ["engine.aggregated.foo"]),
     "unknown-added-key": (["+foo=1"], None, ["foo is not a known config key"]),
