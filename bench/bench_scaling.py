@@ -140,7 +140,7 @@ def measure(case: Case, runs: int) -> None:
 
 def stage_breakdown(num_requests: int, runs: int) -> list[tuple[str, float]]:
     """Where simcore.run spends its time on the reference workload (median s per stage)."""
-    from simcore.metrics.api import RequestColumns, distribution_stats, requests_table, summarize
+    from simcore.metrics.api import RequestColumns, itl_stats, requests_table, summarize
     from simcore.workload.api import send_instants_ns
 
     config = workload_config(num_requests)
@@ -151,7 +151,6 @@ def stage_breakdown(num_requests: int, runs: int) -> list[tuple[str, float]]:
     engine = simulate_engine(cfg, table, send_ns)
     cols = RequestColumns(engine)
     summarize(cols, table.input_tokens, cfg.metrics)
-    itl = cols.itl_ms()
     no_detok = load_config(workload_config(num_requests, detokenize=False))
     simulate_engine(no_detok, table, None)
     stages = [
@@ -160,8 +159,7 @@ def stage_breakdown(num_requests: int, runs: int) -> list[tuple[str, float]]:
         ("engine_no_detok", lambda: simulate_engine(no_detok, table, None)),
         ("engine", lambda: simulate_engine(cfg, table, send_ns)),
         ("request_columns", lambda: RequestColumns(engine)),
-        ("itl_pooling", lambda: cols.itl_ms()),
-        ("itl_stats", lambda: distribution_stats("itl", itl, cfg.metrics.percentiles)),
+        ("itl_stats", lambda: itl_stats(cols, cfg.metrics.percentiles)),
         ("summary", lambda: summarize(cols, table.input_tokens, cfg.metrics)),
         ("requests_table", lambda: requests_table(table.request_id, table.input_tokens, table.output_tokens, cols)),
     ]

@@ -19,8 +19,8 @@ import pytest
 import simcore
 from simcore.config import ConfigError
 from simcore.metrics.api import requests_table
-from simcore.metrics.nb import SKETCH_ALPHA, SKETCH_BUCKETS, stream_receipts_nb
-from simcore.metrics.receipts import Receipts, allocate_stream_state, sketch_percentiles
+from simcore.metrics.nb import SKETCH_ALPHA, SKETCH_BUCKETS, itl_order_statistics_nb, stream_receipts_nb
+from simcore.metrics.receipts import Receipts, allocate_stream_state, exact_itl_percentiles, sketch_percentiles
 from tests.scenarios import random_scenario, run_fast
 
 ITL_SKETCHED = ("median_itl_ms", "p")  # key prefixes read from the sketch (with the _itl_ms suffix)
@@ -67,7 +67,8 @@ def test_bounded_mode_matches_detailed_on_random_scenarios(index):
     table_b = requests_table(pa.array(ids), inputs, outputs, cols_b)
     assert table_b.equals(table_d)
     # The sketch holds exactly the pooled gaps: those of completed requests.
-    assert int(cols_b.receipts.itl_sketch.sum()) == cols_d.itl_ms().shape[0]
+    pooled = int(np.sum(np.maximum(cols_d.num_received - 1, 0)[cols_d.completed]))
+    assert int(cols_b.receipts.itl_sketch.sum()) == pooled
 
 
 def random_config(seed: int) -> dict:
@@ -211,3 +212,23 @@ def test_scenarios_exercise_the_itl_rerun():
         _, cols, _ = run_fast(with_mode(scenario, "detailed"), record_passes=False)
         count += bool(np.any(~cols.completed & (cols.num_received >= 2)))
     assert count >= 10
+
+
+@pytest.mark.parametrize("scale", [1, 2**20, 2**36])
+def test_order_statistics_select_exactly(scale):
+    """Radix selection of pooled gaps (one, two and three levels) against a sort."""
+    rng = np.random.default_rng(scale)
+    lengths = rng.integers(1, 60, size=300)
+    offset = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    gaps = (rng.random(offset[-1]) ** 3 * scale * 1000).astype(np.int64)
+    gaps[rng.random(offset[-1]) < 0.2] = 0  # ties and zero gaps, as detokenizer chunks give
+    recv = np.cumsum(gaps).astype(np.int64)
+    receipts = Receipts.from_tokens(offset, recv)
+    include = rng.random(300) < 0.8
+    pooled = np.sort(np.concatenate([np.diff(recv[offset[k] : offset[k + 1]]) for k in range(300) if include[k]]))
+    ranks = np.unique(np.concatenate(([0, pooled.size - 1], rng.integers(0, pooled.size, 20))))
+    out = np.empty(ranks.size, dtype=np.int64)
+    itl_order_statistics_nb(offset, recv, receipts.num_received, include, int(pooled[-1]), ranks, out)
+    assert out.tolist() == pooled[ranks].tolist()
+    qs = [0, 12.5, 50, 90, 99, 99.9, 100]
+    assert exact_itl_percentiles(offset, recv, receipts, include, pooled.size, qs) == np.percentile(pooled / 1e6, qs).tolist()

@@ -14,8 +14,7 @@ import pyarrow as pa
 from simcore.config import GoodputConfig, MetricsConfig
 from simcore.engine import nb
 from simcore.engine.api import EngineRun
-from simcore.metrics.nb import itl_gaps_nb
-from simcore.metrics.receipts import Receipts, completed_mask, itl_moments, sketch_percentiles
+from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
 from simcore.units import NOT_YET
 
@@ -76,13 +75,6 @@ class RequestColumns:
             "decode_wait_ms": decode_wait,
             "detokenization_ms": _span_ms(self.first_recv_ns, run.first_emit_ns),
         }
-
-    def itl_ms(self) -> np.ndarray:
-        """Every gap between consecutive receipts of one completed request, pooled (detailed mode)."""
-        gaps = np.maximum(self.num_received - 1, 0)
-        out = np.empty(int(gaps[self.completed].sum()), dtype=np.float64)
-        itl_gaps_nb(self.run.token_offset, self.run.token_recv_ns, self.num_received, self.completed, out)
-        return out
 
 
 def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns) -> pa.Table:
@@ -285,10 +277,13 @@ def itl_stats(cols: RequestColumns, percentiles) -> dict:
     moments = itl_moments(cols.receipts, cols.completed)
     if moments is None:
         return _stats_dict("itl", percentiles, None)
-    _, mean, std, low, high = moments
+    count, mean, std, low, high = moments
     sketch = cols.receipts.itl_sketch
     if sketch is None:
-        points = np.percentile(cols.itl_ms(), [50, *percentiles], overwrite_input=True)
+        run = cols.run
+        points = exact_itl_percentiles(
+            run.token_offset, run.token_recv_ns, cols.receipts, cols.completed, count, [50, *percentiles]
+        )
     else:
         points = sketch_percentiles(sketch, [50, *percentiles], low, high)
     return _stats_dict("itl", percentiles, (mean, std, low, high, points))

@@ -29,6 +29,7 @@ RECEIPT_FIELDS = ("num_received", "first_recv_ns", "last_recv_ns", "gap_sq_hi", 
 #: sketch, and the sketch's bucket counts.
 STREAM_FIELDS = RECEIPT_FIELDS + ("itl_include", "itl_sketch")
 
+SELECT_DIGIT_BITS = 16
 SQ_BITS = 62
 SQ_MASK = (1 << SQ_BITS) - 1
 _LOW_BITS = 31
@@ -150,8 +151,12 @@ def stream_receipts_nb(num_out, out_req, out_recv, cap_ns, state):
 
 
 @njit(cache=True)
-def itl_gaps_nb(token_offset, token_recv_ns, num_received, include, out):
-    """Every gap between consecutive receipts of the included requests, ms.
+def itl_order_statistics_nb(token_offset, token_recv_ns, num_received, include, max_gap_ns, ranks, out):
+    """Exact order statistics of the pooled gaps (ns) without pooling or sorting them.
+
+    A radix selection: each level reads every included gap once and counts the
+    next ``SELECT_DIGIT_BITS`` bits of those that share a target's known
+    leading bits; two levels cover gaps below 2**32 ns.
 
     Parameters
     ----------
@@ -159,18 +164,71 @@ def itl_gaps_nb(token_offset, token_recv_ns, num_received, include, out):
         As in ``receipts_nb``.
     include : ndarray(bool, ndim=1)
         Requests whose gaps count (the completed ones).
-    out : ndarray(float64, ndim=1)
-        Out: the gaps, in request then token order; its length is the sum of
-        ``num_received - 1`` over included requests.
+    max_gap_ns : int
+        The largest included gap, ns.
+    ranks : ndarray(int64, ndim=1)
+        0-based ranks wanted (each below the number of included gaps).
+    out : ndarray(int64, ndim=1)
+        Out: the gap of each rank, ns.
     """
-    j = 0
-    for k in range(include.shape[0]):
-        if not include[k]:
-            continue
-        lo = token_offset[k]
-        for i in range(lo + 1, lo + num_received[k]):
-            out[j] = (token_recv_ns[i] - token_recv_ns[i - 1]) / 1e6
-            j += 1
+    bits = 0
+    while bits < 63 and (max_gap_ns >> bits) > 0:
+        bits += 1
+    m = ranks.shape[0]
+    prefix = np.zeros(m, dtype=np.int64)  # each target's leading bits found so far
+    remaining = ranks.copy()  # its rank among the gaps that share them
+    group = np.empty(m, dtype=np.int64)
+    shift = bits
+    while shift > 0:
+        step = min(SELECT_DIGIT_BITS, shift)
+        shift -= step
+        high = shift + step
+        distinct = np.empty(m, dtype=np.int64)
+        num_distinct = 0
+        for i in range(m):
+            group[i] = -1
+            for j in range(num_distinct):
+                if distinct[j] == prefix[i]:
+                    group[i] = j
+            if group[i] < 0:
+                distinct[num_distinct] = prefix[i]
+                group[i] = num_distinct
+                num_distinct += 1
+        # Prefixes map to their group through a table while the range is small.
+        table = np.full(min((max_gap_ns >> high) + 1, 1 << 20), -1, dtype=np.int64)
+        use_table = (max_gap_ns >> high) < table.shape[0]
+        if use_table:
+            for j in range(num_distinct):
+                table[distinct[j]] = j
+        mask = (1 << step) - 1
+        counts = np.zeros((num_distinct, 1 << step), dtype=np.int64)
+        for k in range(include.shape[0]):
+            if not include[k]:
+                continue
+            lo = token_offset[k]
+            for i in range(lo + 1, lo + num_received[k]):
+                g = token_recv_ns[i] - token_recv_ns[i - 1]
+                p = g >> high
+                j = -1
+                if use_table:
+                    j = table[p]
+                else:
+                    for u in range(num_distinct):
+                        if distinct[u] == p:
+                            j = u
+                if j >= 0:
+                    counts[j, (g >> shift) & mask] += 1
+        for i in range(m):
+            j = group[i]
+            r = remaining[i]
+            d = 0
+            while r >= counts[j, d]:
+                r -= counts[j, d]
+                d += 1
+            remaining[i] = r
+            prefix[i] = (prefix[i] << step) | d
+    for i in range(m):
+        out[i] = prefix[i]
 
 
 def sketch_values(buckets: np.ndarray) -> np.ndarray:

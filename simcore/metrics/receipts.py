@@ -22,6 +22,7 @@ from simcore.metrics.nb import (
     SKETCH_BUCKETS,
     STREAM_FIELDS,
     SQ_BITS,
+    itl_order_statistics_nb,
     receipts_nb,
     sketch_values,
 )
@@ -157,6 +158,64 @@ def itl_moments(receipts: Receipts, completed: np.ndarray) -> tuple[int, float, 
     )
 
 
+def linear_percentiles(order_statistics, count: int, percentiles) -> list[float]:
+    """``numpy.percentile``'s linear method over ``count`` sorted values read by rank.
+
+    Parameters
+    ----------
+    order_statistics : callable
+        0-based ranks (ndarray(int64)) -> the values at those ranks (ndarray(float64)).
+    count : int
+        Number of values, >= 1.
+    percentiles : sequence of float
+        0..100.
+
+    Returns
+    -------
+    list of float
+        One value per percentile, interpolated as numpy's ``_lerp`` does.
+    """
+    virtual = (count - 1) * (np.asarray(percentiles, dtype=np.float64) / 100)
+    below = np.floor(virtual).astype(np.int64)
+    above = np.minimum(below + 1, count - 1)
+    gamma = virtual - below
+    low, high = np.split(order_statistics(np.concatenate((below, above))), 2)  # one call: one selection
+    diff = high - low
+    return [float(v) for v in np.where(gamma >= 0.5, high - diff * (1 - gamma), low + diff * gamma)]
+
+
+def exact_itl_percentiles(
+    token_offset: np.ndarray, token_recv_ns: np.ndarray, receipts: Receipts, completed: np.ndarray, count: int, percentiles
+) -> list[float]:
+    """ITL percentiles (ms) from the per-token receipts, exactly as ``numpy.percentile`` of the pooled gaps.
+
+    Parameters
+    ----------
+    token_offset, token_recv_ns : ndarray(int64, ndim=1)
+        Token offsets and receipts (ns, -1: not received).
+    receipts : Receipts
+    completed : ndarray(bool, ndim=1)
+        Requests whose gaps are pooled.
+    count : int
+        Number of pooled gaps, >= 1.
+    percentiles : sequence of float
+        0..100.
+
+    Returns
+    -------
+    list of float
+    """
+    max_gap = int(receipts.gap_max_ns[completed].max())
+
+    def order_statistics(ranks):
+        wanted = np.unique(ranks)
+        values = np.empty(wanted.shape[0], dtype=np.int64)
+        itl_order_statistics_nb(token_offset, token_recv_ns, receipts.num_received, completed, max_gap, wanted, values)
+        return values[np.searchsorted(wanted, ranks)] / 1e6
+
+    return linear_percentiles(order_statistics, count, percentiles)
+
+
 def sketch_percentiles(sketch: np.ndarray, percentiles, min_ms: float, max_ms: float) -> list[float]:
     """Linear-interpolation percentiles (as ``numpy.percentile``) read from the ITL sketch.
 
@@ -179,14 +238,9 @@ def sketch_percentiles(sketch: np.ndarray, percentiles, min_ms: float, max_ms: f
         One value per percentile, ms.
     """
     cumulative = np.cumsum(sketch)
-    count = int(cumulative[-1])
-    ranks = (count - 1) * np.asarray(percentiles, dtype=np.float64) / 100
-    below = np.floor(ranks).astype(np.int64)
-    above = np.minimum(below + 1, count - 1)
 
-    def order_statistic(rank):
-        values = sketch_values(np.searchsorted(cumulative, rank, side="right")) / 1e6
+    def order_statistics(ranks):
+        values = sketch_values(np.searchsorted(cumulative, ranks, side="right")) / 1e6
         return np.clip(values, min_ms, max_ms)
 
-    low, high = order_statistic(below), order_statistic(above)
-    return [float(v) for v in low + (high - low) * (ranks - below)]
+    return linear_percentiles(order_statistics, int(cumulative[-1]), percentiles)
