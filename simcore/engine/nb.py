@@ -10,7 +10,9 @@ Contract
   status code (``OK``, ``PASS_LOG_FULL``, ``BAD_TIMING``) and the number of
   rows written to the logs.
 * Tokens of request ``k`` live at ``token_offset[k] .. token_offset[k + 1]``
-  in the per-token arrays.
+  in the per-token arrays.  In the bounded output mode there are none: each
+  pass's receipts are folded into per-request statistics
+  (``simcore.metrics.nb.stream_receipts_nb``) at the pass end.
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
   (per-server FIFO evaluated at every pass end, used in a closed loop where
   receipts release sends) or ``DETOK_DEFERRED`` (emission order is logged and
@@ -834,11 +836,11 @@ def _detokenize_pass_nb(
     then each server's outputs are cut into jobs of at most ``chunk_size``,
     served in order.  Without chunking a server has one job, whose counts
     (``job_count``, ``job_firsts``, ``job_finals``) the pass end kept as it
-    emitted: a single sweep stamps the job ends.  Servers are independent queues, so this
-    gives the same receipts as SPEC's job order.  Stamps the receipts
-    (``recv_target[out_token[e]]``) and, in a
-    closed loop, queues the send released by each request-final token.
-    Returns the send-heap size.
+    emitted: a single sweep stamps the job ends.  Servers are independent
+    queues, so this gives the same receipts as SPEC's job order.  Stamps the
+    receipts (``recv_target[out_token[e]]``: the per-token array, or the
+    pass's receipt buffer in the bounded mode) and, in a closed loop, queues
+    the send released by each request-final token.  Returns the send-heap size.
     """
     if chunk_size == 0:
         # One job per server, counted as the pass emitted: serve, then stamp.
