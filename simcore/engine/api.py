@@ -28,6 +28,7 @@ from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
+STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
 STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
 POLICY_CODES = {"vllm": POLICY_VLLM, "sglang": POLICY_SGLANG, "trtllm": POLICY_TRTLLM}
 
@@ -232,7 +233,7 @@ def itl_rerun_mask(prep: Prepared, out: dict) -> np.ndarray | None:
     """
     if not prep.bounded:
         return None
-    received = out["receipts"][0]
+    received = out["receipts"][STREAM_RECEIVED]
     completed = completed_mask(out["finish_ns"], out["reject_ns"], out["generated"], received)
     if not np.any(~completed & (received >= 2)):
         return None
