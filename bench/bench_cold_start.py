@@ -12,7 +12,13 @@ Times, in fresh subprocesses (each writes its results into a temporary
   ``python_startup``: the bare interpreter for comparison;
 - ``importtime_top``: the top-level packages with the largest cumulative import
   time under ``import runners.cli`` (``python -X importtime``, one run; nested,
-  so they overlap: ``simcore`` includes what it imports first, e.g. numba);
+  so they overlap: ``simcore`` includes what it imports first, e.g. numba; a
+  package's submodules imported later from outside it count too);
+- ``importtime_run_top``: the same over the whole default command
+  (``python -X importtime -m runners.cli``, warm cache, one run): it adds what
+  is imported only while simulating, e.g. pandas (pyarrow's pandas shim, on the
+  first ``pa.array``) and scipy (numba's BLAS check, on the first cached-kernel
+  load) when they are installed;
 - ``reference``: the pure-Python reference (``tests/reference``) simulating and
   summarising the embedded default workload in this process (imports
   excluded), and its ratio to the warm command.
@@ -74,25 +80,40 @@ def wall_of_subprocess(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def importtime_top(cache_dir: str, count: int) -> list[tuple[str, float]]:
-    """The top-level packages with the largest cumulative import time under ``import runners.cli``."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+def importtime_top(cache_dir: str, count: int, args: tuple[str, ...] = ("-c", "import runners.cli"),
+                   cwd: str | Path = ROOT) -> list[tuple[str, float]]:
+    """The top-level packages with the largest cumulative import time under ``python -X importtime <args>``
+    (default: ``import runners.cli``).
+
+    A package's time is the sum of the cumulative times of its modules imported
+    from outside it (by another package or the program), so a submodule imported
+    late (``scipy.linalg`` by numba's first cached-kernel load) counts too.
+    """
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import runners.cli"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+        [sys.executable, "-X", "importtime", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, check=True,
     )
-    rows = []
+    entries = []  # (nesting level, top-level package, cumulative s), in completion order
     for line in proc.stderr.splitlines():
         # "import time: <self us> | <cumulative us> | <2 spaces per nesting level><module>"
         if not line.startswith("import time:"):
             continue
         parts = line[len("import time:"):].split("|")
-        name = parts[2].strip()
-        if len(parts) != 3 or not parts[1].strip().isdigit() or "." in name:
-            continue  # the header line, or a submodule: keep top-level packages only
-        rows.append((name, int(parts[1]) / 1e6))
-    rows.sort(key=lambda r: -r[1])
-    return rows[:count]
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue  # the header line
+        name = parts[2].rstrip()
+        level = (len(name) - len(name.lstrip(" "))) // 2
+        entries.append((level, name.strip().split(".")[0], int(parts[1]) / 1e6))
+    totals: dict[str, float] = {}
+    ancestors: list[tuple[int, str]] = []
+    for level, top, seconds in reversed(entries):  # a module's line follows its imports' lines
+        while ancestors and ancestors[-1][0] >= level:
+            ancestors.pop()
+        if not ancestors or ancestors[-1][1] != top:
+            totals[top] = totals.get(top, 0.0) + seconds
+        ancestors.append((level, top))
+    return sorted(totals.items(), key=lambda r: -r[1])[:count]
 
 
 def reference_default(cache_dir: str) -> float:
@@ -148,6 +169,9 @@ def main() -> None:
             [time_in_subprocess("import runners.cli", warm_cache) for _ in range(args.runs)])
         for name, seconds in importtime_top(warm_cache, args.top):
             row("importtime_top", f"{name} (cumulative)", [seconds])
+        run_args = ("-m", "runners.cli", f"hydra.run.dir={tempfile.mkdtemp(dir=work)}")
+        for name, seconds in importtime_top(warm_cache, args.top, run_args, cwd=work):
+            row("importtime_run_top", f"{name} (cumulative, whole default command)", [seconds])
 
         ref = reference_default(warm_cache)
         warm_s = statistics.median(warm)

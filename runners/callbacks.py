@@ -8,6 +8,7 @@ at the sweep root, after every job returned.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -127,6 +128,7 @@ class SweepCallback(Callback):
         return {**self.__dict__, "watcher": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        gc.enable()  # off in runners.cli.main unless -m was given; a sweep is long-lived
         if OmegaConf.select(config, "output.dir") is not None:
             print(
                 "replaysim: error: output.dir names one run's directory; in a multirun set "
