@@ -64,6 +64,20 @@ def test_one_shape_batch_equals_run_one_by_one():
     _assert_same(batched, [simcore.run(c) for c in ONE_SHAPE])
 
 
+def test_bounded_batch_equals_run_one_by_one():
+    """The bounded mode batches too; capped points (the ITL-sketch rerun) included."""
+    bounded = [{**cfg, "output": {"mode": "bounded"}} for cfg in ONE_SHAPE]
+    results = simcore.run_batch(bounded)
+    _assert_same(results, [simcore.run(cfg) for cfg in bounded])
+    capped = [r.requests.to_pydict() for r in results if r.config.max_time_ms is not None]
+    assert capped
+    for rows in capped:  # an incomplete request with two receipts: its gaps must stay out of ITL
+        assert any(
+            s == "incomplete" and first is not None and last > first
+            for s, first, last in zip(rows["status"], rows["first_token_ms"], rows["last_token_ms"])
+        )
+
+
 def test_engine_runs_are_array_for_array_equal_and_batched_once(monkeypatch):
     calls = []
     kernel = engine_batch.nb.simulate_batch_nb
