@@ -11,10 +11,10 @@ stacks the per-configuration inputs into 2-D arrays, runs
 their output lengths (the per-token arrays have one width), the deployment's
 workers and ranks (mode, replicas, attention-DP ranks), the detokenizer's
 evaluation mode (off, in the kernel, or after the run), the output mode, no
-pass log, and equal prefix-cache state sizes.  Everything else may differ: prompts, request
-ids, send instants, closed or open loop, concurrency, think time, tokenizer
-and detokenizer servers and costs, scheduler limits, policy, timing model and
-coefficients, time cap.
+pass log, and equal prefix-cache state sizes.  Everything else may differ:
+prompts, request ids, send instants, closed or open loop, concurrency, think
+time, tokenizer and detokenizer servers and costs, scheduler limits, policy,
+timing model and coefficients, time cap.
 """
 
 from __future__ import annotations

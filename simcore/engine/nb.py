@@ -426,8 +426,8 @@ def simulate_engine_nb(
                                     else:
                                         token_emit_ns[tok] = t
                                     if detok_mode == DETOK_OFF:
-                                        recv_target[tok] = t
-                                        num_out += bounded
+                                        recv_target[tok] = t  # received as emitted
+                                        num_out += bounded  # bounded: streamed at the pass end
                                         if leaves and closed_loop:
                                             send_size = _heap_push_nb(
                                                 send_key, send_val, send_size, t + think_ns, 0

@@ -1,4 +1,4 @@
-"""Metric kernels: per-request receipt statistics, ITL gaps and the ITL sketch.
+"""Metric kernels: per-request receipt statistics, ITL order statistics and the ITL sketch.
 
 Contract: ``@njit(cache=True)``, flat int64 arrays in, caller-allocated outputs.
 Request k's tokens are ``token_offset[k] .. token_offset[k + 1]``; receipts are
