@@ -36,13 +36,16 @@ _LOW_BITS = 31
 _LOW_MASK = (1 << _LOW_BITS) - 1
 _MID_MASK = (1 << 30) - 1
 
-#: Log-bucket ITL sketch: bucket 0 holds zero gaps; bucket i >= 1 holds gaps g
-#: (ns) with gamma**(i - 2) < g <= gamma**(i - 1), represented by
-#: 2 gamma**(i - 1) / (gamma + 1), within SKETCH_ALPHA relative of every member.
-SKETCH_ALPHA = 0.0005
-SKETCH_GAMMA = (1 + SKETCH_ALPHA) / (1 - SKETCH_ALPHA)
-SKETCH_LOG_GAMMA = math.log(SKETCH_GAMMA)
-SKETCH_BUCKETS = int(math.ceil(63 * math.log(2) / SKETCH_LOG_GAMMA)) + 3
+#: Log-linear ITL sketch (as HDR histograms): gaps below 2**SKETCH_SUB_BITS ns
+#: have a bucket each; above, every power of two [2**e, 2**(e + 1)) is cut into
+#: 2**(SKETCH_SUB_BITS - 1) equal buckets, represented by their midpoints, so
+#: a representative is within SKETCH_ALPHA = 2**-SKETCH_SUB_BITS relative of
+#: every gap in its bucket.  Integer shifts only: no logarithm per gap.
+SKETCH_SUB_BITS = 11
+SKETCH_ALPHA = 2.0**-SKETCH_SUB_BITS
+_SKETCH_EXACT = 1 << SKETCH_SUB_BITS
+_SKETCH_PER_OCTAVE = 1 << (SKETCH_SUB_BITS - 1)
+SKETCH_BUCKETS = _SKETCH_EXACT + (63 - SKETCH_SUB_BITS) * _SKETCH_PER_OCTAVE
 
 
 @njit(cache=True, inline="always")
@@ -64,10 +67,14 @@ def _sq_add_nb(hi, lo, g):
 
 @njit(cache=True, inline="always")
 def _sketch_bucket_nb(g):
-    """The ITL-sketch bucket of a gap of g ns (g >= 0)."""
-    if g == 0:
-        return 0
-    return 1 + int(math.ceil(math.log(g) / SKETCH_LOG_GAMMA))
+    """The ITL-sketch bucket of a gap of g ns (0 <= g < 2**63)."""
+    if g < _SKETCH_EXACT:
+        return g
+    octave = math.frexp(g)[1] - 1  # floor(log2 g), but the conversion may round up
+    if (g >> octave) == 0:
+        octave -= 1
+    shift = octave - (SKETCH_SUB_BITS - 1)
+    return _SKETCH_EXACT + (octave - SKETCH_SUB_BITS) * _SKETCH_PER_OCTAVE + (g >> shift) - _SKETCH_PER_OCTAVE
 
 
 @njit(cache=True)
@@ -242,7 +249,11 @@ def sketch_values(buckets: np.ndarray) -> np.ndarray:
     Returns
     -------
     ndarray(float64, ndim=1)
-        0 for bucket 0, else ``2 gamma**(i - 1) / (gamma + 1)``.
+        The gap itself below ``2**SKETCH_SUB_BITS`` ns, else the bucket's midpoint.
     """
-    upper = np.exp((buckets - 1) * SKETCH_LOG_GAMMA)
-    return np.where(buckets == 0, 0.0, 2 * upper / (SKETCH_GAMMA + 1))
+    buckets = np.asarray(buckets, dtype=np.int64)
+    above = np.maximum(buckets - _SKETCH_EXACT, 0)
+    octave = SKETCH_SUB_BITS + above // _SKETCH_PER_OCTAVE
+    lower = (_SKETCH_PER_OCTAVE + above % _SKETCH_PER_OCTAVE) * np.exp2(octave - (SKETCH_SUB_BITS - 1))
+    width = np.exp2(octave - (SKETCH_SUB_BITS - 1))
+    return np.where(buckets < _SKETCH_EXACT, buckets.astype(np.float64), lower + width / 2)
