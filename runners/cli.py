@@ -203,11 +203,19 @@ def job_run_id(hydra_cfg: DictConfig, root: Path, multirun: bool) -> str:
 def single_run(config: SimConfig, options: RunnerOptions) -> None:
     """One run, no sweep: bad input exits 2; results and the summary table as before."""
     out_dir = output_dir(config)
+    bar = Progress(None, "requests", delay_s=1.0)  # drawn on a terminal for runs over a second
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done)
+
     try:
         detailed = options.export_detailed(config)
-        result, tokens = simulate(config, options)
+        result, tokens = simulate(config, options, progress)
     except ConfigError as exc:  # a bad request table or trace, an export the output mode cannot give
         fail(exc)
+    finally:
+        bar.close()
     extra = {}
     if options.vllm_bench:
         extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)

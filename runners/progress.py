@@ -48,16 +48,19 @@ class Progress:
         Where to draw (default stderr).
     enabled : bool, optional
         Force on or off; default :func:`interactive`.
+    delay_s : float
+        Draw nothing until this long after the start (short work shows no bar).
     """
 
     def __init__(self, total: int | None, label: str = "replaysim", stream: TextIO | None = None,
-                 enabled: bool | None = None):
+                 enabled: bool | None = None, delay_s: float = 0.0):
         self.total = total
         self.label = label
         self.stream = sys.stderr if stream is None else stream
         self.enabled = interactive(self.stream) if enabled is None else enabled
         self.done = 0
         self.start = time.monotonic()
+        self.delay_s = delay_s
         self._drawn = 0.0
 
     def line(self) -> str:
@@ -79,6 +82,8 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
+        if now - self.start < self.delay_s and not force:
+            return
         if force or now - self._drawn >= REDRAW_S:
             self._drawn = now
             # Clear the line, draw, and return the cursor so other output overwrites the bar.
@@ -86,8 +91,8 @@ class Progress:
             self.stream.flush()
 
     def close(self) -> None:
-        """Draw the final state and end the line."""
-        if self.enabled:
+        """Draw the final state and end the line (if a bar was drawn or no delay was asked)."""
+        if self.enabled and (self._drawn or not self.delay_s):
             self.stream.write(f"\r{self.line()}\x1b[K\n")
             self.stream.flush()
 

@@ -22,7 +22,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -285,7 +285,9 @@ def _write_point(point: Point, status: str, values: Mapping[str, Any], seed: Any
     write_atomic(point.dir, [(POINT_FILE, json_file(_plain(document)))])
 
 
-def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result, pa.Table | None]:
+def simulate(
+    config: SimConfig, options: RunnerOptions, progress: Callable[[int, int], None] | None = None
+) -> tuple[simcore.Result, pa.Table | None]:
     """Run ``config``; also return the per-token table when the export needs it.
 
     Parameters
@@ -297,6 +299,8 @@ def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result,
         ``max_output_tokens_per_s``), recorded even when ``output.tokens`` is
         false (then not written to ``tokens.parquet``), except in the bounded
         output mode.
+    progress : callable, optional
+        Passed to :func:`simcore.run` (``progress(done, total)`` requests).
 
     Returns
     -------
@@ -305,7 +309,7 @@ def simulate(config: SimConfig, options: RunnerOptions) -> tuple[simcore.Result,
     pyarrow.Table or None
         The tokens table, when recorded.
     """
-    return _as_asked(config, simcore.run(_config_to_run(config, options)))
+    return _as_asked(config, simcore.run(_config_to_run(config, options), progress=progress))
 
 
 def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:

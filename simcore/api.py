@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +48,12 @@ class Result:
     config: SimConfig
 
 
-def run(config: Mapping[str, Any] | SimConfig | None = None, requests: pa.Table | None = None) -> Result:
+def run(
+    config: Mapping[str, Any] | SimConfig | None = None,
+    requests: pa.Table | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> Result:
     """Simulate one configuration.
 
     Parameters
@@ -60,13 +65,18 @@ def run(config: Mapping[str, Any] | SimConfig | None = None, requests: pa.Table 
         A request table (``request_id``, ``input_tokens``, ``output_tokens``
         and, for ``load.type=trace``, ``send_ms``) that replaces the configured
         workload.
+    progress : callable, optional
+        ``progress(done, total)``: requests finished or rejected out of the
+        run's requests, called about every 0.2 s while the engine runs and
+        once at its end (a bounded run repeated for its ITL sketch reports
+        from 0 again).
 
     Returns
     -------
     Result
     """
     cfg, table, send_ns = _inputs(config, requests)
-    engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes)
+    engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes, on_progress=progress)
     return _result(cfg, table, engine)
 
 

@@ -232,3 +232,16 @@ def test_order_statistics_select_exactly(scale):
     assert out.tolist() == pooled[ranks].tolist()
     qs = [0, 12.5, 50, 90, 99, 99.9, 100]
     assert exact_itl_percentiles(offset, recv, receipts, include, pooled.size, qs) == np.percentile(pooled / 1e6, qs).tolist()
+
+
+@pytest.mark.parametrize("mode", ["detailed", "bounded"])
+def test_progress_reports_finished_requests_without_changing_results(mode):
+    config = random_config(5) | {"output": {"mode": mode}, "max_time_ms": None}
+    calls = []
+    watched = simcore.run(config, progress=lambda done, total: calls.append((done, total)))
+    plain = simcore.run(config)
+    assert watched.requests.equals(plain.requests) and watched.summary == plain.summary
+    n = plain.summary["num_requests"]
+    assert calls and all(total == n for _, total in calls)
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and done[-1] == plain.summary["completed"] + plain.summary["rejected"] == n

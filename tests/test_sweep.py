@@ -274,3 +274,15 @@ def test_progress_is_quiet_off_a_terminal_and_shows_an_eta():
     shown = Progress(4, "sweep", stream=stream, enabled=True)
     shown.update(2, force=True)
     assert "sweep [############............] 2/4  50%" in stream.getvalue() and "ETA" in stream.getvalue()
+
+
+def test_progress_with_a_delay_draws_nothing_for_short_work():
+    stream = io.StringIO()
+    short = Progress(10, "requests", stream=stream, enabled=True, delay_s=60.0)
+    short.update(5)
+    short.close()
+    assert stream.getvalue() == ""
+    long = Progress(10, "requests", stream=stream, enabled=True, delay_s=0.0)
+    long.update(5)
+    long.close()
+    assert "5/10" in stream.getvalue() and stream.getvalue().endswith("\n")

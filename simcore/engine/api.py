@@ -6,7 +6,9 @@ ns, -1 for "did not happen") that ``simcore.metrics`` turns into tables.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -31,6 +33,10 @@ DETOK_PATHS = ("auto", "kernel", "after_run")
 STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
 STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
 POLICY_CODES = {"vllm": POLICY_VLLM, "sglang": POLICY_SGLANG, "trtllm": POLICY_TRTLLM}
+PROGRESS_INTERVAL_S = 0.2
+
+#: ``on_progress(done, total)``: requests finished or rejected, out of the run's requests.
+ProgressCallback = Callable[[int, int], None]
 
 
 @dataclass
@@ -95,6 +101,7 @@ KERNEL_OUTPUTS = (
     "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
     "transfer_end_ns", "decode_rank", "cached_tokens", "generated", "num_preemptions",
     "token_emit_ns", "token_recv_ns", "receipts", "emit_log", "pass_log", "pass_ms", "bad_batch",
+    "progress",
 )
 
 
@@ -144,6 +151,7 @@ def simulate_engine(
     *,
     record_passes: bool = False,
     detok_path: str = "auto",
+    on_progress: ProgressCallback | None = None,
 ) -> EngineRun:
     """Replay ``requests`` through the configured deployment (aggregated or P/D, any policy).
 
@@ -159,6 +167,9 @@ def simulate_engine(
         Where detokenization is evaluated.  ``auto``: inside the kernel in a
         closed loop, vectorised after the run in an open loop.  The two agree
         exactly; a closed loop cannot use ``after_run``.
+    on_progress : callable, optional
+        ``on_progress(done, total)``, called from this thread about every
+        0.2 s while the kernel runs (in a worker thread) and once at its end.
 
     Returns
     -------
@@ -170,10 +181,13 @@ def simulate_engine(
     simcore.ConfigError
         The timing model gave a pass time that is not finite and >= 0.
     """
-    return run_prepared(prepare(cfg, requests, send_ns, record_passes=record_passes, detok_path=detok_path))
+    prep = prepare(cfg, requests, send_ns, record_passes=record_passes, detok_path=detok_path)
+    return run_prepared(prep, on_progress=on_progress)
 
 
-def run_prepared(prep: Prepared, itl_include: np.ndarray | None = None) -> EngineRun:
+def run_prepared(
+    prep: Prepared, itl_include: np.ndarray | None = None, on_progress: ProgressCallback | None = None
+) -> EngineRun:
     """Run one prepared configuration (:func:`prepare`) through the kernel.
 
     The pass log is doubled and the run repeated while the kernel reports it
@@ -187,6 +201,8 @@ def run_prepared(prep: Prepared, itl_include: np.ndarray | None = None) -> Engin
     itl_include : ndarray(int64, ndim=1), optional
         Bounded mode: the requests whose gaps enter the ITL sketch (default all,
         then repeated as needed).
+    on_progress : callable, optional
+        As :func:`simulate_engine` (a repeated run reports from 0 again).
 
     Returns
     -------
@@ -200,7 +216,11 @@ def run_prepared(prep: Prepared, itl_include: np.ndarray | None = None) -> Engin
             out["receipts"][STREAM_INCLUDE][:] = itl_include
         if not prep.closed:
             out["send_ns"][:] = prep.send
-        status, rows, num_emitted = nb.simulate_engine_nb(*prep.kernel_args(out, prep.prefix_cache()))
+        args = prep.kernel_args(out, prep.prefix_cache())
+        if on_progress is None:
+            status, rows, num_emitted = nb.simulate_engine_nb(*args)
+        else:
+            status, rows, num_emitted = _kernel_with_progress(args, out["progress"], prep.n, on_progress)
         if status == nb.PASS_LOG_FULL:
             pass_rows *= 2
             continue
@@ -209,6 +229,26 @@ def run_prepared(prep: Prepared, itl_include: np.ndarray | None = None) -> Engin
             if itl_include is not None:
                 continue
         return finish(prep, out, status, rows, num_emitted)
+
+
+def _kernel_with_progress(args: list, progress: np.ndarray, total: int, on_progress: ProgressCallback):
+    """Run the kernel in a worker thread (it releases the GIL) and report its progress counter."""
+    outcome: list = []
+
+    def work():
+        try:
+            outcome.append(nb.simulate_engine_nb(*args))
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work, name="replaysim-kernel", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(PROGRESS_INTERVAL_S)
+        on_progress(int(progress[0]), total)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def itl_rerun_mask(prep: Prepared, out: dict) -> np.ndarray | None:
@@ -571,4 +611,5 @@ def _allocate(
     out["pass_log"] = np.zeros((pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64)
     out["pass_ms"] = np.zeros(pass_rows, dtype=np.float64)
     out["bad_batch"] = np.zeros(lead + (8,), dtype=np.float64)
+    out["progress"] = np.zeros(lead + (1,), dtype=np.int64)
     return out

@@ -122,7 +122,7 @@ def _heap_pop_nb(keys, vals, size):
 # ------------------------------------------------------------------ the kernel
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def simulate_engine_nb(
     input_tokens,
     output_tokens,
@@ -178,6 +178,7 @@ def simulate_engine_nb(
     pass_log,
     pass_ms,
     bad_batch,
+    progress,
 ):
     """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
 
@@ -280,6 +281,10 @@ def simulate_engine_nb(
     bad_batch : ndarray(float64, ndim=1)
         Out on ``BAD_TIMING``: worker, rank, the five batch summary values and
         the model's result.
+    progress : ndarray(int64, ndim=1)
+        Out, one element, zero initialised: requests finished or rejected so
+        far, updated as the run goes (the kernel releases the GIL, so another
+        thread can read it).
 
     Returns
     -------
@@ -448,6 +453,7 @@ def simulate_engine_nb(
                                     num_emitted += 1
                                     if leaves:
                                         finish_ns[k] = t
+                                        progress[0] += 1
                                         kv_release_nb(prefix_cache, g, k, held, blocks_used)
                         if not leaves:
                             running[g, keep] = k
@@ -510,6 +516,7 @@ def simulate_engine_nb(
                 send_size = _enter_rank_nb(
                     k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+                    progress,
                 )
 
             # (d) KV-transfer ends at t, in handoff order: free the prefill
@@ -528,6 +535,7 @@ def simulate_engine_nb(
                 send_size = _enter_rank_nb(
                     k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+                    progress,
                 )
 
         # (e) idle workers with work start passes, by worker index.
@@ -666,6 +674,7 @@ def simulate_batch_nb(
     pass_log,
     pass_ms,
     bad_batch,
+    progress,
     status,
 ):
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
@@ -715,6 +724,8 @@ def simulate_batch_nb(
         Shared and empty, (0,).
     bad_batch : ndarray(float64, ndim=2)
         Out, (C, 8), as for ``simulate_engine_nb``.
+    progress : ndarray(int64, ndim=2)
+        Out, (C, 1), as for ``simulate_engine_nb``.
     status : ndarray(int64, ndim=2)
         Out, (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
     """
@@ -781,6 +792,7 @@ def simulate_batch_nb(
             pass_log,
             pass_ms,
             bad_batch[c],
+            progress[c],
         )
         status[c, 0] = code
         status[c, 1] = rows
@@ -790,7 +802,7 @@ def simulate_batch_nb(
 @njit(cache=True)
 def _enter_rank_nb(
     k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop, think_ns,
-    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev, progress,
 ):
     """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
 
@@ -799,6 +811,7 @@ def _enter_rank_nb(
     """
     if input_tokens[k] >= rank_seq_limit[g]:
         reject_ns[k] = t
+        progress[0] += 1
         if closed_loop:
             send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
     else:
