@@ -78,7 +78,7 @@ def warm_numba_cache(mapping: dict[str, Any]) -> float:
     Notes
     -----
     Kernels are ``@njit(cache=True)``: this process compiles them once and
-    writes the on-disk cache (``NUMBA_CACHE_DIR`` or ``__pycache__``), so
+    writes the on-disk cache (``simcore.jit_cache``), so
     parallel workers load them (~0.2 s) instead of compiling at once.
     """
     import simcore

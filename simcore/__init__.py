@@ -3,7 +3,11 @@
 The core never imports Hydra; ``runners`` wraps it for the command line.
 """
 
-from simcore.api import Result, __version__, run, run_batch
-from simcore.config import DEFAULTS, ConfigError, SimConfig, load_config
+from simcore import jit_cache
+
+jit_cache.configure()  # before any kernel module is imported
+
+from simcore.api import Result, __version__, run, run_batch  # noqa: E402
+from simcore.config import DEFAULTS, ConfigError, SimConfig, load_config  # noqa: E402
 
 __all__ = ["DEFAULTS", "ConfigError", "Result", "SimConfig", "__version__", "load_config", "run", "run_batch"]
