@@ -40,7 +40,9 @@ class RequestColumns:
     """Per-request instants and metrics derived from an engine run (int64 ns)."""
 
     def __init__(self, run: EngineRun):
-        receipts = run.receipts or Receipts.from_tokens(run.token_offset, run.token_recv_ns)
+        receipts = run.receipts
+        if receipts is None:  # detailed mode: reduce the per-token receipts
+            receipts = Receipts.from_tokens(run.token_offset, run.token_recv_ns)
         self.receipts = receipts
         self.num_received = receipts.num_received
         self.first_recv_ns = receipts.first_recv_ns

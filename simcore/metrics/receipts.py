@@ -5,15 +5,14 @@ Both output modes reduce receipts to the same per-request integers
 array after the run, the bounded mode while the run goes.  The ITL mean, std,
 min and max come from these integers, exactly (sums of ns in unbounded Python
 integers), so they are bit-identical in the two modes; ITL percentiles come
-from the exact gaps (detailed) or from the log-bucket sketch (bounded, within
-``SKETCH_ALPHA`` relative).
+from an exact radix selection over the receipts (detailed) or from the
+log-linear bucket sketch (bounded, within ``SKETCH_ALPHA`` relative).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,7 +26,7 @@ from simcore.metrics.nb import (
     sketch_values,
 )
 
-_SPLIT = 31
+_SPLIT = 31  # bits summed separately, so that sums of int64 values cannot overflow
 
 
 @dataclass
