@@ -3,7 +3,8 @@
 aiconfigurator-core 0.12 (the optional extra ``replaysim[aic]``) estimates a
 forward pass from its per-GPU operator database
 (``RustForwardPassPerfModel.estimate_forward_pass_time_ms``), but a call costs
-about 100 µs and cannot run inside the numba kernel.  So, once per
+about 9 µs (70 times the kernel's table lookup) and cannot run inside the numba
+kernel.  So, once per
 configuration, :func:`build_tables` evaluates the model's compiled op list
 (``EngineHandle.evaluate_context_ops`` / ``evaluate_generation_ops``) on five
 grids that mirror the estimator's own composition (docs/timing.md):
