@@ -191,10 +191,14 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
     """Leading complete prompt blocks of request k resident on rank g, with at
     least the last known token left to compute; and how many of them are cached.
 
+    The slots found are noted in request k's block-slot entries (beyond its
+    settled blocks, which a waiting request has none of), for
+    :func:`kv_take_hits_nb` to take without looking them up again.
+
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (read only).
+        The prefix-cache state (read only but request k's block-slot entries).
     g : int
         Global rank.
     num_ranks : int
@@ -224,13 +228,17 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
             break
         if pc[PC_SLOT_REF][slot] == 0:
             cached += 1
+        pc[PC_BLOCK_SLOT][offset[k] + hits] = slot
         hits += 1
     return hits, cached
 
 
 @njit(cache=True)
-def kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used):
+def kv_take_hits_nb(pc, g, k, hits, blocks_used):
     """Reference request k's first ``hits`` prompt blocks (resident on rank g).
+
+    Their slots are those :func:`kv_hits_nb` just noted (the cache has not
+    changed since).
 
     Parameters
     ----------
@@ -238,25 +246,22 @@ def kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used):
         The prefix-cache state (``PC_*`` indices), mutated in place.
     g : int
         Global rank.
-    num_ranks : int
-        Global ranks.
     k : int
         Request index.
     hits : int
-        Leading prompt blocks to reference (from :func:`kv_hits_nb`), blocks.
+        Leading prompt blocks to reference (from :func:`kv_hits_nb`, called
+        last for request k on this rank), blocks.
     blocks_used : ndarray(int64, ndim=1)
         In-use blocks per rank; grows by the cached blocks taken out of the LRU.
     """
     offset = pc[PC_IDENT_OFFSET]
-    ident = pc[PC_IDENT]
     ref = pc[PC_SLOT_REF]
     for j in range(hits):
-        slot = _map_find_nb(pc[PC_MAP_KEYS], pc[PC_MAP_SLOTS], ident[offset[k] + j] * num_ranks + g)
+        slot = pc[PC_BLOCK_SLOT][offset[k] + j]
         if ref[slot] == 0:
             _lru_remove_nb(pc, g, slot)
             blocks_used[g] += 1
         ref[slot] += 1
-        pc[PC_BLOCK_SLOT][offset[k] + j] = slot
     pc[PC_SETTLED][k] = hits
 
 

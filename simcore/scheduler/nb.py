@@ -221,7 +221,7 @@ def build_vllm_batch_nb(
         running[g, run_len[g]] = k
         run_len[g] += 1
         if caching:
-            kv_take_hits_nb(pc, g, num_ranks, k, hits, blocks_used)
+            kv_take_hits_nb(pc, g, k, hits, blocks_used)
             computed[k] = hits * block_size
             held[k] = hits
         kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
