@@ -231,7 +231,7 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
     """mean/median/std/min/max and percentiles of one metric, None when empty.
 
     ``values`` is a scratch array: the order statistics partition it in place
-    (after the order-sensitive sums), which saves copying millions of ITL gaps.
+    (after the order-sensitive sums), which saves a copy.
 
     Parameters
     ----------

@@ -30,6 +30,7 @@ RECEIPT_FIELDS = ("num_received", "first_recv_ns", "last_recv_ns", "gap_sq_hi", 
 STREAM_FIELDS = RECEIPT_FIELDS + ("itl_include", "itl_sketch")
 
 SELECT_DIGIT_BITS = 16
+SELECT_TABLE_MAX = 1 << 20  # prefixes looked up in a table up to this range, else compared
 SQ_BITS = 62
 SQ_MASK = (1 << SQ_BITS) - 1
 _LOW_BITS = 31
@@ -202,8 +203,9 @@ def itl_order_statistics_nb(token_offset, token_recv_ns, num_received, include, 
                 group[i] = num_distinct
                 num_distinct += 1
         # Prefixes map to their group through a table while the range is small.
-        table = np.full(min((max_gap_ns >> high) + 1, 1 << 20), -1, dtype=np.int64)
-        use_table = (max_gap_ns >> high) < table.shape[0]
+        prefix_range = (max_gap_ns >> high) + 1
+        use_table = prefix_range <= SELECT_TABLE_MAX
+        table = np.full(prefix_range if use_table else 1, -1, dtype=np.int64)
         if use_table:
             for j in range(num_distinct):
                 table[distinct[j]] = j
@@ -254,6 +256,6 @@ def sketch_values(buckets: np.ndarray) -> np.ndarray:
     buckets = np.asarray(buckets, dtype=np.int64)
     above = np.maximum(buckets - _SKETCH_EXACT, 0)
     octave = SKETCH_SUB_BITS + above // _SKETCH_PER_OCTAVE
-    lower = (_SKETCH_PER_OCTAVE + above % _SKETCH_PER_OCTAVE) * np.exp2(octave - (SKETCH_SUB_BITS - 1))
     width = np.exp2(octave - (SKETCH_SUB_BITS - 1))
+    lower = (_SKETCH_PER_OCTAVE + above % _SKETCH_PER_OCTAVE) * width
     return np.where(buckets < _SKETCH_EXACT, buckets.astype(np.float64), lower + width / 2)
