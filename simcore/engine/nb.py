@@ -319,6 +319,8 @@ def simulate_engine_nb(
     run_len = np.zeros(num_ranks, dtype=np.int64)
     blocks_used = np.zeros(num_ranks, dtype=np.int64)
     rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
+    rank_chunked = np.full(num_ranks, -1, dtype=np.int64)  # SGLang chunked request
+    rank_extend = np.zeros(num_ranks, dtype=np.bool_)  # SGLang: the batch is an extend batch
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
@@ -557,6 +559,7 @@ def simulate_engine_nb(
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
                             rank_max_sequences, rank_num_blocks, rank_block_size,
                             rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+                            rank_chunked, rank_extend,
                         )
                     else:
                         preempted = build_vllm_batch_nb(
@@ -568,7 +571,10 @@ def simulate_engine_nb(
                             worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
                             cached_tokens,
                         )
-                    batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
+                    batch_summary_nb(
+                        summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
+                        rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
+                    )
                     if summary[r, 0] + summary[r, 3] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
