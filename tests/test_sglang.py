@@ -5,6 +5,7 @@ through the public API and against the reference implementation."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 import simcore
 from simcore.config import merge_config
@@ -158,3 +159,18 @@ def test_the_chunked_request_is_retracted_when_the_lone_decoder_cannot_grow():
     }
     decode = [(p["start_ms"], p["num_prefill"], p["prefill_tokens"], p["num_decode"], p["blocks_in_use"]) for p in passes if p["pool"] == "decode"]
     assert decode[6:10] == [(16.0, 0, 0, 1, 11), (17.0, 1, 3, 1, 19), (28.0, 0, 0, 1, 20), (29.0, 0, 0, 1, 18)]
+
+
+def test_schedule_conservativeness_accepts_zero_and_rejects_negatives():
+    # SGLang asserts schedule_conservativeness >= 0. With 0 the ratio is 0 and running
+    # requests reserve nothing. 15 pages; D (2 in, 11 out) at 0, W (4 in, 2 out) at 5 ms.
+    # @10: rem_total = 13 - 10 x 0.0 = 13.0 > 4 + 2: W joins. At the default (ratio 0.7)
+    # 13 - 7.0 = 6.0 <= 6: W waits.
+    engine = {"aggregated": {"num_blocks": 15, "schedule_conservativeness": 0.0}}
+    requests, _, _ = run([("d", 2, 11, 0.0), ("w", 4, 2, 5.0)], engine)
+    assert requests["w"]["first_admit_ms"] == 10.0
+    engine["aggregated"]["schedule_conservativeness"] = 1.0
+    requests, _, _ = run([("d", 2, 11, 0.0), ("w", 4, 2, 5.0)], engine)
+    assert requests["w"]["first_admit_ms"] > 10.0
+    with pytest.raises(simcore.ConfigError, match=r"engine.aggregated.schedule_conservativeness must be >= 0, got -0.5"):
+        simcore.load_config({"engine": {"policy": "sglang", "aggregated": {"schedule_conservativeness": -0.5}}})
