@@ -346,11 +346,12 @@ def build_sglang_batch_nb(
             held[k] += grow
             sched_n[k] = n_tok
             scheduled += 1
-            charge = _ceil_page_nb(n_tok, block_size)
-            offset += charge
+            reserve = 0
             if n_tok == need:
-                offset += min(output_tokens[k], CLIP_MAX_NEW_TOKENS)
+                reserve = min(output_tokens[k], CLIP_MAX_NEW_TOKENS)
                 rank_chunked[g] = -1  # its last chunk: it decodes from the next pass
+            charge = _ceil_page_nb(n_tok, block_size)
+            offset += charge + reserve  # one int, added at once as in SGLang
             rem_input -= charge
             rem_chunk -= charge
     while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
