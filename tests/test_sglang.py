@@ -174,3 +174,26 @@ def test_schedule_conservativeness_accepts_zero_and_rejects_negatives():
     assert requests["w"]["first_admit_ms"] > 10.0
     with pytest.raises(simcore.ConfigError, match=r"engine.aggregated.schedule_conservativeness must be >= 0, got -0.5"):
         simcore.load_config({"engine": {"policy": "sglang", "aggregated": {"schedule_conservativeness": -0.5}}})
+
+
+def test_the_ratio_resets_only_when_the_worker_idles():
+    # 9 one-token pages, conservativeness 0.1 (init 0.07); a (2 in, 5 out) at 0, b (1, 5) at
+    # 5 ms, c (1, 8) at 16 ms.
+    # @0: a [0, 10], token 1 @10. @10: rem_total = 7 - (5 - 1) x 0.07 = 6.72 > 1 + 5: b
+    #   [10, 20] (a waits), token 1 @20. @20, @21, @22: a and b decode (free 6, 4, 2, 0).
+    # @23: 2 pages needed, none free: retract a (4 generated each; a's prompt 2 > 1); it
+    #   waits behind c. ratio = min(1, (4 + 20 x 1) / 5) = 1.0. b's 5th token @24: done.
+    # @24: c and a wait, so the worker is not idle and the ratio stays 1.0. c first on the
+    #   empty rank: offset 1 + 8 = 9 = the 9 free tokens, rem_total 0 ends the batch:
+    #   [24, 34], c @34.
+    # @34: rem_total = 8 - 7 x 1.0 = 1.0 <= 6 + (5 - 4): a waits; at the j-th later build
+    #   rem_total < 8 - j <= 7: a waits until c's 8th token @41. @41: a [41, 51], its 5th
+    #   token @51. (Reset to 0.07 @24, rem_total @34 would be 8 - 0.49 = 7.51 > 7.)
+    rows = [("a", 2, 5, 0.0), ("b", 1, 5, 5.0), ("c", 1, 8, 16.0)]
+    requests, emitted, _ = run(rows, {"aggregated": {"num_blocks": 9, "schedule_conservativeness": 0.1}})
+    assert emitted == {
+        "a": [10.0, 21.0, 22.0, 23.0, 51.0],
+        "b": [20.0, 21.0, 22.0, 23.0, 24.0],
+        "c": [34.0 + j for j in range(8)],
+    }
+    assert requests["a"]["num_preemptions"] == 1

@@ -317,8 +317,6 @@ def build_sglang_batch_nb(
     block_size = rank_block_size[g]
     num_blocks = rank_num_blocks[g]
     empty_rank = run_len[g] == 0
-    if empty_rank:
-        rank_ratio[g] = ratio_params[g, 0]
     ratio = rank_ratio[g]
     chunked = rank_chunked[g]
     # PrefillAdder: rem_total = free tokens - offset, evaluated at each use; the
@@ -474,6 +472,40 @@ def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preempt
     computed[k] = 0
     num_preemptions[k] += 1
     wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+
+
+@njit(cache=True)
+def reset_ratio_if_idle_nb(first_rank, num_ranks, decode_role, wait_head, rank_inflight,
+                           rank_ratio, ratio_params):
+    """SGLang's idle reset of new_token_ratio, for a worker that found nothing to run.
+
+    SGLang's event loop resets the ratio to its init on an iteration with no
+    batch, except while KV transfers from (P/D prefill) or to (P/D decode) the
+    server are in flight, or, on a decode server, while requests wait.  The
+    ranks of an attention-DP group idle together (while one rank works the
+    others run idle batches).  Harmless for other policies (they do not read
+    the ratio).
+
+    Parameters
+    ----------
+    first_rank, num_ranks : int
+        The worker's first global rank and number of ranks.
+    decode_role : bool
+        The worker is in a P/D decode pool.
+    wait_head : ndarray(int64, ndim=1)
+        Per rank, first waiting request (-1: none).
+    rank_inflight : ndarray(int64, ndim=1)
+        Per rank, KV transfers in flight from or to it.
+    rank_ratio : ndarray(float64, ndim=1)
+        Per rank current new_token_ratio; updated.
+    ratio_params : ndarray(float64, ndim=2)
+        (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
+    """
+    for g in range(first_rank, first_rank + num_ranks):
+        if rank_inflight[g] > 0 or (decode_role and wait_head[g] >= 0):
+            return
+    for g in range(first_rank, first_rank + num_ranks):
+        rank_ratio[g] = ratio_params[g, 0]
 
 
 @njit(cache=True)

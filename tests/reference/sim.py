@@ -39,8 +39,12 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
   ``ceil(min(input + output, L) / block_size)``, ``ceil(input / block_size)`` on a
   P/D prefill-role rank; P taken after step 1; FIFO stop).
 - sglang, per rank and per pass attempt: ``new_token_ratio`` floats init =
-  min(0.7 * c, 1), min = min(init * 0.14, 1), decay = (init - min) / 600; reset to
-  init when building a batch on a rank with no running request.  Each rank keeps its
+  min(0.7 * c, 1), min = min(init * 0.14, 1), decay = (init - min) / 600; every
+  rank of a worker is reset to init when the worker idles (at a pass end that leaves
+  none of its ranks a running or waiting request, before same-instant arrivals; at a
+  pass-start attempt that schedules nothing; at phase (e) of any instant while it has
+  no work), unless a KV transfer from or to one of its ranks is in flight or, on a
+  decode worker, a request waits.  Each rank keeps its
   "chunked request" (``rank.chunked``, at most one): a running request admitted with
   a truncated chunk, until the pass that schedules its last chunk; every other
   running request is decoding.  offset = the float sum, in running order, of
@@ -292,6 +296,7 @@ class Rank:
         self.used_blocks = 0     # in-use blocks (prefix caching: distinct, ref > 0)
         self.new_token_ratio = None  # sglang: set to the pool's init at construction
         self.chunked = None      # sglang: the request whose prompt is being chunked
+        self.inflight = 0        # P/D: KV transfers in flight from or to this rank
         # prefix caching: identity -> its block (in use or cached); LRU of cached blocks
         self.resident = {}
         self.lru = OrderedDict()  # Block -> None, head = least recently used
@@ -530,10 +535,14 @@ class ReferenceSim:
                 progressed = True
             if not progressed:
                 break
-        # (e) idle workers with work try to start a pass, by global worker index
+        # (e) idle workers with work try to start a pass, by global worker index (an
+        # idle worker without work is idle at t: sglang's idle ratio reset)
         for w in self.workers:
-            if w.current is None and w.has_work():
-                self.try_start(w, t)
+            if w.current is None:
+                if w.has_work():
+                    self.try_start(w, t)
+                else:
+                    self.reset_ratio_when_idle(w)
 
     # ------------------------------------------------------------ client side
 
@@ -588,6 +597,15 @@ class ReferenceSim:
         req.held_blocks = 0  # prefix caching: req.blocks keeps its references until then
         req.transfer_start_ns = t
         heapq.heappush(self.transfers, (t + self.transfer_ns(req), h, req.row))
+        rank.inflight += 1
+        self.decode_placement(h)[2].inflight += 1
+
+    def decode_placement(self, h):
+        """SPEC §3: handoff h goes to decode worker h mod Wd (a global worker index),
+        rank (h div Wd) mod Rd; returns (worker index, rank index, Rank)."""
+        dp = self.emit_pool
+        w, r = dp.first_worker + h % dp.W, (h // dp.W) % dp.R
+        return w, r, self.workers[w].ranks[r]
 
     def transfer_end(self, req, t):
         """SPEC §6: free the prefill blocks; enter the decode rank (or be rejected there)."""
@@ -599,16 +617,16 @@ class ReferenceSim:
             prefill_rank.used_blocks -= req.transfer_blocks
         req.transfer_blocks = 0
         dp = self.emit_pool
-        h = req.handoff
-        req.decode_worker = dp.first_worker + h % dp.W
-        req.decode_rank = (h // dp.W) % dp.R
+        req.decode_worker, req.decode_rank, decode_rank = self.decode_placement(req.handoff)
+        prefill_rank.inflight -= 1
+        decode_rank.inflight -= 1
         if req.input_tokens >= dp.L:
             self.reject(req, t)
             return
         req.computed = req.input_tokens - 1
         req.generated = 0
         req.held_blocks = 0
-        self.workers[req.decode_worker].ranks[req.decode_rank].waiting.append(req)  # BACK
+        decode_rank.waiting.append(req)  # BACK
 
     def receive(self, items, t):
         """SPEC §7: the client receives every token of a detokenization job at t."""
@@ -823,10 +841,8 @@ class ReferenceSim:
             self.schedule(pool, rank, batch, req, n,
                           is_decode=entrant_rank and req.generated == 0)
 
-        # 1. reset the ratio when the rank has no running request
+        # 1. the ratio (reset when the worker idles: end_pass, try_start)
         empty_rank = not rank.running
-        if empty_rank:
-            rank.new_token_ratio = pool.ratio_init
         ratio = rank.new_token_ratio
         chunked = rank.chunked
         decoders = [req for req in rank.running if req is not chunked]
@@ -985,8 +1001,21 @@ class ReferenceSim:
                 w.current = Pass(t, t + dur_ns, batches, summaries, times, blocks)
                 return
             if not any_preempted:
+                self.reset_ratio_when_idle(w)
                 return  # all batches empty: the worker stays idle
             # only preemptions happened: try again at once
+
+    @staticmethod
+    def reset_ratio_when_idle(w):
+        """sglang: the worker found nothing to run (SGLang's idle loop iteration): every
+        rank's new_token_ratio goes back to init, unless a KV transfer from or to one of
+        its ranks is in flight, or (decode pool) a request waits."""
+        if w.pool.policy != "sglang":
+            return
+        if any(r.inflight or (w.pool.name == "decode" and r.waiting) for r in w.ranks):
+            return
+        for rank in w.ranks:
+            rank.new_token_ratio = w.pool.ratio_init
 
     def end_pass(self, w, t):
         """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization."""
@@ -1022,6 +1051,8 @@ class ReferenceSim:
                 if final:  # finish: free blocks, leave running
                     self.release(pool, rank, req)
                     rank.running.remove(req)
+        if not w.has_work():
+            self.reset_ratio_when_idle(w)
         # the pass record (only passes ending by the cap get here)
         for r in range(pool.R):
             rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
