@@ -676,7 +676,7 @@ def _pool(
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         schedule_conservativeness=None
         if conservativeness is None
-        else _number(f"{prefix}.schedule_conservativeness", conservativeness, strict=True),
+        else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
     )
 
 

@@ -761,13 +761,18 @@ def test_sglang_extend_pass_does_not_decode_running_requests():
     assert [(p["start_ns"] // MS, p["num_prefill"], p["prefill_tokens"], p["num_decode"],
              p["blocks_in_use"]) for p in res["passes"]] == [
         (0, 1, 4, 0, 4), (10, 1, 4, 0, 8), (20, 0, 0, 1, 5), (22, 0, 0, 1, 6)]
-    # The ratio: reset to init @0 (no running request), unchanged by extend passes,
-    # lowered by (init - min) / 600 at each decode pass (@20 and @22).
-    sim = ReferenceSim(cfg, ["r0", "r1"], [4, 4], [3, 1], [0, 5 * MS])
+    # The ratio: init @0, unchanged by extend passes, lowered by (init - min) / 600 at
+    # each decode pass (@20 and @22; the cap at 23.5 ms stops the run before the pass
+    # end @24) ...
+    sim = ReferenceSim(dict(cfg, max_time_ms=23.5), ["r0", "r1"], [4, 4], [3, 1], [0, 5 * MS])
     sim.run()
     init = 0.7 * 1.0
     decay = (init - init * 0.14) / 600
     assert sim.workers[0].ranks[0].new_token_ratio == (init - decay) - decay
+    # ... and back at init once the pass end @24 leaves the worker with nothing to run.
+    sim = ReferenceSim(cfg, ["r0", "r1"], [4, 4], [3, 1], [0, 5 * MS])
+    sim.run()
+    assert sim.workers[0].ranks[0].new_token_ratio == init
 
 
 def test_sglang_chunked_prefill_and_budgets():
@@ -840,7 +845,8 @@ def test_sglang_retraction_hand_worked():
     # @25: rem_total = (12 - 7) - min(9 - 6, 4096) * 1.0 = 2.0; b: 7 + 1 >= 2 -> decode
     #   a (ratio 1 - decay); @26: 4 - 2 * r; @27: 3 - 1 * r: b stays; a's 9th token @28,
     #   a finishes (2 + 9 = 11 < L).
-    # @28: empty rank: ratio reset to init; b first (no check): n=7 (prefill entry, kv 7)
+    # @28: empty rank (b waits, so the worker does not idle: no ratio reset); b first
+    #   (no check): n=7 (prefill entry, kv 7)
     #   [28, 38]: b's last token (its 6th) @38.
     cfg = policy_config("sglang", {"num_blocks": 12, "schedule_conservativeness": 0.1},
                         timing=fixed(10.0, 1.0))
@@ -902,7 +908,7 @@ def test_sglang_retraction_invariants(seed, mode):
         assert emitted == sorted(emitted) and len(set(emitted)) == len(emitted)
         assert all(e <= rv for e, rv in toks)
     for p in res["passes"]:
-        # a rank's pass is an extend or a decode batch (inputs >= 2, chunks >= 2)
+        # a rank's pass is an extend or a decode batch (decode-rank entrants aside)
         assert p["num_prefill"] == 0 or p["num_decode"] == 0 or p["pool"] == "decode"
         assert p["blocks_in_use"] <= 100  # retraction keeps every rank within its cache
     for w in sim.workers:

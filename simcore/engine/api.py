@@ -548,14 +548,15 @@ def _topology(pools, policy: str) -> dict[str, np.ndarray]:
         return np.array([getattr(pool, field) or 0 for pool in ranks], dtype=np.int64)
 
     # SGLang: chunked_prefill_size is split over the attention-DP ranks, and
-    # new_token_ratio starts at 0.7 x conservativeness, floors at 0.14 of that
-    # and decays to the floor over 600 decode steps (SGLang 0.5 defaults).
+    # new_token_ratio starts at 0.7 x conservativeness (at most 1), floors at
+    # 0.14 of that and decays to the floor over 600 decode steps (SGLang 0.5
+    # defaults, Scheduler.__init__).
     ratio = np.zeros((len(ranks), 3), dtype=np.float64)
     chunk = np.zeros(len(ranks), dtype=np.int64)
     for g, pool in enumerate(ranks):
         if policy == "sglang":
-            init = 0.7 * pool.schedule_conservativeness
-            floor = init * 0.14
+            init = min(0.7 * pool.schedule_conservativeness, 1.0)
+            floor = min(init * 0.14, 1.0)
             ratio[g] = (init, floor, (init - floor) / 600)
             chunk[g] = max(pool.chunked_prefill_size // pool.attention_dp, 1)
 

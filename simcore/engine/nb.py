@@ -38,6 +38,7 @@ from simcore.scheduler.nb import (
     batch_summary_nb,
     POLICY_TRTLLM,
     build_sglang_batch_nb,
+    reset_ratio_if_idle_nb,
     build_vllm_batch_nb,
     wait_push_back_nb,
 )
@@ -120,6 +121,22 @@ def _heap_pop_nb(keys, vals, size):
 
 
 # ------------------------------------------------------------------ the kernel
+
+
+@njit(cache=True)
+def _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks):
+    """Global decode rank of handoff h: worker h mod Wd, rank (h div Wd) mod Rd (SPEC §3)."""
+    w = first_decode_worker + h % num_decode_workers
+    return worker_first_rank[w] + (h // num_decode_workers) % worker_num_ranks[w]
+
+
+@njit(cache=True)
+def _has_work_nb(first_rank, num_ranks, run_len, wait_head):
+    """Whether any rank of a worker has a running or waiting request."""
+    for g in range(first_rank, first_rank + num_ranks):
+        if run_len[g] > 0 or wait_head[g] >= 0:
+            return True
+    return False
 
 
 @njit(cache=True, nogil=True)
@@ -319,6 +336,9 @@ def simulate_engine_nb(
     run_len = np.zeros(num_ranks, dtype=np.int64)
     blocks_used = np.zeros(num_ranks, dtype=np.int64)
     rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
+    rank_chunked = np.full(num_ranks, -1, dtype=np.int64)  # SGLang chunked request
+    rank_extend = np.zeros(num_ranks, dtype=np.bool_)  # SGLang: the batch is an extend batch
+    rank_inflight = np.zeros(num_ranks, dtype=np.int64)  # KV transfers from or to the rank
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
@@ -414,6 +434,11 @@ def simulate_engine_nb(
                                     xfer_size = _heap_push_nb(
                                         xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
                                     )
+                                    rank_inflight[g] += 1
+                                    rank_inflight[_decode_rank_nb(
+                                        num_handoffs, first_decode_worker, num_decode_workers,
+                                        worker_first_rank, worker_num_ranks,
+                                    )] += 1
                                     num_handoffs += 1
                                 else:
                                     j = generated[k]
@@ -459,6 +484,11 @@ def simulate_engine_nb(
                             running[g, keep] = k
                             keep += 1
                     run_len[g] = keep
+                if not _has_work_nb(worker_first_rank[w], worker_num_ranks[w], run_len, wait_head):
+                    reset_ratio_if_idle_nb(
+                        worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE,
+                        wait_head, rank_inflight, rank_ratio, ratio_params,
+                    )
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
                 # the server's outputs in rank then running order, cut in chunks.
@@ -528,8 +558,9 @@ def simulate_engine_nb(
                 k = handoff_req[h]
                 kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
                 transfer_end_ns[k] = t
-                w = first_decode_worker + h % num_decode_workers
-                g = worker_first_rank[w] + (h // num_decode_workers) % worker_num_ranks[w]
+                g = _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks)
+                rank_inflight[recv_rank[k]] -= 1
+                rank_inflight[g] -= 1
                 decode_rank[k] = g
                 computed[k] = input_tokens[k] - 1
                 send_size = _enter_rank_nb(
@@ -557,6 +588,7 @@ def simulate_engine_nb(
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
                             rank_max_sequences, rank_num_blocks, rank_block_size,
                             rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+                            rank_chunked, rank_extend,
                         )
                     else:
                         preempted = build_vllm_batch_nb(
@@ -568,7 +600,10 @@ def simulate_engine_nb(
                             worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
                             cached_tokens,
                         )
-                    batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
+                    batch_summary_nb(
+                        summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
+                        rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
+                    )
                     if summary[r, 0] + summary[r, 3] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
@@ -611,7 +646,12 @@ def simulate_engine_nb(
                             pass_log_rows += 1
                     break
                 if not any_preempted:
-                    break  # nothing schedulable: the worker stays idle
+                    # Nothing schedulable: the worker stays idle.
+                    reset_ratio_if_idle_nb(
+                        first_rank, num_dp, worker_role[w] == ROLE_DECODE, wait_head, rank_inflight,
+                        rank_ratio, ratio_params,
+                    )
+                    break
                 # Only preemptions happened: try again at once (SPEC §5 (e)).
 
     return OK, pass_log_rows, num_emitted

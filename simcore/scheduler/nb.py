@@ -249,19 +249,25 @@ def _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill
 
 
 @njit(cache=True)
+def _ceil_page_nb(tokens, block_size):
+    return _blocks_for_nb(tokens, block_size) * block_size
+
+
+@njit(cache=True)
 def build_sglang_batch_nb(
     g, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
     blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, rank_max_sequences, rank_num_blocks, rank_block_size,
     rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+    rank_chunked, rank_extend,
 ):
     """Build rank g's batch with the SGLang policy (docs/policies.md); returns
     whether it retracted a request.
 
     Prefill first: an extend batch (the chunked request, then waiting requests
     within the token budgets) if anything can be admitted; otherwise a decode
-    batch of every running request, retracting the requests with the fewest
-    generated tokens while the step's KV does not fit.
+    batch of every running request but the chunked one, retracting the
+    requests with the fewest generated tokens while the step's KV does not fit.
 
     Parameters
     ----------
@@ -297,6 +303,11 @@ def build_sglang_batch_nb(
         Per rank current new_token_ratio; updated.
     ratio_params : ndarray(float64, ndim=2)
         (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
+    rank_chunked : ndarray(int64, ndim=1)
+        Per rank the chunked request (running, prompt not wholly scheduled;
+        -1: none), SGLang's ``Scheduler.chunked_req``; updated.
+    rank_extend : ndarray(bool, ndim=1)
+        Out, per rank: whether the batch built is an extend batch.
 
     Returns
     -------
@@ -305,51 +316,60 @@ def build_sglang_batch_nb(
     """
     block_size = rank_block_size[g]
     num_blocks = rank_num_blocks[g]
-    if run_len[g] == 0:
-        rank_ratio[g] = ratio_params[g, 0]
+    empty_rank = run_len[g] == 0
     ratio = rank_ratio[g]
-    # Free tokens minus the output still expected from decoding requests.
-    rem_total = float((num_blocks - blocks_used[g]) * block_size)
-    partial = -1
+    chunked = rank_chunked[g]
+    # PrefillAdder: rem_total = free tokens - offset, evaluated at each use; the
+    # offset starts as the sum of the decoding requests' reservations, in
+    # running order, and grows by each admission's charge.
+    free_tokens = (num_blocks - blocks_used[g]) * block_size
+    offset = 0.0
     for i in range(run_len[g]):
         k = running[g, i]
-        remaining = input_tokens[k] + generated[k] - computed[k]
-        if remaining > 1:
-            partial = k
-        else:
-            rem_total -= min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) * ratio
+        if k != chunked:
+            offset += min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) * ratio
     rem_input = rank_max_prefill_tokens[g]
     rem_chunk = rank_chunk_tokens[g]
     scheduled = 0
-    if partial >= 0:
-        k = partial
+    if chunked >= 0:
+        k = chunked
         need = input_tokens[k] + generated[k] - computed[k]
-        n_tok = min(need, rem_chunk)
+        limit = min(rem_chunk, int(free_tokens - offset))
+        if limit <= 0:
+            limit = rem_chunk  # it must run: SGLang falls back to the chunk budget
+        n_tok = min(need, limit)
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow <= num_blocks - blocks_used[g]:
             blocks_used[g] += grow
             held[k] += grow
             sched_n[k] = n_tok
             scheduled += 1
-            rem_total -= n_tok
+            reserve = 0
             if n_tok == need:
-                rem_total -= min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
-            rem_input -= n_tok
-            rem_chunk -= n_tok
+                reserve = min(output_tokens[k], CLIP_MAX_NEW_TOKENS)
+                rank_chunked[g] = -1  # its last chunk: it decodes from the next pass
+            charge = _ceil_page_nb(n_tok, block_size)
+            offset += charge + reserve  # one int, added at once as in SGLang
+            rem_input -= charge
+            rem_chunk -= charge
     while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
-        if rem_input <= 0 or rem_chunk <= 0:
-            break
         k = wait_head[g]
         need = input_tokens[k] + generated[k] - computed[k]
-        reserve = min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS)
         # On an empty rank the first request only needs its blocks to fit: a
         # request whose reservation exceeds the pool would otherwise wait forever.
-        if need + reserve >= rem_total and (run_len[g] > 0 or scheduled > 0):
+        if (need + min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) >= free_tokens - offset
+                and not (empty_rank and scheduled == 0)):
+            break
+        paged = _ceil_page_nb(need, block_size)
+        if paged >= rem_input and scheduled > 0:
             break
         n_tok = need
-        if need > rem_chunk:
+        reserve = min(output_tokens[k], CLIP_MAX_NEW_TOKENS)
+        if paged > rem_chunk:
             n_tok = (rem_chunk // block_size) * block_size  # page-aligned chunk
-            if n_tok <= 0:
+            reserve = 0
+            # One chunked request per rank: none while a skipped one is pending.
+            if n_tok <= 0 or rank_chunked[g] >= 0:
                 break
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow > num_blocks - blocks_used[g]:
@@ -363,22 +383,25 @@ def build_sglang_batch_nb(
             first_admit_ns[k] = t
         sched_n[k] = n_tok
         scheduled += 1
-        rem_total -= n_tok
-        if n_tok == need:
-            rem_total -= reserve
-        rem_input -= n_tok
-        rem_chunk -= n_tok
+        charge = _ceil_page_nb(n_tok, block_size)
+        offset += charge + reserve
+        rem_input -= charge
+        rem_chunk -= charge
         if n_tok < need:
-            break  # a chunked request closes the extend batch
+            rank_chunked[g] = k
+            break  # a chunked admission closes the extend batch
+        if free_tokens - offset <= 0 or rem_input <= 0 or rem_chunk <= 0:
+            break
+    rank_extend[g] = scheduled > 0
     if scheduled > 0:
         return False
 
-    # Decode batch: every running request whose prompt is computed.
+    # Decode batch: every running request but the chunked one.
     needed = 0
     decoders = 0
     for i in range(run_len[g]):
         k = running[g, i]
-        if k != partial:
+        if k != chunked:
             decoders += 1
             needed += _grow_nb(computed[k] + 1, held[k], block_size)
     retracted = False
@@ -387,7 +410,7 @@ def build_sglang_batch_nb(
         victim_i = -1
         for i in range(run_len[g]):
             k = running[g, i]
-            if k == partial:
+            if k == chunked:
                 continue
             if victim_i < 0:
                 victim_i = i
@@ -403,34 +426,31 @@ def build_sglang_batch_nb(
                     num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
         decoders -= 1
         retracted = True
-    if needed > num_blocks - blocks_used[g] and partial >= 0:
-        # Still short with one decoder left: the chunked request holds the
-        # missing blocks (a re-admitted P/D decode request can be chunked).
+    if needed > num_blocks - blocks_used[g] and chunked >= 0:
+        # Still short with one decoder left: the chunked request, skipped above
+        # because its chunk did not fit, holds the missing blocks.
         for i in range(run_len[g]):
-            if running[g, i] == partial:
+            if running[g, i] == chunked:
                 _retract_nb(g, i, running, run_len, blocks_used, held, computed,
                             num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
                 break
-        partial = -1
+        chunked = -1
+        rank_chunked[g] = -1
         retracted = True
     if retracted:
         decoded = 0
         max_new = 0
         for i in range(run_len[g]):
             k = running[g, i]
-            if k != partial:
+            if k != chunked:
                 decoded += generated[k]
                 max_new += output_tokens[k]
         rank_ratio[g] = min(1.0, (decoded + RETRACT_DECODE_STEPS * decoders) / max_new)
-    if needed > num_blocks - blocks_used[g]:
-        # The lone decoder's block is held by KV transfers (a P/D prefill rank):
-        # no decode step until they end.
-        return retracted
-    if not retracted and decoders > 0:
+    elif decoders > 0:
         rank_ratio[g] = max(rank_ratio[g] - ratio_params[g, 2], ratio_params[g, 1])
     for i in range(run_len[g]):
         k = running[g, i]
-        if k != partial:
+        if k != chunked:
             grow = _grow_nb(computed[k] + 1, held[k], block_size)
             blocks_used[g] += grow
             held[k] += grow
@@ -455,14 +475,51 @@ def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preempt
 
 
 @njit(cache=True)
-def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens):
+def reset_ratio_if_idle_nb(first_rank, num_ranks, decode_role, wait_head, rank_inflight,
+                           rank_ratio, ratio_params):
+    """SGLang's idle reset of new_token_ratio, for a worker that found nothing to run.
+
+    SGLang's event loop resets the ratio to its init on an iteration with no
+    batch, except while KV transfers from (P/D prefill) or to (P/D decode) the
+    server are in flight, or, on a decode server, while requests wait.  The
+    ranks of an attention-DP group idle together (while one rank works the
+    others run idle batches).  Harmless for other policies (they do not read
+    the ratio).
+
+    Parameters
+    ----------
+    first_rank, num_ranks : int
+        The worker's first global rank and number of ranks.
+    decode_role : bool
+        The worker is in a P/D decode pool.
+    wait_head : ndarray(int64, ndim=1)
+        Per rank, first waiting request (-1: none).
+    rank_inflight : ndarray(int64, ndim=1)
+        Per rank, KV transfers in flight from or to it.
+    rank_ratio : ndarray(float64, ndim=1)
+        Per rank current new_token_ratio; updated.
+    ratio_params : ndarray(float64, ndim=2)
+        (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
+    """
+    for g in range(first_rank, first_rank + num_ranks):
+        if rank_inflight[g] > 0 or (decode_role and wait_head[g] >= 0):
+            return
+    for g in range(first_rank, first_rank + num_ranks):
+        rank_ratio[g] = ratio_params[g, 0]
+
+
+@njit(cache=True)
+def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens,
+                     generated, extend_batch, decode_role):
     """Rank g's batch summary (SPEC §8) into ``summary[r]``, from ``sched_n``.
 
     Computed once per rank and pass, after the builder: a helper taking arrays,
     called per entry in the builders' loops, costs reference-count updates on
     every call (measured: ~30 ns per entry).  An entry is a decode entry if it
     schedules one token at or past the end of its prompt (``computed`` is still
-    the value before the pass).
+    the value before the pass).  In an SGLang extend batch every entry is an
+    extend (prefill) entry, a one-token last chunk included, except the first
+    step of a request that entered a P/D decode rank with its prompt's KV.
 
     Parameters
     ----------
@@ -483,6 +540,12 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
         Tokens computed per request before the pass.
     input_tokens : ndarray(int64, ndim=1)
         Prompt lengths, tokens.
+    generated : ndarray(int64, ndim=1)
+        Tokens emitted per request before the pass.
+    extend_batch : bool
+        The batch is an SGLang extend batch.
+    decode_role : bool
+        The rank is in a P/D decode pool.
     """
     num_prefill = 0
     prefill_tokens = 0
@@ -494,7 +557,12 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
         n_tok = sched_n[k]
         if n_tok == 0:
             continue
-        if n_tok == 1 and computed[k] >= input_tokens[k] - 1:
+        if extend_batch:
+            # A decode rank's request with nothing generated there yet is an entrant.
+            is_decode = decode_role and generated[k] == 0
+        else:
+            is_decode = n_tok == 1 and computed[k] >= input_tokens[k] - 1
+        if is_decode:
             num_decode += 1
             decode_kv_tokens += computed[k] + 1
         else:

@@ -38,27 +38,40 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
 - trtllm: the vllm builder plus the no-evict admission check in step 2 (footprint
   ``ceil(min(input + output, L) / block_size)``, ``ceil(input / block_size)`` on a
   P/D prefill-role rank; P taken after step 1; FIFO stop).
-- sglang, per rank and per pass attempt: ``new_token_ratio`` floats init = 0.7 * c,
-  min = init * 0.14, decay = (init - min) / 600; reset to init when building a batch
-  on a rank with no running request.  A running request with ``known - computed <= 1``
-  is decoding, one with more is "the chunked request" (at most one).  rem_total =
-  float(free_blocks * block_size) minus, in running order, min(output - generated,
-  4096) * ratio per decoder; rem_input = max_prefill_tokens; rem_chunk =
-  max(chunked_prefill_size // attention_dp, 1).  The chunked request is scheduled for
-  n = min(need, rem_chunk) if its new blocks fit (else skipped), charged
-  rem_total -= n, then -= reserve if n == need, and rem_input -= n, rem_chunk -= n
-  (the same three budgets as an admitted waiting request).  The
-  ``need + reserve >= rem_total`` stop is skipped only for the first request of a
-  batch on a rank whose running list was empty when the batch started.  Decode:
-  retract (fewest generated, then largest input, then latest in running) while the
-  step's new blocks exceed the free blocks and more than one decoder remains; the
-  victim goes to the BACK of waiting (computed 0, blocks freed, num_preemptions + 1).
-  If the step still does not fit with one decoder left, the chunked request is
-  retracted too (it holds the missing blocks; on P/D decode ranks a re-admitted
-  request can be chunked).  Every remaining decoder is then scheduled with n = 1
-  If even then the step does not fit (the lone decoder's block is held by KV
-  transfers on a P/D prefill rank), the rank decodes nothing until they end, and the
-  ratio does not decay.
+- sglang, per rank and per pass attempt: ``new_token_ratio`` floats init =
+  min(0.7 * c, 1), min = min(init * 0.14, 1), decay = (init - min) / 600; every
+  rank of a worker is reset to init when the worker idles (at a pass end that leaves
+  none of its ranks a running or waiting request, before same-instant arrivals; at a
+  pass-start attempt that schedules nothing; at phase (e) of any instant while it has
+  no work), unless a KV transfer from or to one of its ranks is in flight or, on a
+  decode worker, a request waits.  Each rank keeps its
+  "chunked request" (``rank.chunked``, at most one): a running request admitted with
+  a truncated chunk, until the pass that schedules its last chunk; every other
+  running request is decoding.  offset = the float sum, in running order, of
+  min(output - generated, 4096) * ratio over the decoders; rem_total = free tokens
+  (free_blocks * block_size, an int) - offset, evaluated each time it is used; each
+  admission adds ``ceil_page(n) + reserve`` (the int sum) to offset.  rem_input =
+  max_prefill_tokens, rem_chunk = max(chunked_prefill_size // attention_dp, 1), both
+  lowered by ceil_page(n).  The chunked request first: limit = min(rem_chunk,
+  int(rem_total)), or rem_chunk if that is <= 0; n = min(need, limit) if its new
+  blocks fit (else skipped); reserve = min(output, 4096) when n == need (then it is
+  no longer the chunked request), else 0.  Waiting FIFO while len(running) <
+  max_sequences: stop if need + min(output - generated, 4096) >= rem_total (not for
+  the first request of a batch on a rank whose running list was empty at the start),
+  or if ceil_page(need) >= rem_input and the batch is not empty; whole if
+  ceil_page(need) <= rem_chunk (reserve min(output, 4096)), else a page-aligned chunk
+  floor(rem_chunk / bs) * bs (stop if 0, or if the rank still has a chunked request)
+  with reserve 0, which becomes the chunked request and closes the batch; stop if its
+  blocks do not fit; after a whole admission stop if rem_total <= 0, rem_input <= 0
+  or rem_chunk <= 0.  Every entry of an extend batch is a prefill entry, except the
+  first step of a P/D decode-rank entrant (generated 0 on a decode rank), a decode
+  entry.  Decode (no extend entry): retract (fewest generated, then largest input,
+  then latest in running) while the step's new blocks exceed the free blocks and more
+  than one decoder remains; the victim goes to the BACK of waiting (computed 0,
+  blocks freed, num_preemptions + 1).  If the step still does not fit with one
+  decoder left, the chunked request (skipped because its chunk did not fit) is
+  retracted too; then the step fits (asserted).  Every remaining decoder is
+  scheduled with n = 1.
 - sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
   validation rejects less: a zero-page chunk would block the rank's queue).
 
@@ -249,8 +262,8 @@ class Pool:
             self.max_prefill_tokens = int(resolved["max_prefill_tokens"])
             self.rem_chunk_init = max(int(resolved["chunked_prefill_size"]) // self.R, 1)
             conservativeness = float(resolved["schedule_conservativeness"])
-            self.ratio_init = 0.7 * conservativeness
-            self.ratio_min = self.ratio_init * 0.14
+            self.ratio_init = min(0.7 * conservativeness, 1.0)
+            self.ratio_min = min(self.ratio_init * 0.14, 1.0)
             self.ratio_decay = (self.ratio_init - self.ratio_min) / SGLANG_DECAY_STEPS
 
     def blocks_for(self, tokens):
@@ -282,6 +295,8 @@ class Rank:
         self.waiting = deque()   # FIFO
         self.used_blocks = 0     # in-use blocks (prefix caching: distinct, ref > 0)
         self.new_token_ratio = None  # sglang: set to the pool's init at construction
+        self.chunked = None      # sglang: the request whose prompt is being chunked
+        self.inflight = 0        # P/D: KV transfers in flight from or to this rank
         # prefix caching: identity -> its block (in use or cached); LRU of cached blocks
         self.resident = {}
         self.lru = OrderedDict()  # Block -> None, head = least recently used
@@ -520,10 +535,14 @@ class ReferenceSim:
                 progressed = True
             if not progressed:
                 break
-        # (e) idle workers with work try to start a pass, by global worker index
+        # (e) idle workers with work try to start a pass, by global worker index (an
+        # idle worker without work is idle at t: sglang's idle ratio reset)
         for w in self.workers:
-            if w.current is None and w.has_work():
-                self.try_start(w, t)
+            if w.current is None:
+                if w.has_work():
+                    self.try_start(w, t)
+                else:
+                    self.reset_ratio_when_idle(w)
 
     # ------------------------------------------------------------ client side
 
@@ -578,6 +597,15 @@ class ReferenceSim:
         req.held_blocks = 0  # prefix caching: req.blocks keeps its references until then
         req.transfer_start_ns = t
         heapq.heappush(self.transfers, (t + self.transfer_ns(req), h, req.row))
+        rank.inflight += 1
+        self.decode_placement(h)[2].inflight += 1
+
+    def decode_placement(self, h):
+        """SPEC §3: handoff h goes to decode worker h mod Wd (a global worker index),
+        rank (h div Wd) mod Rd; returns (worker index, rank index, Rank)."""
+        dp = self.emit_pool
+        w, r = dp.first_worker + h % dp.W, (h // dp.W) % dp.R
+        return w, r, self.workers[w].ranks[r]
 
     def transfer_end(self, req, t):
         """SPEC §6: free the prefill blocks; enter the decode rank (or be rejected there)."""
@@ -589,16 +617,16 @@ class ReferenceSim:
             prefill_rank.used_blocks -= req.transfer_blocks
         req.transfer_blocks = 0
         dp = self.emit_pool
-        h = req.handoff
-        req.decode_worker = dp.first_worker + h % dp.W
-        req.decode_rank = (h // dp.W) % dp.R
+        req.decode_worker, req.decode_rank, decode_rank = self.decode_placement(req.handoff)
+        prefill_rank.inflight -= 1
+        decode_rank.inflight -= 1
         if req.input_tokens >= dp.L:
             self.reject(req, t)
             return
         req.computed = req.input_tokens - 1
         req.generated = 0
         req.held_blocks = 0
-        self.workers[req.decode_worker].ranks[req.decode_rank].waiting.append(req)  # BACK
+        decode_rank.waiting.append(req)  # BACK
 
     def receive(self, items, t):
         """SPEC §7: the client receives every token of a detokenization job at t."""
@@ -628,10 +656,12 @@ class ReferenceSim:
         extra = pool.blocks_for(req.computed + n) - req.held_blocks
         return rank.used_blocks + extra <= pool.num_blocks
 
-    def schedule(self, pool, rank, batch, req, n):
-        """Allocate the blocks for computed + n and add the entry (SPEC §5, §8); with
-        prefix caching, register the prompt blocks this decision completes."""
-        is_decode = n == 1 and req.computed >= req.input_tokens - 1
+    def schedule(self, pool, rank, batch, req, n, is_decode=None):
+        """Allocate the blocks for computed + n and add the entry (SPEC §5, §8, unless
+        ``is_decode`` is given); with prefix caching, register the prompt blocks this
+        decision completes."""
+        if is_decode is None:
+            is_decode = n == 1 and req.computed >= req.input_tokens - 1
         new_held = pool.blocks_for(req.computed + n)
         if pool.prefix_caching:
             for _ in range(new_held - req.held_blocks):
@@ -803,70 +833,75 @@ class ReferenceSim:
         batch = []
         admitted = []
         fits = lambda req, n: self.fits(pool, rank, req, n)  # noqa: E731
+        ceil_page = lambda tokens: pool.blocks_for(tokens) * bs  # noqa: E731
+        entrant_rank = pool.name == "decode"
 
-        # 1. reset the ratio when the rank has no running request
-        run_len = len(rank.running)
-        if run_len == 0:
-            rank.new_token_ratio = pool.ratio_init
+        def extend(req, n):
+            # a decode rank's request that has generated nothing there is an entrant
+            self.schedule(pool, rank, batch, req, n,
+                          is_decode=entrant_rank and req.generated == 0)
+
+        # 1. the ratio (reset when the worker idles: end_pass, try_start)
+        empty_rank = not rank.running
         ratio = rank.new_token_ratio
+        chunked = rank.chunked
+        decoders = [req for req in rank.running if req is not chunked]
 
-        decoders = []
-        chunked = None
-        for req in rank.running:
-            if req.known - req.computed <= 1:
-                decoders.append(req)
-            else:
-                assert chunked is None, "at most one chunked request per rank"
-                chunked = req
-
-        # 2. extend budgets
-        rem_total = float((pool.num_blocks - rank.used_blocks) * bs)
-        for req in decoders:  # running order
-            rem_total -= min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP) * ratio
+        # 2. budgets: rem_total = free tokens - offset, evaluated at each use
+        free_tokens = (pool.num_blocks - rank.used_blocks) * bs
+        offset = 0.0
+        for req in decoders:  # running order, summed first
+            offset += min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP) * ratio
         rem_input = pool.max_prefill_tokens
         rem_chunk = pool.rem_chunk_init
 
         # 3. the chunked request first, if its blocks fit
         if chunked is not None:
             need = chunked.known - chunked.computed
-            n = min(need, rem_chunk)
+            limit = min(rem_chunk, int(free_tokens - offset))
+            if limit <= 0:
+                limit = rem_chunk
+            n = min(need, limit)
             if fits(chunked, n):
-                self.schedule(pool, rank, batch, chunked, n)
-                rem_total -= n
+                extend(chunked, n)
+                reserve = 0
                 if n == need:
-                    rem_total -= min(chunked.output_tokens - chunked.generated,
-                                     SGLANG_RESERVE_CAP)
-                rem_input -= n
-                rem_chunk -= n
+                    reserve = min(chunked.output_tokens, SGLANG_RESERVE_CAP)
+                    rank.chunked = None
+                offset += ceil_page(n) + reserve
+                rem_input -= ceil_page(n)
+                rem_chunk -= ceil_page(n)
 
         # 4. waiting requests FIFO
-        while (rank.waiting and len(rank.running) < pool.max_sequences and rem_input > 0
-               and rem_chunk > 0):
+        while rank.waiting and len(rank.running) < pool.max_sequences:
             req = rank.waiting[0]
             need = req.known - req.computed
-            reserve = min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP)
-            first_on_empty_rank = run_len == 0 and not batch
-            if not first_on_empty_rank and need + reserve >= rem_total:
+            total = need + min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP)
+            first_on_empty_rank = empty_rank and not batch
+            if not first_on_empty_rank and total >= free_tokens - offset:
                 break
-            if need <= rem_chunk:
-                n = need
+            if batch and ceil_page(need) >= rem_input:
+                break
+            if ceil_page(need) <= rem_chunk:
+                n, reserve = need, min(req.output_tokens, SGLANG_RESERVE_CAP)
             else:
-                n = (rem_chunk // bs) * bs  # page-aligned chunk
-                if n == 0:
+                n, reserve = (rem_chunk // bs) * bs, 0  # page-aligned chunk
+                if n <= 0 or rank.chunked is not None:
                     break
             if not fits(req, n):
                 break
             rank.waiting.popleft()
             rank.running.append(req)
-            self.schedule(pool, rank, batch, req, n)
+            extend(req, n)
             admitted.append(req)
-            rem_total -= n
-            if n == need:
-                rem_total -= reserve
-            rem_input -= n
-            rem_chunk -= n
+            offset += ceil_page(n) + reserve
+            rem_input -= ceil_page(n)
+            rem_chunk -= ceil_page(n)
             if n < need:
+                rank.chunked = req
                 break  # a chunked admission closes the batch
+            if free_tokens - offset <= 0 or rem_input <= 0 or rem_chunk <= 0:
+                break
         if batch:
             return batch, False, admitted
 
@@ -877,6 +912,14 @@ class ReferenceSim:
         def new_blocks():
             return sum(pool.blocks_for(d.computed + 1) - d.held_blocks for d in decoders)
 
+        def retract(victim):
+            rank.running.remove(victim)  # the others keep their order
+            rank.used_blocks -= victim.held_blocks
+            victim.held_blocks = 0
+            victim.computed = 0
+            victim.num_preemptions += 1
+            rank.waiting.append(victim)  # BACK of waiting
+
         retracted = False
         while new_blocks() > pool.num_blocks - rank.used_blocks and len(decoders) > 1:
             # fewest generated, then longest prompt, then latest in running order
@@ -885,34 +928,22 @@ class ReferenceSim:
                 d, b = decoders[j], decoders[best]
                 if (d.generated, -d.input_tokens) <= (b.generated, -b.input_tokens):
                     best = j  # ties go to the later one
-            victim = decoders.pop(best)
-            rank.running.remove(victim)  # the others keep their order
-            rank.used_blocks -= victim.held_blocks
-            victim.held_blocks = 0
-            victim.computed = 0
-            victim.num_preemptions += 1
-            rank.waiting.append(victim)  # BACK of waiting
+            retract(decoders.pop(best))
             retracted = True
         if new_blocks() > pool.num_blocks - rank.used_blocks and chunked is not None:
-            # still short with one decoder left: the chunked request is retracted too
-            rank.running.remove(chunked)
-            rank.used_blocks -= chunked.held_blocks
-            chunked.held_blocks = 0
-            chunked.computed = 0
-            chunked.num_preemptions += 1
-            rank.waiting.append(chunked)  # BACK of waiting
+            # still short with one decoder left: the skipped chunked request holds the
+            # missing blocks
+            retract(chunked)
+            rank.chunked = None
             retracted = True
+        assert new_blocks() <= pool.num_blocks - rank.used_blocks, "a lone decoder always fits"
         if retracted:
             total_generated = sum(d.generated for d in decoders)
             total_output = sum(d.output_tokens for d in decoders)
             rank.new_token_ratio = min(
                 1.0, (total_generated + SGLANG_RETRACT_DECODE_STEPS * len(decoders))
                 / total_output)
-        if new_blocks() > pool.num_blocks - rank.used_blocks:
-            # a lone decoder whose block is held by KV transfers (P/D prefill rank):
-            # no decode step until they end; the ratio does not decay
-            return batch, retracted, admitted
-        if not retracted:
+        else:
             rank.new_token_ratio = max(ratio - pool.ratio_decay, pool.ratio_min)
         for d in decoders:
             self.schedule(pool, rank, batch, d, 1)
@@ -970,8 +1001,21 @@ class ReferenceSim:
                 w.current = Pass(t, t + dur_ns, batches, summaries, times, blocks)
                 return
             if not any_preempted:
+                self.reset_ratio_when_idle(w)
                 return  # all batches empty: the worker stays idle
             # only preemptions happened: try again at once
+
+    @staticmethod
+    def reset_ratio_when_idle(w):
+        """sglang: the worker found nothing to run (SGLang's idle loop iteration): every
+        rank's new_token_ratio goes back to init, unless a KV transfer from or to one of
+        its ranks is in flight, or (decode pool) a request waits."""
+        if w.pool.policy != "sglang":
+            return
+        if any(r.inflight or (w.pool.name == "decode" and r.waiting) for r in w.ranks):
+            return
+        for rank in w.ranks:
+            rank.new_token_ratio = w.pool.ratio_init
 
     def end_pass(self, w, t):
         """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization."""
@@ -1007,6 +1051,8 @@ class ReferenceSim:
                 if final:  # finish: free blocks, leave running
                     self.release(pool, rank, req)
                     rank.running.remove(req)
+        if not w.has_work():
+            self.reset_ratio_when_idle(w)
         # the pass record (only passes ending by the cap get here)
         for r in range(pool.R):
             rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
