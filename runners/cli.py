@@ -26,6 +26,7 @@ gc.disable()
 
 import atexit  # noqa: E402
 import difflib  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -67,6 +68,8 @@ PROG = "replaysim"
 #: module is imported by name (the console script) rather than run as ``__main__``.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 EXIT_BAD_INPUT = 2
+#: Libraries whose log records belong in the run's log file, not on the console.
+THIRD_PARTY_LOGGERS = ("aiconfigurator_core",)
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
 #: its results; :func:`main` then exits without the interpreter's teardown.
 _single_run_done = False
@@ -163,6 +166,20 @@ def check_overrides(argv: Sequence[str]) -> None:
             fail(message)
 
 
+def third_party_logs_to_file() -> None:
+    """Send the :data:`THIRD_PARTY_LOGGERS` records to the job's log files only.
+
+    Hydra's job logging gives the root logger a console handler (stdout) and
+    a file handler (``<run dir>/<task>.log``); these loggers get the file
+    handlers alone (none: their records are dropped) and stop propagating.
+    """
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for name in THIRD_PARTY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = files or [logging.NullHandler()]
+        logger.propagate = False
+
+
 def output_dir(config: SimConfig) -> Path:
     """The run's output directory.
 
@@ -257,6 +274,7 @@ def task(cfg: DictConfig) -> None:
     ``failure.json`` and the job returns normally, so the sweep goes on.
     """
     global _single_run_done
+    third_party_logs_to_file()
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     overrides = list(hydra_cfg.overrides.task)

@@ -36,7 +36,7 @@ from simcore.config import ConfigError, SimConfig, load_config
 RUNNER_DEFAULTS: dict[str, Any] = {
     "force": False,
     "sweep": {"batch": {}},
-    "export": {"vllm_bench": True, "detailed": None},
+    "export": {"vllm_bench": True, "detailed": False},
 }
 
 POINT_FILE = "point.json"
@@ -63,15 +63,15 @@ class RunnerOptions:
         In-job batch axes: dotted config key -> values, in command-line order.
     vllm_bench : bool
         Write ``vllm_bench.json`` beside ``summary.json``.
-    detailed : bool or None
-        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``;
-        None: in the detailed output mode only (:meth:`export_detailed`).
+    detailed : bool
+        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``,
+        as ``vllm bench serve --save-detailed`` does (:meth:`export_detailed`).
     """
 
     force: bool = False
     batch: dict[str, list] = dataclasses.field(default_factory=dict)
     vllm_bench: bool = True
-    detailed: bool | None = None
+    detailed: bool = False
 
     def export_detailed(self, config: SimConfig) -> bool:
         """Whether ``vllm_bench.json`` of ``config`` gets the per-request arrays.
@@ -89,13 +89,12 @@ class RunnerOptions:
         simcore.ConfigError
             ``export.detailed=true`` with ``output.mode=bounded`` (no per-token ``itls``).
         """
-        bounded = config.output.mode == "bounded"
-        if self.detailed and bounded and self.vllm_bench:
+        if self.detailed and self.vllm_bench and config.output.mode == "bounded":
             raise ConfigError(
                 "export.detailed=true needs output.mode=detailed: its itls are per-token "
                 "receipts, which the bounded mode does not keep"
             )
-        return not bounded if self.detailed is None else self.detailed
+        return self.detailed and self.vllm_bench
 
     @property
     def num_points(self) -> int:
@@ -157,7 +156,7 @@ def split_options(mapping: Mapping[str, Any]) -> tuple[RunnerOptions, dict[str, 
         force=force,
         batch=batch,
         vllm_bench=_flag("export.vllm_bench", export.get("vllm_bench", True)),
-        detailed=None if export.get("detailed") is None else _flag("export.detailed", export["detailed"]),
+        detailed=_flag("export.detailed", export.get("detailed", False)),
     )
     return options, sim
 
@@ -295,10 +294,10 @@ def simulate(
     config : SimConfig
         The validated point configuration.
     options : RunnerOptions
-        Export flags: ``vllm_bench.json`` needs per-token receipts (``itls``,
-        ``max_output_tokens_per_s``), recorded even when ``output.tokens`` is
-        false (then not written to ``tokens.parquet``), except in the bounded
-        output mode.
+        Export flags: the per-request arrays of ``vllm_bench.json``
+        (``export.detailed=true``) need per-token receipts (``itls``), recorded
+        even when ``output.tokens`` is false (then not written to
+        ``tokens.parquet``).
     progress : callable, optional
         Passed to :func:`simcore.run` (``progress(done, total)`` requests).
 
@@ -313,8 +312,8 @@ def simulate(
 
 
 def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:
-    """``config``, recording tokens when the ``vllm_bench.json`` export needs them."""
-    if not options.vllm_bench or config.output.tokens or config.output.mode == "bounded":
+    """``config``, recording tokens when the detailed ``vllm_bench.json`` export needs them."""
+    if not options.export_detailed(config) or config.output.tokens:
         return config
     resolved = _plain(config.resolved)
     resolved["output"]["tokens"] = True

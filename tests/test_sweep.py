@@ -18,7 +18,7 @@ import pytest
 import simcore
 from runners import params
 from runners.cli import CONFIG_DIR, check_overrides
-from runners.export import vllm_bench_document
+from runners.export import DETAILED_KEYS, vllm_bench_document
 from runners.progress import Progress
 from simcore.schema import REQUESTS_SCHEMA
 
@@ -217,7 +217,13 @@ def test_runner_keys_pass_the_key_check_and_typos_do_not(capsys):
 
 
 def test_single_run_exports_vllm_bench_json(tmp_path):
-    done = replaysim(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "detokenization.base_ms=1")
+    done = replaysim(tmp_path, f"hydra.run.dir={tmp_path / 'plain'}", *SMALL, "detokenization.base_ms=1")
+    assert done.returncode == 0, done.stderr
+    plain = json.loads((tmp_path / "plain" / "vllm_bench.json").read_text())
+    # Without export.detailed: no per-request arrays, and no per-token receipts for the peak.
+    assert set(plain).isdisjoint(DETAILED_KEYS) and plain["max_output_tokens_per_s"] is None
+    done = replaysim(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "detokenization.base_ms=1",
+                     "export.detailed=true")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     assert pq.read_schema(run / "requests.parquet").equals(REQUESTS_SCHEMA)
@@ -233,6 +239,8 @@ def test_single_run_exports_vllm_bench_json(tmp_path):
     assert len(itls) == 8 * 3 and np.mean(itls) * 1000 == pytest.approx(document["mean_itl_ms"], rel=1e-12)
     for key in ("mean_ttft_ms", "median_tpot_ms", "std_itl_ms", "p99_e2el_ms", "output_throughput"):
         assert bench[key] == document[key], key
+    assert {key: plain[key] for key in plain if key not in ("date", "max_output_tokens_per_s")} == {
+        key: bench[key] for key in plain if key not in ("date", "max_output_tokens_per_s")}
 
 
 def test_vllm_bench_failed_requests_and_open_loop():
