@@ -43,14 +43,13 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import params  # noqa: E402
-from runners.export import vllm_bench_document  # noqa: E402
 from runners.progress import Progress  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.sweep import (  # noqa: E402
-    VLLM_BENCH_FILE,
     Point,
     RunnerOptions,
     job_points,
+    export_documents,
     presimulate,
     record_failure,
     run_point,
@@ -127,7 +126,7 @@ def unknown_key_message(key: str) -> str | None:
 
 def _runner_key_message(key: str) -> str | None:
     """Why ``key`` (under ``force``, ``sweep`` or ``export``) is not a runner key, or None."""
-    if key in ("force", "sweep", "sweep.batch", "export", "export.vllm_bench", "export.detailed"):
+    if key in ("force", "sweep", "sweep.batch", "export", "export.vllm_bench", "export.detailed", "export.aiperf"):
         return None
     if key.startswith("sweep.batch."):
         axis = key.removeprefix("sweep.batch.")
@@ -137,7 +136,7 @@ def _runner_key_message(key: str) -> str | None:
         return None if message is None else f"sweep.batch.{axis}: {message}"
     top = key.split(".")[0]
     allowed = {"force": "force=true|false", "sweep": "sweep.batch.<config key>=[values]",
-               "export": "export.vllm_bench, export.detailed"}[top]
+               "export": "export.vllm_bench, export.detailed, export.aiperf"}[top]
     return f"{key} is not a known config key (known keys under {top}: {allowed})"
 
 
@@ -233,10 +232,7 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
         fail(exc)
     finally:
         bar.close()
-    extra = {}
-    if options.vllm_bench:
-        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
-    write_results(result, out_dir, extra=extra)
+    write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
     print(format_summary(result.summary, out_dir), flush=True)
 
 

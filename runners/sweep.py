@@ -28,15 +28,15 @@ import pyarrow as pa
 
 import simcore
 from runners import params
-from runners.export import vllm_bench_document
-from runners.writer import json_file, parquet_file, write_atomic, write_results
+from runners.export import AIPERF_CSV_FILE, AIPERF_JSON_FILE, aiperf_csv, aiperf_document, vllm_bench_document
+from runners.writer import json_file, json_text, parquet_file, write_atomic, write_results
 from simcore.config import ConfigError, SimConfig, load_config
 
 #: Defaults of the runner's own keys (registered beside the simcore defaults).
 RUNNER_DEFAULTS: dict[str, Any] = {
     "force": False,
     "sweep": {"batch": {}},
-    "export": {"vllm_bench": True, "detailed": False},
+    "export": {"vllm_bench": True, "detailed": False, "aiperf": False},
 }
 
 POINT_FILE = "point.json"
@@ -45,7 +45,8 @@ SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY = "summary.parquet"
 VLLM_BENCH_FILE = "vllm_bench.json"
 #: Files that make up a point's results (removed when the point fails).
-RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", VLLM_BENCH_FILE, SUMMARY_FILE)
+RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", VLLM_BENCH_FILE,
+                AIPERF_JSON_FILE, AIPERF_CSV_FILE, SUMMARY_FILE)
 #: summary.json keys that are not metrics.
 PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
 STATUSES = ("ok", "failed", "skipped")
@@ -66,12 +67,15 @@ class RunnerOptions:
     detailed : bool
         Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``,
         as ``vllm bench serve --save-detailed`` does (:meth:`export_detailed`).
+    aiperf : bool
+        Write ``profile_export_aiperf.json`` and ``.csv`` beside ``summary.json``.
     """
 
     force: bool = False
     batch: dict[str, list] = dataclasses.field(default_factory=dict)
     vllm_bench: bool = True
     detailed: bool = False
+    aiperf: bool = False
 
     def export_detailed(self, config: SimConfig) -> bool:
         """Whether ``vllm_bench.json`` of ``config`` gets the per-request arrays.
@@ -150,13 +154,14 @@ def split_options(mapping: Mapping[str, Any]) -> tuple[RunnerOptions, dict[str, 
             )
         batch[key] = list(values)
     export = mapping.get("export") or {}
-    if not isinstance(export, Mapping) or set(export) - {"vllm_bench", "detailed"}:
-        raise ConfigError(f"export accepts vllm_bench and detailed, got {export!r}")
+    if not isinstance(export, Mapping) or set(export) - {"vllm_bench", "detailed", "aiperf"}:
+        raise ConfigError(f"export accepts vllm_bench, detailed and aiperf, got {export!r}")
     options = RunnerOptions(
         force=force,
         batch=batch,
         vllm_bench=_flag("export.vllm_bench", export.get("vllm_bench", True)),
         detailed=_flag("export.detailed", export.get("detailed", False)),
+        aiperf=_flag("export.aiperf", export.get("aiperf", False)),
     )
     return options, sim
 
@@ -405,9 +410,7 @@ def run_point(
         detailed = options.export_detailed(config)
         result, tokens = simulated if simulated is not None else simulate(config, options)
         columns = params.id_columns(point.run_id, config.seed, point.keys, values)
-        extra = {}
-        if options.vllm_bench:
-            extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
+        extra = export_documents(result, tokens, options, detailed)
         (out / FAILURE_FILE).unlink(missing_ok=True)
         write_results(result, out, columns=columns, extra=extra)
         _write_point(point, "ok", values, config.seed)
@@ -421,6 +424,23 @@ def run_point(
     if not quiet:
         say(f"{point.run_id}: ok  {_headline(result.summary)}")
     return "ok"
+
+
+def export_documents(result: simcore.Result, tokens: pa.Table | None, options: RunnerOptions,
+                     detailed: bool) -> dict[str, dict | str]:
+    """The export files the options ask for, by name (for :func:`runners.writer.write_results`).
+
+    ``detailed`` is :meth:`RunnerOptions.export_detailed`, checked before the
+    simulation so that a refused combination writes nothing.
+    """
+    extra: dict[str, dict | str] = {}
+    if options.vllm_bench:
+        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
+    if options.aiperf:
+        document = aiperf_document(result, tokens)
+        extra[AIPERF_JSON_FILE] = json_text(document)  # indented, as aiperf writes it
+        extra[AIPERF_CSV_FILE] = aiperf_csv(document)
+    return extra
 
 
 def say(line: str, stream=None) -> None:

@@ -74,19 +74,31 @@ def summary_document(result: simcore.Result) -> dict[str, Any]:
     }
 
 
-def json_file(document: dict, compact: bool = False) -> Callable[[Path], None]:
-    """A writer for :func:`write_atomic` that stores ``document`` as JSON.
-
-    Serialized with orjson (fast on the long per-request arrays of a detailed
-    ``vllm_bench.json``): indented by 2 unless ``compact``;
-    NumPy scalars and arrays are accepted; a non-finite float is written as
-    null, never as the non-JSON ``NaN``.
-    """
+def _json_bytes(document: dict, compact: bool) -> bytes:
     options = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
-    if not compact:
-        options |= orjson.OPT_INDENT_2
-    data = orjson.dumps(document, option=options)
+    return orjson.dumps(document, option=options if compact else options | orjson.OPT_INDENT_2)
+
+
+def json_text(document: dict, compact: bool = False) -> str:
+    """``document`` as JSON text, serialized with orjson.
+
+    orjson is fast on the long per-request arrays of a detailed
+    ``vllm_bench.json``.  Indented by 2 unless ``compact``; NumPy scalars and
+    arrays are accepted; a non-finite float is written as null, never as the
+    non-JSON ``NaN``.
+    """
+    return _json_bytes(document, compact).decode()
+
+
+def json_file(document: dict, compact: bool = False) -> Callable[[Path], None]:
+    """A writer for :func:`write_atomic` that stores ``document`` as JSON (:func:`json_text`)."""
+    data = _json_bytes(document, compact)
     return lambda path: path.write_bytes(data)
+
+
+def text_file(text: str) -> Callable[[Path], None]:
+    """A writer for :func:`write_atomic` that stores ``text`` as UTF-8."""
+    return lambda path: path.write_text(text, encoding="utf-8", newline="")
 
 
 def parquet_file(table: pa.Table) -> Callable[[Path], None]:
@@ -168,7 +180,7 @@ def write_results(
     result: simcore.Result,
     out_dir: str | os.PathLike,
     columns: pa.Table | None = None,
-    extra: dict[str, dict] | None = None,
+    extra: dict[str, dict | str] | None = None,
 ) -> list[Path]:
     """Write the result files of ``result`` into ``out_dir``.
 
@@ -182,10 +194,10 @@ def write_results(
         One row of constant columns (sweep runs: ``run_id``, ``seed`` and the
         swept parameters) prepended to every Parquet table; see
         :func:`with_columns`.
-    extra : dict of str to dict, optional
-        Further JSON documents by file name (``vllm_bench.json``), written
-        compact (they can hold per-request arrays) in the same all-or-nothing
-        step, before ``summary.json``.
+    extra : dict of str to (dict or str), optional
+        Further files by name, written in the same all-or-nothing step before
+        ``summary.json``: a dict as compact JSON (``vllm_bench.json`` can hold
+        per-request arrays), a str as text (a CSV export).
 
     Returns
     -------
@@ -208,7 +220,10 @@ def write_results(
         for name, table in tables.items()
         if table is not None
     ]
-    writers += [(name, json_file(document, compact=True)) for name, document in (extra or {}).items()]
+    writers += [
+        (name, text_file(content) if isinstance(content, str) else json_file(content, compact=True))
+        for name, content in (extra or {}).items()
+    ]
     writers.append(("summary.json", json_file(summary_document(result))))
     written = write_atomic(out, writers)
     # A rerun into the same directory must not leave an earlier run's optional
