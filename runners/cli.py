@@ -43,7 +43,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import params  # noqa: E402
-from runners.progress import Progress  # noqa: E402
+from runners.progress import LineProgress, RunProgress  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.sweep import (  # noqa: E402
     Point,
@@ -60,6 +60,7 @@ from runners.sweep import (  # noqa: E402
 )
 from runners.writer import write_results  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
+from simcore.jit_cache import engine_kernel_cached  # noqa: E402
 
 PROG = "replaysim"
 #: ``conf/`` at the repository top level, as an absolute path: with a relative
@@ -219,20 +220,18 @@ def job_run_id(hydra_cfg: DictConfig, root: Path, multirun: bool) -> str:
 def single_run(config: SimConfig, options: RunnerOptions) -> None:
     """One run, no sweep: bad input exits 2; results and the summary table as before."""
     out_dir = output_dir(config)
-    bar = Progress(None, "requests", delay_s=1.0)  # drawn on a terminal for runs over a second
-
-    def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done)
-
     try:
         detailed = options.export_detailed(config)
-        result, tokens = simulate(config, options, progress)
-    except ConfigError as exc:  # a bad request table or trace, an export the output mode cannot give
+    except ConfigError as exc:  # an export the output mode cannot give
         fail(exc)
-    finally:
-        bar.close()
-    write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
+    with RunProgress(cold=not engine_kernel_cached()) as progress:
+        try:
+            result, tokens = simulate(config, options, progress.update)
+        except ConfigError as exc:  # a bad request table or trace
+            progress.close(ok=False)  # clears the bar before the error line
+            fail(exc)
+        progress.writing()
+        write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
     print(format_summary(result.summary, out_dir), flush=True)
 
 
@@ -243,7 +242,7 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
             load_config(point.mapping)
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
-    progress = Progress(len(points), "batch")
+    progress = LineProgress(len(points), "batch")
     for point, simulated in zip(points, presimulate(points, options)):
         try:
             run_point(point, options, isolate=False, simulated=simulated)

@@ -8,8 +8,8 @@ from typing import Any, Mapping
 
 from simcore.schema import TTFT_STAGES
 
-LABEL = 34
-CELL = 12
+LABEL = 28
+CELL = 10
 METRICS = ("ttft", "tpot", "itl", "e2el")
 #: ``p99_ttft_ms`` -> ``p99``: the percentiles the run was configured with.
 _PERCENTILE_KEY = re.compile(r"^(p\d+(?:\.\d+)?)_ttft_ms$")

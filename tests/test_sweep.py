@@ -19,7 +19,6 @@ import simcore
 from runners import params
 from runners.cli import CONFIG_DIR, check_overrides
 from runners.export import DETAILED_KEYS, vllm_bench_document
-from runners.progress import Progress
 from simcore.schema import REQUESTS_SCHEMA
 
 SMALL = ["workload.num_requests=8", "workload.input_tokens=64", "workload.output_tokens=4"]
@@ -271,26 +270,3 @@ def test_parameter_columns_take_declared_types():
                                   "load.concurrency": None, "metrics.percentiles": [50.0, 99.9],
                                   "workload.path": None}]
     assert table.schema.field("metrics.percentiles").type == pa.list_(pa.float64())
-
-
-def test_progress_is_quiet_off_a_terminal_and_shows_an_eta():
-    stream = io.StringIO()
-    quiet = Progress(4, stream=stream)
-    quiet.update()
-    quiet.close()
-    assert stream.getvalue() == ""
-    shown = Progress(4, "sweep", stream=stream, enabled=True)
-    shown.update(2, force=True)
-    assert "sweep [############............] 2/4  50%" in stream.getvalue() and "ETA" in stream.getvalue()
-
-
-def test_progress_with_a_delay_draws_nothing_for_short_work():
-    stream = io.StringIO()
-    short = Progress(10, "requests", stream=stream, enabled=True, delay_s=60.0)
-    short.update(5)
-    short.close()
-    assert stream.getvalue() == ""
-    long = Progress(10, "requests", stream=stream, enabled=True, delay_s=0.0)
-    long.update(5)
-    long.close()
-    assert "5/10" in stream.getvalue() and stream.getvalue().endswith("\n")
