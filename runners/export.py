@@ -27,6 +27,12 @@ import pyarrow.compute as pc
 
 import simcore
 
+VLLM_BENCH_FILE = "vllm_bench.json"
+AIPERF_JSON_FILE = "profile_export_aiperf.json"
+AIPERF_CSV_FILE = "profile_export_aiperf.csv"
+#: Every file an export can write (a rerun without it removes an earlier run's copy).
+EXPORT_FILES = (VLLM_BENCH_FILE, AIPERF_JSON_FILE, AIPERF_CSV_FILE)
+
 MS_PER_S = 1000.0
 #: Per-request arrays, written only with ``export.detailed=true`` (vLLM's ``--save-detailed``).
 DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors")
@@ -170,8 +176,6 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
 
 # ---------------------------------------------------------------- aiperf
 
-AIPERF_JSON_FILE = "profile_export_aiperf.json"
-AIPERF_CSV_FILE = "profile_export_aiperf.csv"
 #: aiperf's statistic keys of a record metric, in its JSON field order (``JsonMetricResult``).
 AIPERF_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 #: Its CSV column order (``STAT_KEYS``).

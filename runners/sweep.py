@@ -28,7 +28,15 @@ import pyarrow as pa
 
 import simcore
 from runners import params
-from runners.export import AIPERF_CSV_FILE, AIPERF_JSON_FILE, aiperf_csv, aiperf_document, vllm_bench_document
+from runners.export import (
+    AIPERF_CSV_FILE,
+    AIPERF_JSON_FILE,
+    EXPORT_FILES,
+    VLLM_BENCH_FILE,
+    aiperf_csv,
+    aiperf_document,
+    vllm_bench_document,
+)
 from runners.writer import json_file, json_text, parquet_file, write_atomic, write_results
 from simcore.config import ConfigError, SimConfig, load_config
 
@@ -43,10 +51,8 @@ POINT_FILE = "point.json"
 FAILURE_FILE = "failure.json"
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY = "summary.parquet"
-VLLM_BENCH_FILE = "vllm_bench.json"
 #: Files that make up a point's results (removed when the point fails).
-RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", VLLM_BENCH_FILE,
-                AIPERF_JSON_FILE, AIPERF_CSV_FILE, SUMMARY_FILE)
+RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, SUMMARY_FILE)
 #: summary.json keys that are not metrics.
 PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
 STATUSES = ("ok", "failed", "skipped")

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simcore
+from runners.export import EXPORT_FILES
 from simcore.schema import SCHEMA_VERSION
 
 PARQUET_COMPRESSION = "zstd"
@@ -227,8 +228,8 @@ def write_results(
     writers.append(("summary.json", json_file(summary_document(result))))
     written = write_atomic(out, writers)
     # A rerun into the same directory must not leave an earlier run's optional
-    # tables beside the new summary.
-    for name in ("passes.parquet", "tokens.parquet"):
+    # tables or exports beside the new summary.
+    for name in ("passes.parquet", "tokens.parquet", *EXPORT_FILES):
         if out / name not in written:
             (out / name).unlink(missing_ok=True)
     return written

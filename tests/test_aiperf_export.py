@@ -126,12 +126,17 @@ def test_model_id_comes_from_timing_model(run):
     assert vllm_bench_document(run, None, detailed=False)["model_id"] is None
 
 
-def test_the_cli_writes_both_files(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "export.aiperf=true", f"output.dir={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}",
-         "workload.num_requests=8", "workload.input_tokens=32", "workload.output_tokens=3"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+def test_the_cli_writes_both_files_and_a_rerun_without_the_export_removes_them(tmp_path):
+    def replaysim(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "runners.cli", *args, f"output.dir={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}",
+             "workload.num_requests=8", "workload.input_tokens=32", "workload.output_tokens=3"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+
+    replaysim("export.aiperf=true")
     document = json.loads((tmp_path / "profile_export_aiperf.json").read_text())
     assert document["request_count"] == {"unit": "requests", "avg": 8}
     assert (tmp_path / "profile_export_aiperf.csv").read_text().startswith("Metric,avg,min,max,p1,")
+    replaysim()
+    assert not (tmp_path / "profile_export_aiperf.json").exists() and not (tmp_path / "profile_export_aiperf.csv").exists()

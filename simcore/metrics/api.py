@@ -395,6 +395,15 @@ def rejection_reasons(cols: RequestColumns, input_tokens: np.ndarray, engine: En
     rejecting pool (the prefill pool when the prompt reaches its L, else the
     decode pool; the aggregated pool otherwise).
 
+    Parameters
+    ----------
+    cols : RequestColumns
+        The run's per-request statuses.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt length of each request, tokens.
+    engine : EngineConfig
+        The pools and their limits.
+
     Returns
     -------
     dict
@@ -423,7 +432,12 @@ def saturation(cols: RequestColumns) -> dict:
     arriving faster than they leave, the number in the system grows by the
     difference: the run is ``saturated`` when the departure rate is below
     :data:`SATURATION_DEPARTURE_SHARE` of the arrival rate.  A closed loop
-    sends only when a request leaves, so it is never saturated.
+    sends when a request leaves, so its two rates match: not saturated.
+
+    Parameters
+    ----------
+    cols : RequestColumns
+        The run's send instants, final receipts and rejections (int64 ns).
 
     Returns
     -------

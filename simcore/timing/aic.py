@@ -34,6 +34,7 @@ aiconfigurator-core is imported lazily: the rest of the simulator works without 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -100,6 +101,16 @@ class AicSpec:
 def package_version(gpu: str | None = None) -> str:
     """The installed aiconfigurator-core version, after checking that it knows ``gpu``.
 
+    Parameters
+    ----------
+    gpu : str, optional
+        A ``timing.gpu`` value to check against :func:`system_names`.
+
+    Returns
+    -------
+    str
+        The package version (``0.12.x``).
+
     Raises
     ------
     ConfigError
@@ -115,8 +126,8 @@ def package_version(gpu: str | None = None) -> str:
         raise ConfigError(f"timing.type=aic needs the optional extra: {EXTRA_HINT}") from None
     if not version.startswith("0.12."):
         raise ConfigError(f"timing.type=aic is built for aiconfigurator-core 0.12.x, found {version}: {EXTRA_HINT}")
-    names = system_names()
-    if gpu is not None and names and gpu not in names:
+    names = system_names() if gpu is not None else ()
+    if names and gpu not in names:
         raise ConfigError(
             f"timing.gpu={gpu} is not a system of aiconfigurator-core {version}; "
             f"valid names: {', '.join(names)}"
@@ -124,6 +135,7 @@ def package_version(gpu: str | None = None) -> str:
     return version
 
 
+@functools.lru_cache(maxsize=1)
 def system_names() -> tuple[str, ...]:
     """The systems (``timing.gpu`` values) aiconfigurator-core ships a database for.
 
