@@ -43,7 +43,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import params  # noqa: E402
-from runners.progress import LineProgress, RunProgress  # noqa: E402
+from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.sweep import (  # noqa: E402
     Point,
@@ -242,6 +242,7 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
             load_config(point.mapping)
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
+    announce_compile()
     progress = LineProgress(len(points), "batch")
     for point, simulated in zip(points, presimulate(points, options)):
         try:

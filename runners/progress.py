@@ -33,6 +33,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from simcore.jit_cache import engine_kernel_cached
+
 #: Seconds between redraws of the run bar by its background thread.
 REDRAW_S = 0.25
 #: A run bar appears only for runs longer than this (a cold start shows at once).
@@ -59,6 +61,22 @@ def interactive(stream: TextIO | None = None) -> bool:
 def _say(line: str, stream: TextIO) -> None:
     stream.write(line + "\n")
     stream.flush()
+
+
+def announce_compile(stream: TextIO | None = None) -> bool:
+    """Say ``compiling kernels (first run only)`` (default on stdout) when the cache is cold.
+
+    For sweeps and batches, whose first point compiles before any status line.
+
+    Returns
+    -------
+    bool
+        True when the line was printed.
+    """
+    if engine_kernel_cached():
+        return False
+    _say("replaysim: compiling kernels (first run only)", sys.stdout if stream is None else stream)
+    return True
 
 
 class RunProgress:
