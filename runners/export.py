@@ -44,11 +44,14 @@ def _float_column(table: pa.Table, name: str) -> np.ndarray:
     return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def _itls_s(requests: pa.Table, tokens: pa.Table) -> list[list[float]]:
-    """Gaps between consecutive receipts of each request's tokens, in seconds."""
-    n = requests.num_rows
+def _gaps_s(requests: pa.Table, tokens: pa.Table | None) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps between consecutive receipts of each request's tokens, in seconds.
+
+    Returns the owner (request-table row) of every gap, non-decreasing, and
+    the gaps in receipt order within each request.
+    """
     if tokens is None or tokens.num_rows == 0:
-        return [[] for _ in range(n)]
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
     row = pc.index_in(tokens.column("request_id"), value_set=requests.column("request_id"))
     row = row.to_numpy(zero_copy_only=False).astype(np.int64)
     index = tokens.column("index").to_numpy()
@@ -58,10 +61,14 @@ def _itls_s(requests: pa.Table, tokens: pa.Table) -> list[list[float]]:
     order = np.lexsort((index, row))
     row, received = row[order], received[order]
     same = row[1:] == row[:-1]
-    gaps = (received[1:] - received[:-1])[same] / MS_PER_S
-    owner = row[1:][same]
-    bounds = np.searchsorted(owner, np.arange(n + 1))
-    return [gaps[bounds[i]:bounds[i + 1]].tolist() for i in range(n)]
+    return row[1:][same], (received[1:] - received[:-1])[same] / MS_PER_S
+
+
+def _itls_s(requests: pa.Table, tokens: pa.Table | None) -> list[list[float]]:
+    """vLLM's ``itls``: one list of gaps (s) per request, in request-table order."""
+    owner, gaps = _gaps_s(requests, tokens)
+    bounds = np.searchsorted(owner, np.arange(requests.num_rows + 1))
+    return [gaps[bounds[i]:bounds[i + 1]].tolist() for i in range(requests.num_rows)]
 
 
 def _peaks(send_ms: np.ndarray, last_ms: np.ndarray, completed: np.ndarray,
@@ -228,9 +235,8 @@ def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | N
     """
     if tokens is not None:
         status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
-        gaps = _itls_s(requests, tokens)
-        pooled = [g for gaps_of, done in zip(gaps, status == "completed") if done for g in gaps_of]
-        return _record_block("ms", np.asarray(pooled, dtype=np.float64) * MS_PER_S)
+        owner, gaps = _gaps_s(requests, tokens)
+        return _record_block("ms", gaps[status[owner] == "completed"] * MS_PER_S)
     block: dict[str, Any] = {"unit": "ms"}
     if summary.get("mean_itl_ms") is None:
         return block
