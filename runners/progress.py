@@ -1,7 +1,8 @@
 """Progress of a run or a sweep: tqdm on a terminal, a start and an end line elsewhere.
 
-``RunProgress`` follows one simulation through its phases: compiling kernels
-(shown only when numba's cache holds no compiled engine kernel, see
+``RunProgress`` follows one simulation through its phases: preparing the
+workload and the kernel's inputs, or compiling kernels (shown instead when
+numba's cache holds no compiled engine kernel, see
 :func:`simcore.jit_cache.engine_kernel_cached`), simulating (a tqdm bar of the
 requests finished, on stderr; its rate and ETA restart when the kernel starts,
 so compilation does not skew them), computing metrics (once every request
@@ -39,10 +40,11 @@ from simcore.jit_cache import engine_kernel_cached
 REDRAW_S = 0.25
 #: A run bar appears only for runs longer than this (a cold start shows at once).
 BAR_DELAY_S = 0.5
-#: The line while numba compiles: no count or rate yet, only the clock.  In
-#: both formats the figures come first, so a narrow terminal trims the bar.
-COMPILING_FORMAT = "{elapsed} {desc}"
-RUNNING_FORMAT = "{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {desc}|{bar}|"
+#: The line before the kernel runs (workload, kernel inputs, numba compiling):
+#: no count or rate yet, only the clock.  In both formats the figures come
+#: first, so a narrow terminal trims the bar.
+WAITING_FORMAT = "{elapsed} {desc}"
+RUNNING_FORMAT = "{percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {desc} |{bar}|"
 #: From this many requests on, counts are shown as 12.3k (a narrow terminal keeps them).
 SCALE_FROM = 10_000
 #: At most one sweep status line per this many seconds.
@@ -95,7 +97,6 @@ class RunProgress:
 
     def __init__(self, cold: bool, enabled: bool | None = None,
                  bar_stream: TextIO | None = None, line_stream: TextIO | None = None):
-        self.cold = cold
         self.bar_stream = sys.stderr if bar_stream is None else bar_stream
         self.line_stream = sys.stdout if line_stream is None else line_stream
         self.enabled = interactive(self.bar_stream) if enabled is None else enabled
@@ -112,10 +113,9 @@ class RunProgress:
             _say(f"replaysim: simulating{'; compiling kernels (first run only)' if cold else ''}", self.line_stream)
             return
         self.bar = tqdm(
-            total=None, desc="compiling kernels (first run only)" if cold else "simulating",
+            total=None, desc="compiling kernels (first run only)" if cold else "preparing",
             unit="req", file=self.bar_stream, dynamic_ncols=True, leave=False,
-            delay=0 if cold else BAR_DELAY_S, mininterval=REDRAW_S,
-            bar_format=COMPILING_FORMAT if cold else RUNNING_FORMAT,
+            delay=0 if cold else BAR_DELAY_S, mininterval=REDRAW_S, bar_format=WAITING_FORMAT,
         )
         self._ticker = threading.Thread(target=self._tick, name="replaysim-progress", daemon=True)
         self._ticker.start()
@@ -136,20 +136,21 @@ class RunProgress:
             self.compiled_at = time.monotonic()
         if self.bar is None:
             return
-        if started or done < self.bar.n:  # a repeated run (bounded mode) counts from 0 again
+        # The kernel started, or a repeated run (bounded mode) counts from 0 again.
+        if started or self.bar.total != total or done < self.bar.n:
             self.bar.bar_format = RUNNING_FORMAT
-            self.bar.set_description("simulating", refresh=False)
+            self.bar.set_description_str("simulating", refresh=False)
             self.bar.unit_scale = total >= SCALE_FROM
             self.bar.reset(total=total)  # rate and ETA from the kernel's own start
         self.bar.update(done - self.bar.n)
         if done == total:  # the kernel is over; simcore builds the tables and the summary
-            self.bar.set_description("computing metrics")
+            self.bar.set_description_str("computing metrics")
 
     def writing(self) -> None:
         """The simulation is over; the result files are being written."""
         self.simulated_at = time.monotonic()
         if self.bar is not None:
-            self.bar.set_description("writing results", refresh=False)
+            self.bar.set_description_str("writing results", refresh=False)
             self.bar.refresh()
 
     def __enter__(self) -> "RunProgress":
@@ -160,16 +161,16 @@ class RunProgress:
 
     def close(self, ok: bool = True) -> None:
         """Stop drawing and clear the bar; after a finished run print the end line (once)."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
         if self.bar is not None:
             self.bar.close()
-            self.bar = None
-        if not ok or self._closed:
-            self._closed = True
+        if not ok:
             return
-        self._closed = True
         now = time.monotonic()
         simulated = (self.simulated_at or now) - self.start
         requests = "" if self.total is None else f"{self.total} requests "

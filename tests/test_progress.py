@@ -49,6 +49,16 @@ def test_on_a_terminal_the_bar_shows_each_phase_and_is_cleared():
     assert lines.getvalue().count("\n") == 1  # the end line only: the bar replaced the start line
 
 
+def test_on_a_terminal_a_warm_run_shows_the_bar_with_its_total():
+    bar = io.StringIO()
+    run = RunProgress(cold=False, enabled=True, bar_stream=bar, line_stream=io.StringIO())
+    run.update(0, 20)
+    run.update(20, 20)
+    run.writing()
+    run.close()
+    assert "compiling" not in bar.getvalue() and "100% 20/20" in bar.getvalue()
+
+
 def test_the_cli_off_a_terminal_prints_two_progress_lines_and_keeps_stderr_clean(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "runners.cli", f"output.dir={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}",
