@@ -46,7 +46,7 @@ def test_an_open_loop_at_half_the_service_rate_is_not_saturated():
     assert summary["mean_e2el_ms"] == 20.0
 
 
-def test_a_closed_loop_is_never_saturated_and_a_short_run_gets_no_verdict():
+def test_a_closed_loop_is_not_saturated_and_a_short_run_gets_no_verdict():
     summary = simcore.run({"workload": {"num_requests": 640}, "load": {"concurrency": 64}}).summary
     assert summary["saturated"] is False
     tiny = simcore.run({"workload": {"num_requests": 8}, "load": {"concurrency": 2}}).summary

@@ -411,13 +411,14 @@ def rejection_reasons(cols: RequestColumns, input_tokens: np.ndarray, engine: En
         they sum to ``rejected``).
     """
     rejected = cols.status == REJECTED
-    first, *rest = engine.pools
-    at_first = input_tokens >= first.sequence_limit
+    receiving, *later = engine.pools  # aggregated; or prefill, then decode
+    at_receiving = input_tokens >= receiving.sequence_limit
+    where = [(receiving, at_receiving)] + [(pool, ~at_receiving) for pool in later]
     by_context = np.zeros(rejected.shape[0], dtype=bool)
-    for pool, here in ((first, at_first), *((pool, ~at_first) for pool in rest)):
+    for pool, rejected_here in where:
         capacity = pool.num_blocks * pool.block_size
         if pool.context_length is not None and pool.context_length <= capacity:
-            by_context |= here
+            by_context |= rejected_here
     context = int((rejected & by_context).sum())
     return {"rejected_context_length": context, "rejected_kv_capacity": int(rejected.sum()) - context}
 
