@@ -95,3 +95,15 @@ def test_sweep_status_lines_on_a_terminal_are_whole_lines_with_an_eta(monkeypatc
     out = stream.getvalue().splitlines()
     assert len(out) == 3
     assert out[1].startswith("sweep:  50%|") and "2/4" in out[1] and "<" in out[1]  # elapsed<remaining
+
+
+def test_every_bar_line_fits_a_40_column_terminal_and_keeps_its_figures_first():
+    from tqdm import tqdm
+
+    for prefix in ("simulating", "computing metrics", "writing results"):
+        line = tqdm.format_meter(123_456, 400_000, 3.2, ncols=40, prefix=prefix, unit_scale=True,
+                                 bar_format=progress_module.RUNNING_FORMAT)
+        assert len(line) <= 40 and line.startswith(" 31% 123k/400k [00:03<00:07]"), line
+    waiting = tqdm.format_meter(0, None, 75.0, ncols=40, prefix="compiling kernels (first run only)",
+                                bar_format=progress_module.WAITING_FORMAT)
+    assert len(waiting) <= 40 and waiting.startswith("01:15 compiling kernels")
