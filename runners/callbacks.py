@@ -20,7 +20,7 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runners.progress import SweepWatcher
+from runners.progress import SweepWatcher, announce_compile
 from runners.sweep import POINT_FILE, split_options, write_summary
 
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -141,6 +141,7 @@ class SweepCallback(Callback):
         except Exception:  # noqa: BLE001 - a bad config is reported by every job as a failed point
             options, sim = None, None
         launcher = OmegaConf.select(config, "hydra.launcher._target_")
+        announce_compile()  # by the warm-up below, or by the first point of the basic launcher
         if self.warmup and launcher != BASIC_LAUNCHER and sim is not None:
             seconds = warm_numba_cache(sim)
             print(f"replaysim: numba cache warmed in {seconds:.2f} s", flush=True)

@@ -26,6 +26,7 @@ gc.disable()
 
 import atexit  # noqa: E402
 import difflib  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -42,14 +43,13 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import params  # noqa: E402
-from runners.export import vllm_bench_document  # noqa: E402
-from runners.progress import Progress  # noqa: E402
+from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.sweep import (  # noqa: E402
-    VLLM_BENCH_FILE,
     Point,
     RunnerOptions,
     job_points,
+    export_documents,
     presimulate,
     record_failure,
     run_point,
@@ -60,6 +60,7 @@ from runners.sweep import (  # noqa: E402
 )
 from runners.writer import write_results  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
+from simcore.jit_cache import engine_kernel_cached  # noqa: E402
 
 PROG = "replaysim"
 #: ``conf/`` at the repository top level, as an absolute path: with a relative
@@ -67,6 +68,8 @@ PROG = "replaysim"
 #: module is imported by name (the console script) rather than run as ``__main__``.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 EXIT_BAD_INPUT = 2
+#: Libraries whose log records belong in the run's log file, not on the console.
+THIRD_PARTY_LOGGERS = ("aiconfigurator_core",)
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
 #: its results; :func:`main` then exits without the interpreter's teardown.
 _single_run_done = False
@@ -124,7 +127,7 @@ def unknown_key_message(key: str) -> str | None:
 
 def _runner_key_message(key: str) -> str | None:
     """Why ``key`` (under ``force``, ``sweep`` or ``export``) is not a runner key, or None."""
-    if key in ("force", "sweep", "sweep.batch", "export", "export.vllm_bench", "export.detailed"):
+    if key in ("force", "sweep", "sweep.batch", "export", "export.vllm_bench", "export.detailed", "export.aiperf"):
         return None
     if key.startswith("sweep.batch."):
         axis = key.removeprefix("sweep.batch.")
@@ -134,7 +137,7 @@ def _runner_key_message(key: str) -> str | None:
         return None if message is None else f"sweep.batch.{axis}: {message}"
     top = key.split(".")[0]
     allowed = {"force": "force=true|false", "sweep": "sweep.batch.<config key>=[values]",
-               "export": "export.vllm_bench, export.detailed"}[top]
+               "export": "export.vllm_bench, export.detailed, export.aiperf"}[top]
     return f"{key} is not a known config key (known keys under {top}: {allowed})"
 
 
@@ -161,6 +164,20 @@ def check_overrides(argv: Sequence[str]) -> None:
         message = unknown_key_message(key)
         if message is not None:
             fail(message)
+
+
+def third_party_logs_to_file() -> None:
+    """Send the :data:`THIRD_PARTY_LOGGERS` records to the job's log files only.
+
+    Hydra's job logging gives the root logger a console handler (stdout) and
+    a file handler (``<run dir>/<task>.log``); these loggers get the file
+    handlers alone (none: their records are dropped) and stop propagating.
+    """
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for name in THIRD_PARTY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = files or [logging.NullHandler()]
+        logger.propagate = False
 
 
 def output_dir(config: SimConfig) -> Path:
@@ -203,23 +220,18 @@ def job_run_id(hydra_cfg: DictConfig, root: Path, multirun: bool) -> str:
 def single_run(config: SimConfig, options: RunnerOptions) -> None:
     """One run, no sweep: bad input exits 2; results and the summary table as before."""
     out_dir = output_dir(config)
-    bar = Progress(None, "requests", delay_s=1.0)  # drawn on a terminal for runs over a second
-
-    def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done)
-
     try:
         detailed = options.export_detailed(config)
-        result, tokens = simulate(config, options, progress)
-    except ConfigError as exc:  # a bad request table or trace, an export the output mode cannot give
+    except ConfigError as exc:  # an export the output mode cannot give
         fail(exc)
-    finally:
-        bar.close()
-    extra = {}
-    if options.vllm_bench:
-        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
-    write_results(result, out_dir, extra=extra)
+    with RunProgress(cold=not engine_kernel_cached()) as progress:
+        try:
+            result, tokens = simulate(config, options, progress.update)
+        except ConfigError as exc:  # a bad request table or trace
+            progress.close(ok=False)  # clears the bar before the error line
+            fail(exc)
+        progress.writing()
+        write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
     print(format_summary(result.summary, out_dir), flush=True)
 
 
@@ -230,7 +242,8 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
             load_config(point.mapping)
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
-    progress = Progress(len(points), "batch")
+    announce_compile()
+    progress = LineProgress(len(points), "batch")
     for point, simulated in zip(points, presimulate(points, options)):
         try:
             run_point(point, options, isolate=False, simulated=simulated)
@@ -257,6 +270,7 @@ def task(cfg: DictConfig) -> None:
     ``failure.json`` and the job returns normally, so the sweep goes on.
     """
     global _single_run_done
+    third_party_logs_to_file()
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     overrides = list(hydra_cfg.overrides.task)

@@ -1,14 +1,23 @@
-"""``vllm_bench.json``: a run's results in the shape of ``vllm bench serve --save-result``.
+"""Result exports in the shapes of benchmark clients: ``vllm bench serve`` and aiperf.
+
+``vllm_bench.json``: a run's results in the shape of ``vllm bench serve --save-result``.
 
 The document uses the key names and units of vLLM's serving benchmark result
 JSON (``vllm/benchmarks/serve.py``: ``benchmark()`` plus the ``result_json``
 header of ``main``), so a simulated run can be diffed with a measured one by
 the tools already used for measured runs.  See ``docs/sweeps.md`` for the key
 list and where the simulator's definitions differ.
+
+``profile_export_aiperf.json`` / ``.csv``: the same run in the metric tags,
+units and statistic blocks of aiperf's JSON and CSV exporters
+(``aiperf/common/models/export_models.py``, ``aiperf/exporters/csv_exporter.py``;
+``docs/results.md``).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +26,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import simcore
+
+VLLM_BENCH_FILE = "vllm_bench.json"
+AIPERF_JSON_FILE = "profile_export_aiperf.json"
+AIPERF_CSV_FILE = "profile_export_aiperf.csv"
+#: Every file an export can write (a rerun without it removes an earlier run's copy).
+EXPORT_FILES = (VLLM_BENCH_FILE, AIPERF_JSON_FILE, AIPERF_CSV_FILE)
 
 MS_PER_S = 1000.0
 #: Per-request arrays, written only with ``export.detailed=true`` (vLLM's ``--save-detailed``).
@@ -29,11 +44,14 @@ def _float_column(table: pa.Table, name: str) -> np.ndarray:
     return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def _itls_s(requests: pa.Table, tokens: pa.Table) -> list[list[float]]:
-    """Gaps between consecutive receipts of each request's tokens, in seconds."""
-    n = requests.num_rows
+def _gaps_s(requests: pa.Table, tokens: pa.Table | None) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps between consecutive receipts of each request's tokens, in seconds.
+
+    Returns the owner (request-table row) of every gap, non-decreasing, and
+    the gaps in receipt order within each request.
+    """
     if tokens is None or tokens.num_rows == 0:
-        return [[] for _ in range(n)]
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
     row = pc.index_in(tokens.column("request_id"), value_set=requests.column("request_id"))
     row = row.to_numpy(zero_copy_only=False).astype(np.int64)
     index = tokens.column("index").to_numpy()
@@ -43,10 +61,14 @@ def _itls_s(requests: pa.Table, tokens: pa.Table) -> list[list[float]]:
     order = np.lexsort((index, row))
     row, received = row[order], received[order]
     same = row[1:] == row[:-1]
-    gaps = (received[1:] - received[:-1])[same] / MS_PER_S
-    owner = row[1:][same]
-    bounds = np.searchsorted(owner, np.arange(n + 1))
-    return [gaps[bounds[i]:bounds[i + 1]].tolist() for i in range(n)]
+    return row[1:][same], (received[1:] - received[:-1])[same] / MS_PER_S
+
+
+def _itls_s(requests: pa.Table, tokens: pa.Table | None) -> list[list[float]]:
+    """vLLM's ``itls``: one list of gaps (s) per request, in request-table order."""
+    owner, gaps = _gaps_s(requests, tokens)
+    bounds = np.searchsorted(owner, np.arange(requests.num_rows + 1))
+    return [gaps[bounds[i]:bounds[i + 1]].tolist() for i in range(requests.num_rows)]
 
 
 def _peaks(send_ms: np.ndarray, last_ms: np.ndarray, completed: np.ndarray,
@@ -117,7 +139,7 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
         "endpoint_type": "replaysim",
         "backend": "replaysim",
         "label": None,
-        "model_id": None,
+        "model_id": cfg.timing.model,
         "tokenizer_id": None,
         "num_prompts": summary["num_requests"],
         "request_rate": cfg.load.request_rate if open_loop else "inf",
@@ -157,3 +179,185 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
             if key.startswith("p") and key.endswith(f"_{metric}_ms") and key[1:].split("_", 1)[0].replace(".", "", 1).isdigit():
                 document[key] = value
     return document
+
+
+# ---------------------------------------------------------------- aiperf
+
+#: aiperf's statistic keys of a record metric, in its JSON field order (``JsonMetricResult``).
+AIPERF_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+#: Its CSV column order (``STAT_KEYS``).
+AIPERF_CSV_STATS = ("avg", "min", "max", *(f"p{p}" for p in AIPERF_PERCENTILES), "std")
+#: tag -> (header, display unit), in the order of aiperf's ``JsonExportData`` fields.
+AIPERF_METRICS = {
+    "request_throughput": ("Request Throughput", "requests/sec"),
+    "request_latency": ("Request Latency", "ms"),
+    "request_count": ("Request Count", "requests"),
+    "time_to_first_token": ("Time to First Token", "ms"),
+    "inter_token_latency": ("Inter Token Latency", "ms"),
+    "output_token_throughput": ("Output Token Throughput", "tokens/sec"),
+    "output_token_throughput_per_user": ("Output Token Throughput Per User", "tokens/sec/user"),
+    "output_sequence_length": ("Output Sequence Length", "tokens"),
+    "input_sequence_length": ("Input Sequence Length", "tokens"),
+    "goodput": ("Goodput", "requests/sec"),
+    "good_request_count": ("GoodRequestCount", "requests"),
+    "output_token_count": ("Output Token Count", "tokens"),
+    "min_request_timestamp": ("Minimum Request Timestamp", "ns"),
+    "max_response_timestamp": ("Maximum Response Timestamp", "ns"),
+    "inter_chunk_latency": ("Inter Chunk Latency", "ms"),
+    "total_output_tokens": ("Total Output Tokens", "tokens"),
+    "benchmark_duration": ("Benchmark Duration", "sec"),
+    "total_isl": ("Total Input Sequence Length", "tokens"),
+    "total_osl": ("Total Output Sequence Length", "tokens"),
+    "error_request_count": ("Error Request Count", "requests"),
+}
+
+
+def _record_block(unit: str, values: np.ndarray) -> dict[str, Any]:
+    """aiperf's statistics of a record metric: numpy-linear percentiles, population std."""
+    if values.size == 0:
+        return {"unit": unit}
+    points = np.percentile(values, AIPERF_PERCENTILES)
+    block: dict[str, Any] = {"unit": unit, "avg": float(np.mean(values))}
+    block.update({f"p{p}": float(v) for p, v in zip(AIPERF_PERCENTILES, points)})
+    is_int = values.dtype.kind == "i"
+    block["min"] = int(values.min()) if is_int else float(values.min())
+    block["max"] = int(values.max()) if is_int else float(values.max())
+    block["std"] = float(np.std(values))
+    return block
+
+
+def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | None) -> dict[str, Any]:
+    """``inter_chunk_latency``: the pooled gaps (one chunk per token), from the tokens when kept.
+
+    Without per-token receipts the summary's ITL statistics are used: mean,
+    min, max, std and those of aiperf's percentiles that ``metrics.percentiles``
+    holds (the others are left out, as aiperf leaves out unset keys).
+    """
+    if tokens is not None:
+        status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
+        owner, gaps = _gaps_s(requests, tokens)
+        return _record_block("ms", gaps[status[owner] == "completed"] * MS_PER_S)
+    block: dict[str, Any] = {"unit": "ms"}
+    if summary.get("mean_itl_ms") is None:
+        return block
+    block["avg"] = summary["mean_itl_ms"]
+    block.update({f"p{p}": summary[f"p{p}_itl_ms"] for p in AIPERF_PERCENTILES if f"p{p}_itl_ms" in summary})
+    block.update(min=summary["min_itl_ms"], max=summary["max_itl_ms"], std=summary["std_itl_ms"])
+    return block
+
+
+def aiperf_document(result: simcore.Result, tokens: pa.Table | None) -> dict[str, Any]:
+    """``profile_export_aiperf.json`` of one simulated run (aiperf's metric tags, units, statistics).
+
+    Record metrics (one value per completed request; ``inter_chunk_latency``
+    pooled over their gaps) get aiperf's statistic block ``unit``, ``avg``,
+    ``p1`` ... ``p99``, ``min``, ``max``, ``std``; aggregate and derived
+    metrics ``unit`` and ``avg``.  aiperf's ``inter_token_latency`` is the
+    per-request average, replaysim's TPOT; ``inter_chunk_latency`` the gaps
+    (replaysim's ITL).  Timestamps are simulated ns from the simulation start.
+    ``time_to_second_token`` is left out.
+
+    Parameters
+    ----------
+    result : simcore.Result
+        A finished run.
+    tokens : pyarrow.Table or None
+        Its per-token table, for exact ``inter_chunk_latency`` percentiles.
+
+    Returns
+    -------
+    dict
+        The metric blocks by tag (only those that apply), then
+        ``input_config`` (``endpoint.model_names`` from ``timing.model`` when
+        set), ``was_cancelled`` and ``error_summary`` (counts of rejected and
+        incomplete requests).
+    """
+    summary = result.summary
+    requests = result.requests
+    status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
+    done = status == "completed"
+
+    def column(name: str) -> np.ndarray:
+        values = requests.column(name).to_numpy(zero_copy_only=False)[done]
+        return values[~np.isnan(values)] if values.dtype.kind == "f" else values
+
+    tpot = column("tpot_ms")
+    blocks: dict[str, dict[str, Any]] = {
+        "request_latency": _record_block("ms", column("e2el_ms")),
+        "time_to_first_token": _record_block("ms", column("ttft_ms")),
+        "inter_token_latency": _record_block("ms", tpot),
+        "output_token_throughput_per_user": _record_block("tokens/sec/user", MS_PER_S / tpot[tpot > 0]),
+        "output_sequence_length": _record_block("tokens", column("generated_tokens")),
+        "input_sequence_length": _record_block("tokens", column("input_tokens")),
+        "output_token_count": _record_block("tokens", column("generated_tokens")),
+        "inter_chunk_latency": _itl_block(summary, requests, tokens),
+        "request_count": {"unit": "requests", "avg": summary["completed"]},
+    }
+    derived = {
+        "request_throughput": summary["request_throughput"],
+        "output_token_throughput": summary["output_throughput"],
+        "benchmark_duration": summary["duration_s"],
+        "total_output_tokens": summary["total_output_tokens"],
+        "total_isl": summary["total_input_tokens"],
+        "total_osl": summary["total_output_tokens"],
+    }
+    if summary["request_goodput"] is not None:
+        derived["goodput"] = summary["request_goodput"]
+        derived["good_request_count"] = round(summary["request_goodput"] * summary["duration_s"])
+    if done.any():
+        derived["min_request_timestamp"] = int(round(np.nanmin(_float_column(requests, "send_ms")) * 1e6))
+        derived["max_response_timestamp"] = int(round(np.nanmax(column("last_token_ms")) * 1e6))
+    errors = int((~done).sum())
+    if errors:
+        derived["error_request_count"] = errors
+    for tag, value in derived.items():
+        if value is not None:
+            blocks[tag] = {"unit": AIPERF_METRICS[tag][1], "avg": value}
+    document: dict[str, Any] = {tag: blocks[tag] for tag in AIPERF_METRICS if tag in blocks}
+    model = result.config.timing.model
+    document["input_config"] = {"endpoint": {"model_names": [model] if model else []}}
+    document["was_cancelled"] = False
+    document["error_summary"] = [
+        {"error_details": {"code": None, "type": kind, "message": f"{kind} by the simulated engine"}, "count": count}
+        for kind in ("rejected", "incomplete")
+        if (count := int((status == kind).sum()))
+    ]
+    return document
+
+
+def _csv_number(value: Any) -> str:
+    """aiperf's CSV number format: integers as they are, other numbers with two decimals."""
+    if value is None:
+        return ""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    return f"{float(value):.2f}"
+
+
+def aiperf_csv(document: dict[str, Any]) -> str:
+    """``profile_export_aiperf.csv``: aiperf's two sections from :func:`aiperf_document`.
+
+    Metrics with percentiles first (``Metric,avg,min,max,p1,...,p99,std``), a
+    blank row, then the others (``Metric,Value``); rows sorted by tag, each
+    named by its header and ``(unit)`` unless the unit is requests.
+    """
+    def name(tag: str) -> str:
+        header, unit = AIPERF_METRICS[tag]
+        return header if unit in ("count", "requests") else f"{header} ({unit})"
+
+    tags = sorted(tag for tag in AIPERF_METRICS if tag in document)
+    with_points = [t for t in tags if any(f"p{p}" in document[t] for p in AIPERF_PERCENTILES)]
+    single = [t for t in tags if t not in with_points]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    if with_points:
+        writer.writerow(["Metric", *AIPERF_CSV_STATS])
+        for tag in with_points:
+            writer.writerow([name(tag), *(_csv_number(document[tag].get(stat)) for stat in AIPERF_CSV_STATS)])
+        if single:
+            writer.writerow([])
+    if single:
+        writer.writerow(["Metric", "Value"])
+        for tag in single:
+            writer.writerow([name(tag), _csv_number(document[tag].get("avg"))])
+    return buffer.getvalue()

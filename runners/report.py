@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from simcore.schema import TTFT_STAGES
 
-WIDTH = 50
-LABEL = 34
+LABEL = 28
+CELL = 10
 METRICS = ("ttft", "tpot", "itl", "e2el")
+#: ``p99_ttft_ms`` -> ``p99``: the percentiles the run was configured with.
+_PERCENTILE_KEY = re.compile(r"^(p\d+(?:\.\d+)?)_ttft_ms$")
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -17,7 +20,31 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 
 
 def _row(label: str, *values: str) -> str:
-    return f"{label:<{LABEL}}" + "".join(f"{v:>12}" for v in values)
+    return f"{label:<{LABEL}}" + "".join(f"{v:>{CELL}}" for v in values)
+
+
+def percentile_names(summary: Mapping[str, Any]) -> list[str]:
+    """The percentile key prefixes in ``summary`` (``p50``, ``p99.9``), in the configured order."""
+    return [m.group(1) for m in map(_PERCENTILE_KEY.match, summary) if m]
+
+
+def _rejected(get) -> str:
+    count = _fmt(get("rejected"), "d")
+    if not get("rejected"):
+        return _row("Requests rejected", count)
+    why = f"(context length {get('rejected_context_length')}, KV capacity {get('rejected_kv_capacity')})"
+    return f"{_row('Requests rejected', count)}  {why}"
+
+
+def saturation_line(summary: Mapping[str, Any]) -> str | None:
+    """The one-line verdict when the run is saturated (``summary["saturated"]``), else None."""
+    if not summary.get("saturated"):
+        return None
+    return (
+        f"Saturated: over the second half of the sends requests arrived at "
+        f"{summary['arrival_rate_second_half']:.2f} req/s and left at "
+        f"{summary['departure_rate_second_half']:.2f} req/s; queues grow through the run"
+    )
 
 
 def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
@@ -26,9 +53,11 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
     Parameters
     ----------
     summary : mapping
-        The run summary (``simcore.Result.summary``).  Missing keys (such as
-        ``p99_*`` when 99 is not among ``metrics.percentiles``) and None values
-        print as ``-``.
+        The run summary (``simcore.Result.summary``).  The latency columns are
+        the mean and every configured percentile (``p<P>_*`` keys); missing
+        keys and None values print as ``-``.  Request goodput is shown when an
+        SLO is set (not None), rejection reasons when requests were rejected,
+        and a saturation verdict when the run is saturated.
     out_dir : str or Path
         Where the result files were written.
 
@@ -38,18 +67,28 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
         The table, without a trailing newline.
     """
     get = summary.get
+    percentiles = percentile_names(summary)
+    width = LABEL + CELL * (1 + len(percentiles))
     lines = [
-        " replaysim result ".center(WIDTH, "="),
-        *(_row(f"Requests {key}", _fmt(get(key), "d")) for key in ("completed", "rejected", "incomplete")),
+        " replaysim result ".center(width, "="),
+        _row("Requests completed", _fmt(get("completed"), "d")),
+        _rejected(get),
+        _row("Requests incomplete", _fmt(get("incomplete"), "d")),
         _row("Duration (s)", _fmt(get("duration_s"), ".3f")),
         _row("Request throughput (req/s)", _fmt(get("request_throughput"))),
+    ]
+    if get("request_goodput") is not None:
+        lines.append(_row("Request goodput (req/s)", _fmt(get("request_goodput"))))
+    lines += [
         _row("Output throughput (tok/s)", _fmt(get("output_throughput"))),
-        _row("Latency (ms)", "mean", "p99"),
+        _row("Latency (ms)", "mean", *percentiles),
     ]
     for name in METRICS:
-        lines.append(_row(f"  {name.upper()}", _fmt(get(f"mean_{name}_ms")), _fmt(get(f"p99_{name}_ms"))))
+        points = (_fmt(get(f"{p}_{name}_ms")) for p in percentiles)
+        lines.append(_row(f"  {name.upper()}", _fmt(get(f"mean_{name}_ms")), *points))
     lines.append(_row("TTFT stages, mean (ms)"))
     for stage in TTFT_STAGES:
         lines.append(_row(f"  {stage.removesuffix('_ms')}", _fmt(get(f"mean_{stage}"), ".3f")))
-    lines += ["=" * WIDTH, f"Output directory: {out_dir}"]
+    verdict = saturation_line(summary)
+    lines += ["=" * width, *([verdict] if verdict else []), f"Output directory: {out_dir}"]
     return "\n".join(line.rstrip() for line in lines)

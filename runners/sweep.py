@@ -28,24 +28,31 @@ import pyarrow as pa
 
 import simcore
 from runners import params
-from runners.export import vllm_bench_document
-from runners.writer import json_file, parquet_file, write_atomic, write_results
+from runners.export import (
+    AIPERF_CSV_FILE,
+    AIPERF_JSON_FILE,
+    EXPORT_FILES,
+    VLLM_BENCH_FILE,
+    aiperf_csv,
+    aiperf_document,
+    vllm_bench_document,
+)
+from runners.writer import json_file, json_text, parquet_file, write_atomic, write_results
 from simcore.config import ConfigError, SimConfig, load_config
 
 #: Defaults of the runner's own keys (registered beside the simcore defaults).
 RUNNER_DEFAULTS: dict[str, Any] = {
     "force": False,
     "sweep": {"batch": {}},
-    "export": {"vllm_bench": True, "detailed": None},
+    "export": {"vllm_bench": True, "detailed": False, "aiperf": False},
 }
 
 POINT_FILE = "point.json"
 FAILURE_FILE = "failure.json"
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY = "summary.parquet"
-VLLM_BENCH_FILE = "vllm_bench.json"
 #: Files that make up a point's results (removed when the point fails).
-RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", VLLM_BENCH_FILE, SUMMARY_FILE)
+RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, SUMMARY_FILE)
 #: summary.json keys that are not metrics.
 PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
 STATUSES = ("ok", "failed", "skipped")
@@ -63,15 +70,18 @@ class RunnerOptions:
         In-job batch axes: dotted config key -> values, in command-line order.
     vllm_bench : bool
         Write ``vllm_bench.json`` beside ``summary.json``.
-    detailed : bool or None
-        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``;
-        None: in the detailed output mode only (:meth:`export_detailed`).
+    detailed : bool
+        Include per-request arrays (``ttfts``, ``itls``, ...) in ``vllm_bench.json``,
+        as ``vllm bench serve --save-detailed`` does (:meth:`export_detailed`).
+    aiperf : bool
+        Write ``profile_export_aiperf.json`` and ``.csv`` beside ``summary.json``.
     """
 
     force: bool = False
     batch: dict[str, list] = dataclasses.field(default_factory=dict)
     vllm_bench: bool = True
-    detailed: bool | None = None
+    detailed: bool = False
+    aiperf: bool = False
 
     def export_detailed(self, config: SimConfig) -> bool:
         """Whether ``vllm_bench.json`` of ``config`` gets the per-request arrays.
@@ -89,13 +99,12 @@ class RunnerOptions:
         simcore.ConfigError
             ``export.detailed=true`` with ``output.mode=bounded`` (no per-token ``itls``).
         """
-        bounded = config.output.mode == "bounded"
-        if self.detailed and bounded and self.vllm_bench:
+        if self.detailed and self.vllm_bench and config.output.mode == "bounded":
             raise ConfigError(
                 "export.detailed=true needs output.mode=detailed: its itls are per-token "
                 "receipts, which the bounded mode does not keep"
             )
-        return not bounded if self.detailed is None else self.detailed
+        return self.detailed and self.vllm_bench
 
     @property
     def num_points(self) -> int:
@@ -151,13 +160,14 @@ def split_options(mapping: Mapping[str, Any]) -> tuple[RunnerOptions, dict[str, 
             )
         batch[key] = list(values)
     export = mapping.get("export") or {}
-    if not isinstance(export, Mapping) or set(export) - {"vllm_bench", "detailed"}:
-        raise ConfigError(f"export accepts vllm_bench and detailed, got {export!r}")
+    if not isinstance(export, Mapping) or set(export) - {"vllm_bench", "detailed", "aiperf"}:
+        raise ConfigError(f"export accepts vllm_bench, detailed and aiperf, got {export!r}")
     options = RunnerOptions(
         force=force,
         batch=batch,
         vllm_bench=_flag("export.vllm_bench", export.get("vllm_bench", True)),
-        detailed=None if export.get("detailed") is None else _flag("export.detailed", export["detailed"]),
+        detailed=_flag("export.detailed", export.get("detailed", False)),
+        aiperf=_flag("export.aiperf", export.get("aiperf", False)),
     )
     return options, sim
 
@@ -295,10 +305,10 @@ def simulate(
     config : SimConfig
         The validated point configuration.
     options : RunnerOptions
-        Export flags: ``vllm_bench.json`` needs per-token receipts (``itls``,
-        ``max_output_tokens_per_s``), recorded even when ``output.tokens`` is
-        false (then not written to ``tokens.parquet``), except in the bounded
-        output mode.
+        Export flags: the per-request arrays of ``vllm_bench.json``
+        (``export.detailed=true``) need per-token receipts (``itls``), recorded
+        even when ``output.tokens`` is false (then not written to
+        ``tokens.parquet``).
     progress : callable, optional
         Passed to :func:`simcore.run` (``progress(done, total)`` requests).
 
@@ -313,8 +323,8 @@ def simulate(
 
 
 def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:
-    """``config``, recording tokens when the ``vllm_bench.json`` export needs them."""
-    if not options.vllm_bench or config.output.tokens or config.output.mode == "bounded":
+    """``config``, recording tokens when the detailed ``vllm_bench.json`` export needs them."""
+    if not options.export_detailed(config) or config.output.tokens:
         return config
     resolved = _plain(config.resolved)
     resolved["output"]["tokens"] = True
@@ -406,9 +416,7 @@ def run_point(
         detailed = options.export_detailed(config)
         result, tokens = simulated if simulated is not None else simulate(config, options)
         columns = params.id_columns(point.run_id, config.seed, point.keys, values)
-        extra = {}
-        if options.vllm_bench:
-            extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
+        extra = export_documents(result, tokens, options, detailed)
         (out / FAILURE_FILE).unlink(missing_ok=True)
         write_results(result, out, columns=columns, extra=extra)
         _write_point(point, "ok", values, config.seed)
@@ -422,6 +430,23 @@ def run_point(
     if not quiet:
         say(f"{point.run_id}: ok  {_headline(result.summary)}")
     return "ok"
+
+
+def export_documents(result: simcore.Result, tokens: pa.Table | None, options: RunnerOptions,
+                     detailed: bool) -> dict[str, dict | str]:
+    """The export files the options ask for, by name (for :func:`runners.writer.write_results`).
+
+    ``detailed`` is :meth:`RunnerOptions.export_detailed`, checked before the
+    simulation so that a refused combination writes nothing.
+    """
+    extra: dict[str, dict | str] = {}
+    if options.vllm_bench:
+        extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
+    if options.aiperf:
+        document = aiperf_document(result, tokens)
+        extra[AIPERF_JSON_FILE] = json_text(document)  # indented, as aiperf writes it
+        extra[AIPERF_CSV_FILE] = aiperf_csv(document)
+    return extra
 
 
 def say(line: str, stream=None) -> None:

@@ -8,7 +8,6 @@ and marks a finished run.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import uuid
@@ -17,10 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simcore
+from runners.export import EXPORT_FILES
 from simcore.schema import SCHEMA_VERSION
 
 PARQUET_COMPRESSION = "zstd"
@@ -74,26 +75,36 @@ def summary_document(result: simcore.Result) -> dict[str, Any]:
     }
 
 
-def _parquet_writer(table: pa.Table) -> Callable[[Path], None]:
-    return lambda path: pq.write_table(table, path, compression=PARQUET_COMPRESSION)
+def _json_bytes(document: dict, compact: bool) -> bytes:
+    options = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+    return orjson.dumps(document, option=options if compact else options | orjson.OPT_INDENT_2)
 
 
-def _json_writer(document: dict, compact: bool = False) -> Callable[[Path], None]:
-    if compact:
-        text = json.dumps(document, separators=(",", ":"), allow_nan=False) + "\n"
-    else:
-        text = json.dumps(document, indent=2, allow_nan=False) + "\n"
-    return lambda path: path.write_text(text, encoding="utf-8")
+def json_text(document: dict, compact: bool = False) -> str:
+    """``document`` as JSON text, serialized with orjson.
+
+    orjson is fast on the long per-request arrays of a detailed
+    ``vllm_bench.json``.  Indented by 2 unless ``compact``; NumPy scalars and
+    arrays are accepted; a non-finite float is written as null, never as the
+    non-JSON ``NaN``.
+    """
+    return _json_bytes(document, compact).decode()
 
 
 def json_file(document: dict, compact: bool = False) -> Callable[[Path], None]:
-    """A writer for :func:`write_atomic` that stores ``document`` as JSON (indented unless compact; no NaN)."""
-    return _json_writer(document, compact)
+    """A writer for :func:`write_atomic` that stores ``document`` as JSON (:func:`json_text`)."""
+    data = _json_bytes(document, compact)
+    return lambda path: path.write_bytes(data)
+
+
+def text_file(text: str) -> Callable[[Path], None]:
+    """A writer for :func:`write_atomic` that stores ``text`` as UTF-8."""
+    return lambda path: path.write_text(text, encoding="utf-8", newline="")
 
 
 def parquet_file(table: pa.Table) -> Callable[[Path], None]:
     """A writer for :func:`write_atomic` that stores ``table`` as zstd Parquet."""
-    return _parquet_writer(table)
+    return lambda path: pq.write_table(table, path, compression=PARQUET_COMPRESSION)
 
 
 def write_atomic(out_dir: str | os.PathLike, writers: list[tuple[str, Callable[[Path], None]]]) -> list[Path]:
@@ -170,7 +181,7 @@ def write_results(
     result: simcore.Result,
     out_dir: str | os.PathLike,
     columns: pa.Table | None = None,
-    extra: dict[str, dict] | None = None,
+    extra: dict[str, dict | str] | None = None,
 ) -> list[Path]:
     """Write the result files of ``result`` into ``out_dir``.
 
@@ -184,10 +195,10 @@ def write_results(
         One row of constant columns (sweep runs: ``run_id``, ``seed`` and the
         swept parameters) prepended to every Parquet table; see
         :func:`with_columns`.
-    extra : dict of str to dict, optional
-        Further JSON documents by file name (``vllm_bench.json``), written
-        compact (they can hold per-request arrays) in the same all-or-nothing
-        step, before ``summary.json``.
+    extra : dict of str to (dict or str), optional
+        Further files by name, written in the same all-or-nothing step before
+        ``summary.json``: a dict as compact JSON (``vllm_bench.json`` can hold
+        per-request arrays), a str as text (a CSV export).
 
     Returns
     -------
@@ -206,16 +217,19 @@ def write_results(
     out = Path(out_dir)
     tables = {"requests": result.requests, "passes": result.passes, "tokens": result.tokens}
     writers = [
-        (f"{name}.parquet", _parquet_writer(with_columns(table, columns)))
+        (f"{name}.parquet", parquet_file(with_columns(table, columns)))
         for name, table in tables.items()
         if table is not None
     ]
-    writers += [(name, _json_writer(document, compact=True)) for name, document in (extra or {}).items()]
-    writers.append(("summary.json", _json_writer(summary_document(result))))
+    writers += [
+        (name, text_file(content) if isinstance(content, str) else json_file(content, compact=True))
+        for name, content in (extra or {}).items()
+    ]
+    writers.append(("summary.json", json_file(summary_document(result))))
     written = write_atomic(out, writers)
     # A rerun into the same directory must not leave an earlier run's optional
-    # tables beside the new summary.
-    for name in ("passes.parquet", "tokens.parquet"):
+    # tables or exports beside the new summary.
+    for name in ("passes.parquet", "tokens.parquet", *EXPORT_FILES):
         if out / name not in written:
             (out / name).unlink(missing_ok=True)
     return written

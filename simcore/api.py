@@ -14,7 +14,9 @@ from simcore.engine.batch import batch_key, run_prepared_batch
 from simcore.metrics.api import (
     RequestColumns,
     passes_table,
+    rejection_reasons,
     requests_table,
+    saturation,
     summarize,
     tokens_table,
 )
@@ -134,6 +136,8 @@ def _result(cfg: SimConfig, table, engine) -> Result:
     cols = RequestColumns(engine)
     summary = summarize(cols, table.input_tokens, cfg.metrics)
     summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)
+    summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine))
+    summary.update(saturation(cols))
     return Result(
         requests=requests_table(table.request_id, table.input_tokens, table.output_tokens, cols),
         summary=summary,

@@ -77,3 +77,22 @@ def configure() -> Path:
         path = Path.home() / ".cache" / "replaysim" / f"numba-{name}"
     numba.config.CACHE_DIR = str(path)
     return path
+
+
+def engine_kernel_cached() -> bool:
+    """True when numba's cache holds an index for the engine kernel (``simulate_engine_nb``).
+
+    Without one, the first run compiles the kernels (about half a minute).
+    The index is the file numba writes beside a cached kernel's compiled
+    code; its presence does not prove that this run's argument types (the
+    output mode) are among the compiled ones, so a first run of another mode
+    can still compile without being announced.
+    """
+    from simcore.engine import nb  # imported here: configure() must run first
+
+    kernel = nb.simulate_engine_nb
+    prefix = f"{kernel.py_func.__module__.rsplit('.', 1)[-1]}.{kernel.py_func.__qualname__}-"
+    try:
+        return any(name.startswith(prefix) and name.endswith(".nbi") for name in os.listdir(kernel.stats.cache_path))
+    except OSError:
+        return False

@@ -136,7 +136,8 @@ def test_a_batch_of_other_shapes_is_refused_naming_the_field():
 
 
 def test_sweep_batch_points_are_simulated_together(tmp_path):
-    options = RunnerOptions(batch={"load.concurrency": [1, 4, 16], "detokenization.base_ms": [1.0, 2.85]})
+    # export.detailed=true: the per-token receipts are recorded for the export, not returned as tokens.
+    options = RunnerOptions(batch={"load.concurrency": [1, 4, 16], "detokenization.base_ms": [1.0, 2.85]}, detailed=True)
     points = job_points(tmp_path, "job", _cfg(), [], options)
     ahead = list(presimulate(points, options))
     assert all(item is not None for item in ahead)

@@ -18,8 +18,7 @@ import pytest
 import simcore
 from runners import params
 from runners.cli import CONFIG_DIR, check_overrides
-from runners.export import vllm_bench_document
-from runners.progress import Progress
+from runners.export import DETAILED_KEYS, vllm_bench_document
 from simcore.schema import REQUESTS_SCHEMA
 
 SMALL = ["workload.num_requests=8", "workload.input_tokens=64", "workload.output_tokens=4"]
@@ -217,7 +216,13 @@ def test_runner_keys_pass_the_key_check_and_typos_do_not(capsys):
 
 
 def test_single_run_exports_vllm_bench_json(tmp_path):
-    done = replaysim(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "detokenization.base_ms=1")
+    done = replaysim(tmp_path, f"hydra.run.dir={tmp_path / 'plain'}", *SMALL, "detokenization.base_ms=1")
+    assert done.returncode == 0, done.stderr
+    plain = json.loads((tmp_path / "plain" / "vllm_bench.json").read_text())
+    # Without export.detailed: no per-request arrays, and no per-token receipts for the peak.
+    assert set(plain).isdisjoint(DETAILED_KEYS) and plain["max_output_tokens_per_s"] is None
+    done = replaysim(tmp_path, f"hydra.run.dir={tmp_path / 'run'}", *SMALL, "detokenization.base_ms=1",
+                     "export.detailed=true")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     assert pq.read_schema(run / "requests.parquet").equals(REQUESTS_SCHEMA)
@@ -233,6 +238,8 @@ def test_single_run_exports_vllm_bench_json(tmp_path):
     assert len(itls) == 8 * 3 and np.mean(itls) * 1000 == pytest.approx(document["mean_itl_ms"], rel=1e-12)
     for key in ("mean_ttft_ms", "median_tpot_ms", "std_itl_ms", "p99_e2el_ms", "output_throughput"):
         assert bench[key] == document[key], key
+    assert {key: plain[key] for key in plain if key not in ("date", "max_output_tokens_per_s")} == {
+        key: bench[key] for key in plain if key not in ("date", "max_output_tokens_per_s")}
 
 
 def test_vllm_bench_failed_requests_and_open_loop():
@@ -263,26 +270,3 @@ def test_parameter_columns_take_declared_types():
                                   "load.concurrency": None, "metrics.percentiles": [50.0, 99.9],
                                   "workload.path": None}]
     assert table.schema.field("metrics.percentiles").type == pa.list_(pa.float64())
-
-
-def test_progress_is_quiet_off_a_terminal_and_shows_an_eta():
-    stream = io.StringIO()
-    quiet = Progress(4, stream=stream)
-    quiet.update()
-    quiet.close()
-    assert stream.getvalue() == ""
-    shown = Progress(4, "sweep", stream=stream, enabled=True)
-    shown.update(2, force=True)
-    assert "sweep [############............] 2/4  50%" in stream.getvalue() and "ETA" in stream.getvalue()
-
-
-def test_progress_with_a_delay_draws_nothing_for_short_work():
-    stream = io.StringIO()
-    short = Progress(10, "requests", stream=stream, enabled=True, delay_s=60.0)
-    short.update(5)
-    short.close()
-    assert stream.getvalue() == ""
-    long = Progress(10, "requests", stream=stream, enabled=True, delay_s=0.0)
-    long.update(5)
-    long.close()
-    assert "5/10" in stream.getvalue() and stream.getvalue().endswith("\n")

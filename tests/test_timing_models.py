@@ -12,6 +12,7 @@ import tomllib
 import numpy as np
 import pytest
 
+import simcore
 from simcore.config import ConfigError, load_config
 from simcore.timing import nb
 from simcore.timing.api import timing_arrays
@@ -223,3 +224,44 @@ def test_aic_tables_match_direct_calls_on_a_small_config():
     result = simcore.run(cfg)
     assert result.summary["completed"] == 64
     assert 0 < result.summary["mean_tpot_ms"] < 50
+
+
+@pytest.mark.skipif(not HAS_AIC, reason="aiconfigurator-core (the replaysim[aic] extra) is not installed")
+def test_an_unknown_aic_gpu_is_refused_with_the_valid_names():
+    from simcore.timing import aic
+
+    names = aic.system_names()
+    assert "h200_sxm" in names and "h100" not in names
+    config = {"timing": {"type": "aic", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "h100"},
+              "workload": {"num_requests": 2}}
+    with pytest.raises(ConfigError, match=r"timing\.gpu=h100 is not a system of aiconfigurator-core .*valid names: a100") as info:
+        simcore.run(config)
+    assert ", ".join(names) in str(info.value)
+
+
+def test_third_party_log_records_go_to_the_log_file_only(tmp_path):
+    import io
+    import logging
+
+    from runners.cli import third_party_logs_to_file
+
+    root = logging.getLogger()
+    console = logging.StreamHandler(io.StringIO())
+    log_file = logging.FileHandler(tmp_path / "replaysim.log")
+    saved = (root.handlers[:], root.level)
+    library = logging.getLogger("aiconfigurator_core")
+    saved_library = (library.handlers[:], library.propagate)
+    try:
+        root.handlers = [console, log_file]
+        root.setLevel(logging.INFO)
+        third_party_logs_to_file()
+        logging.getLogger("aiconfigurator_core.sdk.perf_database").warning("Loading low-fidelity fallback rows")
+        logging.getLogger("replaysim.test").info("our own line")
+        log_file.flush()
+    finally:
+        root.handlers, _ = saved
+        root.setLevel(saved[1])
+        library.handlers, library.propagate = saved_library
+        log_file.close()
+    assert "low-fidelity" in (tmp_path / "replaysim.log").read_text()
+    assert "low-fidelity" not in console.stream.getvalue() and "our own line" in console.stream.getvalue()

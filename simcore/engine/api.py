@@ -243,9 +243,11 @@ def _kernel_with_progress(args: list, progress: np.ndarray, total: int, on_progr
 
     worker = threading.Thread(target=work, name="replaysim-kernel", daemon=True)
     worker.start()
-    while worker.is_alive():
+    while True:  # reports at least once, after the end, even when the kernel ends at once
         worker.join(PROGRESS_INTERVAL_S)
         on_progress(int(progress[0]), total)
+        if not worker.is_alive():
+            break
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from simcore.config import GoodputConfig, MetricsConfig
+from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine import nb
 from simcore.engine.api import EngineRun
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
@@ -21,6 +21,11 @@ from simcore.units import NOT_YET
 COMPLETED, REJECTED, INCOMPLETE = 0, 1, 2
 STATUS_NAMES = ("completed", "rejected", "incomplete")
 POOL_NAMES = ("aggregated", "prefill", "decode")  # indexed by the kernel's ROLE_* codes
+
+#: ``saturated`` when requests leave at less than this share of their arrival rate.
+SATURATION_DEPARTURE_SHARE = 0.9
+#: Sends the second half of the sending window needs for a saturation verdict.
+SATURATION_MIN_SENDS = 50
 
 #: Summary distributions: name -> per-request column (itl is pooled per token).
 DISTRIBUTIONS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": None, "e2el": "e2el_ms"}
@@ -380,3 +385,83 @@ def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | No
     if slo.e2el_ms is not None:
         good &= cols.e2el_ms <= slo.e2el_ms
     return per_second(int(good.sum()))
+
+
+def rejection_reasons(cols: RequestColumns, input_tokens: np.ndarray, engine: EngineConfig) -> dict:
+    """How many requests were rejected because of each limit (SPEC §5).
+
+    A rank rejects a prompt of ``input_tokens >= L``, ``L = min(context_length,
+    num_blocks x block_size)``: the reason is the limit that sets ``L`` in the
+    rejecting pool (the prefill pool when the prompt reaches its L, else the
+    decode pool; the aggregated pool otherwise).
+
+    Parameters
+    ----------
+    cols : RequestColumns
+        The run's per-request statuses.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt length of each request, tokens.
+    engine : EngineConfig
+        The pools and their limits.
+
+    Returns
+    -------
+    dict
+        ``rejected_context_length`` and ``rejected_kv_capacity`` (requests;
+        they sum to ``rejected``).
+    """
+    rejected = cols.status == REJECTED
+    receiving, *later = engine.pools  # aggregated; or prefill, then decode
+    at_receiving = input_tokens >= receiving.sequence_limit
+    where = [(receiving, at_receiving)] + [(pool, ~at_receiving) for pool in later]
+    by_context = np.zeros(rejected.shape[0], dtype=bool)
+    for pool, rejected_here in where:
+        capacity = pool.num_blocks * pool.block_size
+        if pool.context_length is not None and pool.context_length <= capacity:
+            by_context |= rejected_here
+    context = int((rejected & by_context).sum())
+    return {"rejected_context_length": context, "rejected_kv_capacity": int(rejected.sum()) - context}
+
+
+def saturation(cols: RequestColumns) -> dict:
+    """Whether the offered load exceeds what the deployment serves (queues grow).
+
+    Over the second half of the sending window (``(t_mid, t_last]``, ``t_mid``
+    halfway between the first and the last send) the arrival rate is the sends
+    per second and the departure rate the requests per second that left the
+    client's view (final token or rejection received).  When requests keep
+    arriving faster than they leave, the number in the system grows by the
+    difference: the run is ``saturated`` when the departure rate is below
+    :data:`SATURATION_DEPARTURE_SHARE` of the arrival rate.  A closed loop
+    sends when a request leaves, so its two rates match: not saturated.
+
+    Parameters
+    ----------
+    cols : RequestColumns
+        The run's send instants, final receipts and rejections (int64 ns).
+
+    Returns
+    -------
+    dict
+        ``saturated`` (bool; None with fewer than :data:`SATURATION_MIN_SENDS`
+        sends in the half or no sending window), ``arrival_rate_second_half``
+        and ``departure_rate_second_half`` (req/s; None with the verdict).
+    """
+    run = cols.run
+    send = run.send_ns[run.send_ns != NOT_YET]
+    verdict = {"saturated": None, "arrival_rate_second_half": None, "departure_rate_second_half": None}
+    if send.size == 0:
+        return verdict
+    first, last = int(send.min()), int(send.max())
+    mid = first + (last - first) // 2
+    arrived = int(((send > mid) & (send <= last)).sum())
+    if last == first or arrived < SATURATION_MIN_SENDS:
+        return verdict
+    leave = np.where(cols.completed, cols.last_recv_ns, run.reject_ns)  # NOT_YET: still in the system
+    departed = int(((leave != NOT_YET) & (leave > mid) & (leave <= last)).sum())
+    window_s = (last - mid) / 1e9
+    return {
+        "saturated": bool(departed < SATURATION_DEPARTURE_SHARE * arrived),
+        "arrival_rate_second_half": arrived / window_s,
+        "departure_rate_second_half": departed / window_s,
+    }

@@ -34,6 +34,7 @@ aiconfigurator-core is imported lazily: the rest of the simulator works without 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -97,8 +98,25 @@ class AicSpec:
 # ---------------------------------------------------------------- package access
 
 
-def package_version() -> str:
-    """The installed aiconfigurator-core version; ConfigError naming the extra when missing."""
+def package_version(gpu: str | None = None) -> str:
+    """The installed aiconfigurator-core version, after checking that it knows ``gpu``.
+
+    Parameters
+    ----------
+    gpu : str, optional
+        A ``timing.gpu`` value to check against :func:`system_names`.
+
+    Returns
+    -------
+    str
+        The package version (``0.12.x``).
+
+    Raises
+    ------
+    ConfigError
+        The package is missing (naming the extra), of another minor version,
+        or has no database for the system ``gpu`` (listing the ones it has).
+    """
     from importlib import metadata
 
     try:
@@ -108,7 +126,35 @@ def package_version() -> str:
         raise ConfigError(f"timing.type=aic needs the optional extra: {EXTRA_HINT}") from None
     if not version.startswith("0.12."):
         raise ConfigError(f"timing.type=aic is built for aiconfigurator-core 0.12.x, found {version}: {EXTRA_HINT}")
+    names = system_names() if gpu is not None else ()
+    if names and gpu not in names:
+        raise ConfigError(
+            f"timing.gpu={gpu} is not a system of aiconfigurator-core {version}; "
+            f"valid names: {', '.join(names)}"
+        )
     return version
+
+
+@functools.lru_cache(maxsize=1)
+def system_names() -> tuple[str, ...]:
+    """The systems (``timing.gpu`` values) aiconfigurator-core ships a database for.
+
+    Read from the installed distribution's file list (its
+    ``systems/data/<system>/`` directories), which neither imports the package
+    nor loads a database; empty when the list is unavailable.
+    """
+    from importlib import metadata
+
+    try:
+        files = metadata.files(PACKAGE) or ()
+    except metadata.PackageNotFoundError:
+        return ()
+    names = set()
+    for path in files:
+        parts = path.parts
+        if len(parts) > 4 and parts[:3] == ("aiconfigurator_core", "systems", "data"):
+            names.add(parts[3])
+    return tuple(sorted(names))
 
 
 @contextlib.contextmanager
@@ -173,7 +219,7 @@ def direct_model(spec: AicSpec):
     ConfigError
         The package is missing or cannot model ``spec``.
     """
-    package_version()
+    package_version(spec.gpu)
     from aiconfigurator_core.sdk import RustForwardPassPerfModel
 
     try:
@@ -383,7 +429,7 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
     ConfigError
         aiconfigurator-core cannot model ``spec``.
     """
-    package_version()
+    package_version(spec.gpu)
     from aiconfigurator_core.sdk import EngineHandle
 
     try:
@@ -597,7 +643,7 @@ def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
     info : dict
         :func:`self_check` statistics, ``build_seconds`` (s), package, spec, key.
     """
-    version = package_version()
+    version = package_version(spec.gpu)
     key = cache_key(spec, version)
     if key in _MEMO:
         return _MEMO[key]
@@ -660,7 +706,7 @@ def auto_num_blocks(cfg: TimingConfig, block_size: int, max_tokens: int, max_seq
     ConfigError
         aiconfigurator-core cannot derive the capacity, or leaves no KV memory.
     """
-    version = package_version()
+    version = package_version(cfg.gpu)
     blob = json.dumps(
         [cfg.model, cfg.gpu, cfg.backend, cfg.backend_version, cfg.tp, cfg.memory_fraction, block_size, max_tokens, max_sequences, version]
     )
