@@ -9,6 +9,8 @@ STATE=/run/replaysim-slurm
 pidfile() {
     case "$1" in
         munged) echo /run/munge/munged.pid ;;
+        mariadbd) echo /run/mysqld/mysqld.pid ;;
+        slurmdbd) echo /run/slurmdbd.pid ;;
         slurmctld) echo /run/slurmctld.pid ;;
         slurmd) echo /run/slurmd.pid ;;
     esac

@@ -3,14 +3,15 @@
 # trying `hydra/launcher=slurm` on a laptop (docs/sweeps.md, "Slurm on one machine").
 #
 # Run as root.  Idempotent: installs Debian's packages if they are missing,
-# writes /etc/slurm/slurm.conf (unless one not written by this script exists),
-# starts munged, slurmctld and slurmd if they are not running, and waits until
-# the node is idle.  The daemons it started are listed in $STATE/started so
-# .ci/slurm-down.sh stops only those.
+# writes /etc/slurm/slurm.conf and slurmdbd.conf (unless files not written by
+# this script exist), starts munged, mariadbd, slurmdbd, slurmctld and slurmd
+# if they are not running, and waits until the node is idle.  The daemons it
+# started are listed in $STATE/started so .ci/slurm-down.sh stops only those.
 set -euo pipefail
 
 STATE=/run/replaysim-slurm
 CONF=/etc/slurm/slurm.conf
+DBD_CONF=/etc/slurm/slurmdbd.conf
 MARK="# written by replaysim .ci/slurm-up.sh"
 
 log() { echo "slurm-up: $*"; }
@@ -21,18 +22,23 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # ---------------------------------------------------------------- packages
-if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
-        || ! command -v sinfo >/dev/null || ! command -v munged >/dev/null; then
-    log "installing slurmctld slurmd slurm-client munge"
+# slurmdbd and MariaDB give accounting: submitit reads job states with sacct,
+# and without it a cancelled job looks pending forever and the sweep never ends.
+need=()
+for pair in slurmctld:slurmctld slurmd:slurmd sinfo:slurm-client munged:munge \
+            slurmdbd:slurmdbd mariadbd:mariadb-server; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 # ---------------------------------------------------------------- configuration
+ours() { [ ! -f "$1" ] || grep -qF "$MARK" "$1"; }
 host=$(hostname -s)
-if [ -f "$CONF" ] && ! grep -qF "$MARK" "$CONF"; then
-    log "keeping the existing $CONF (not written by this script)"
-else
+if ours "$CONF"; then
     # The node line is slurmd's own view of the hardware, so slurmd never
     # drains the node for a CPU or memory count that differs from the real one.
     node=$(slurmd -C | head -n 1)
@@ -54,7 +60,8 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
@@ -65,25 +72,71 @@ $node
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
     mv "$CONF.tmp" "$CONF"
+else
+    log "keeping the existing $CONF (not written by this script)"
+fi
+if ours "$DBD_CONF"; then
+    # slurmdbd runs as root and reaches MariaDB through its unix socket as root:
+    # no database password to create or keep.
+    cat >"$DBD_CONF" <<EOF
+$MARK
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile=/run/slurmdbd.pid
+LogFile=/var/log/slurm/slurmdbd.log
+EOF
+    chmod 600 "$DBD_CONF"
+else
+    log "keeping the existing $DBD_CONF (not written by this script)"
 fi
 mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm "$STATE"
 touch "$STATE/started"
 
 started() { grep -qx "$1" "$STATE/started" || echo "$1" >>"$STATE/started"; }
 running() { pgrep -x "$1" >/dev/null; }
+wait_for() {  # wait_for WHAT COMMAND...: up to 30 s for COMMAND to succeed
+    local what=$1; shift
+    for _ in $(seq 30); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done
+    echo "slurm-up: $what did not start; see /var/log/slurm/" >&2
+    exit 1
+}
 
 # ---------------------------------------------------------------- daemons
 if ! running munged; then
     log "starting munged"
-    [ -s /etc/munge/munge.key ] || { mungekey --create --keyfile=/etc/munge/munge.key; chown munge:munge /etc/munge/munge.key; chmod 600 /etc/munge/munge.key; }
+    if [ ! -s /etc/munge/munge.key ]; then
+        mungekey --create --keyfile=/etc/munge/munge.key
+        chown munge:munge /etc/munge/munge.key
+        chmod 600 /etc/munge/munge.key
+    fi
     install -d -o munge -g munge -m 0755 /run/munge
     runuser -u munge -- /usr/sbin/munged
     started munged
+fi
+if ! running mariadbd; then
+    log "starting mariadbd"
+    install -d -o mysql -g mysql /run/mysqld
+    setsid /usr/sbin/mariadbd --user=mysql --pid-file=/run/mysqld/mysqld.pid \
+        >>/var/log/slurm/mariadbd.log 2>&1 </dev/null &
+    started mariadbd
+    wait_for mariadbd mariadb -e 'select 1'
+fi
+if ! running slurmdbd; then
+    log "starting slurmdbd"
+    /usr/sbin/slurmdbd
+    started slurmdbd
+    wait_for slurmdbd sacctmgr -n list cluster
 fi
 if ! running slurmctld; then
     log "starting slurmctld"
     /usr/sbin/slurmctld
     started slurmctld
+    wait_for slurmctld scontrol ping
 fi
 if ! running slurmd; then
     log "starting slurmd"
