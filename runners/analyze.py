@@ -439,19 +439,35 @@ def stages_figure(table: pl.DataFrame, layout: Layout):
     if layout.along:
         ax.set_xlabel(key_label(layout.along))
     if layout.family_keys:
-        for first, last, row in groups:
-            ax.annotate(layout.family_heading(row), ((first + last) / 2, 0.0), xycoords=("data", "axes fraction"),
-                        xytext=(0, -18), textcoords="offset points", ha="center", va="top", fontsize=FONT)
-            if first:
-                ax.axvline(first - 1, color="0.6", linewidth=0.8)
+        for first, _, _ in groups[1:]:
+            ax.axvline(first - 1, color="0.6", linewidth=0.8)
         ax.xaxis.labelpad = 6 + 11 * len(layout.family_keys)
-    ax.set_title("TTFT by stage, mean over completed requests: shares; numbers above the bars: mean TTFT (ms)",
-                 fontsize=10)
+    ax.set_title("Mean TTFT by stage (completed requests)\n"
+                 "bars: each stage's share; numbers above them: mean TTFT (ms)", fontsize=10)
     handles, names = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], names[::-1], fontsize=FONT, title="stage (top first)", title_fontsize=FONT,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
+    if layout.family_keys:
+        _group_labels(ax, layout, groups)
     return fig
+
+
+def _group_labels(ax, layout: Layout, groups: Sequence[tuple[int, int, dict]]) -> None:
+    """Name each family under its bars: ``key = value unit``, or the values alone when that is wider than the group."""
+    renderer = ax.figure.canvas.get_renderer()
+    notes = []
+    for first, last, row in groups:
+        notes.append(ax.annotate(layout.family_heading(row), ((first + last) / 2, 0.0),
+                                 xycoords=("data", "axes fraction"), xytext=(0, -18), textcoords="offset points",
+                                 ha="center", va="top", fontsize=FONT))
+    span = [ax.transData.transform((last + 0.5, 0))[0] - ax.transData.transform((first - 0.5, 0))[0]
+            for first, last, _ in groups]
+    if all(note.get_window_extent(renderer).width <= width for note, width in zip(notes, span)):
+        return
+    for note, (_, _, row) in zip(notes, groups):
+        note.set_text("\n".join(quantity(k, row[k]) for k in layout.family_keys))
+    ax.set_xlabel(f"{ax.get_xlabel()}, in groups of {', '.join(layout.family_keys)}")
 
 
 def cdf_grid(count: int) -> tuple[int, int]:
