@@ -18,6 +18,8 @@ and a rerun into the same sweep directory runs them again (resume).
 from __future__ import annotations
 
 import logging
+import subprocess
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -33,6 +35,45 @@ except ImportError:  # no slurm extra: hydra/launcher=slurm reports the missing 
     SubmititSlurmLauncher = None
 
 log = logging.getLogger(__name__)
+
+
+#: Seconds a job may be unknown to both squeue and sacct before it counts as lost.
+VANISHED_AFTER_S = 20.0
+
+
+def queued(job_id: str) -> bool:
+    """Whether squeue still lists the job (pending or running); True when squeue cannot tell."""
+    try:
+        listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    if listed.stdout.strip():
+        return True
+    return listed.returncode != 0 and "Invalid job id" not in listed.stderr  # squeue failed: cannot tell
+
+
+def wait_for(job) -> None:
+    """Until submitit sees ``job`` done, or Slurm has forgotten it.
+
+    submitit reads job states from accounting (sacct), but an array task
+    cancelled while pending leaves no accounting record: submitit would wait
+    for it forever.  A job neither queued nor accounted for during
+    :data:`VANISHED_AFTER_S` raises ``UncompletedJobError``, as a cancelled
+    running job does.
+    """
+    from submitit.core.utils import UncompletedJobError
+
+    unknown_since = None
+    while not job.done():
+        if job.state.upper() != "UNKNOWN" or queued(job.job_id):
+            unknown_since = None
+        elif unknown_since is None:
+            unknown_since = time.monotonic()
+        elif time.monotonic() - unknown_since > VANISHED_AFTER_S:
+            raise UncompletedJobError(
+                f"Job {job.job_id} is neither queued nor in Slurm's accounting: cancelled while pending?"
+            )
+        time.sleep(2.0)
 
 
 class SlurmLauncher(SubmititSlurmLauncher or object):
@@ -71,8 +112,9 @@ class SlurmLauncher(SubmititSlurmLauncher or object):
         returns = []
         for job, overrides, number in zip(jobs, job_overrides, numbers):
             try:
+                wait_for(job)
                 returns.append(job.results()[0])
-            except UncompletedJobError as exc:  # submitit knows (sacct) the job ended without a result
+            except UncompletedJobError as exc:  # the job ended without a result
                 log.warning(f"job #{number} ({job.job_id}) ended without a result: {job.state}")
                 returns.append(self.record_lost(list(overrides), number, exc))
         return returns

@@ -1,9 +1,9 @@
 """``hydra/launcher=slurm`` on a real Slurm cluster (``.ci/slurm-up.sh`` starts one on this machine).
 
 Skipped when ``sinfo`` is absent or no node is up.  A 4-point sweep runs as a
-Slurm job array; a second sweep loses one job to ``scancel``, which must be
-recorded as a failed point, and a rerun into the same sweep directory must
-complete it.
+Slurm job array; a second sweep loses two jobs to ``scancel`` (one running, one
+pending), which must be recorded as failed points, and a rerun into the same
+sweep directory must complete them.
 """
 
 from __future__ import annotations
@@ -98,48 +98,60 @@ def test_a_sweep_runs_as_slurm_array_tasks(tmp_path):
     assert {job.split("_")[1] for job in states} == {"0", "1", "2", "3"}
 
 
-def test_a_cancelled_job_is_a_failed_point_and_a_rerun_completes_it(tmp_path):
+def test_cancelled_jobs_are_failed_points_and_a_rerun_completes_them(tmp_path):
     name = f"replaysim-test-{uuid.uuid4().hex[:8]}"
     sweep = tmp_path / "cancel"
-    # The last array task waits before starting Python, so scancel reliably finds
-    # it running and kills it before it writes anything (a job lost mid-run).
-    hold = "hydra.launcher.setup=['test \"$SLURM_ARRAY_TASK_ID\" != 3 || sleep 600']"
-    launched = subprocess.Popen(sweep_command(sweep, name, hold), cwd=tmp_path, env=environment(),
+    release = tmp_path / "release"
+    # Two array tasks at a time; tasks 0 and 1 hold before starting Python until
+    # `release` exists, so task 1 is cancelled while running (before it writes
+    # anything) and task 3 while pending (it never starts), then 0 and 2 run.
+    hold = (f"hydra.launcher.setup=['test \"$SLURM_ARRAY_TASK_ID\" -gt 1 || "
+            f"while test ! -e {release}; do sleep 0.2; done']")
+    command = sweep_command(sweep, name, hold, "hydra.launcher.array_parallelism=2")
+    launched = subprocess.Popen(command, cwd=tmp_path, env=environment(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
         while True:
-            queued = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i %t"],
-                                    capture_output=True, text=True, timeout=30).stdout.split("\n")
-            running = [line.split()[0] for line in queued if line.endswith(" R") and line.split()[0].endswith("_3")]
-            if running:
+            listed = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i %t"],
+                                    capture_output=True, text=True, timeout=30).stdout
+            states = dict(line.split() for line in listed.splitlines() if line.strip())
+            task = {job.rsplit("_", 1)[1]: job for job in states}
+            if states.get(task.get("1")) == "R" and states.get(task.get("3")) == "PD":
                 break
-            assert launched.poll() is None and time.monotonic() < deadline, "task 3 never ran"
+            assert launched.poll() is None and time.monotonic() < deadline, listed
             time.sleep(0.5)
-        subprocess.run(["scancel", running[0]], check=True, timeout=30)
-        stdout, stderr = launched.communicate(timeout=600)
+        subprocess.run(["scancel", task["1"], task["3"]], check=True, timeout=30)
+        release.touch()
+        _, stderr = launched.communicate(timeout=600)
     finally:
+        release.touch()
         if launched.poll() is None:
             launched.kill()
             subprocess.run(["scancel", "-n", name], timeout=30)
     assert launched.returncode == 0, stderr[-3000:]
     table = summary(sweep)
-    assert table["status"].to_list() == ["ok", "ok", "ok", "failed"]
-    lost = table.row(3, named=True)
-    assert lost["error_type"] == "UncompletedJobError" and "CANCELLED" in lost["error"]
-    assert lost["completed"] is None and lost["run_id"] == f"{sweep.name}/3"
-    failure = json.loads((sweep / "3" / "failure.json").read_text())
-    assert failure["error_type"] == "UncompletedJobError" and failure["run_id"] == lost["run_id"]
-    assert not (sweep / "3" / "requests.parquet").exists()
-    assert json.loads(pq.read_schema(sweep / "summary.parquet").metadata[b"failed"]) == [lost["run_id"]]
-    assert job_states(name)[running[0]].startswith("CANCELLED")
+    assert table["status"].to_list() == ["ok", "failed", "ok", "failed"]
+    assert table["completed"].to_list() == [NUM_REQUESTS, None, NUM_REQUESTS, None]
+    running, pending = table.row(1, named=True), table.row(3, named=True)
+    assert running["error_type"] == pending["error_type"] == "UncompletedJobError"
+    assert "CANCELLED" in running["error"] and "cancelled while pending" in pending["error"]
+    for row in (running, pending):
+        failure = json.loads((sweep / row["path"] / "failure.json").read_text())
+        assert failure["run_id"] == row["run_id"] and failure["error_type"] == "UncompletedJobError"
+        assert not (sweep / row["path"] / "requests.parquet").exists()
+    assert json.loads(pq.read_schema(sweep / "summary.parquet").metadata[b"failed"]) == [
+        running["run_id"], pending["run_id"]
+    ]
+    assert job_states(name)[task["1"]].startswith("CANCELLED")
 
-    # Resume: the same command into the same directory runs only the lost point.
+    # Resume: the same command into the same directory runs only the lost points.
     again = subprocess.run(sweep_command(sweep, name), cwd=tmp_path, env=environment(),
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     table = summary(sweep)
-    assert table["status"].to_list() == ["skipped", "skipped", "skipped", "ok"]
+    assert table["status"].to_list() == ["skipped", "ok", "skipped", "ok"]
     assert table["completed"].to_list() == [NUM_REQUESTS] * 4
-    assert not (sweep / "3" / "failure.json").exists()
-    assert pl.read_parquet(sweep / "3" / "requests.parquet").height == NUM_REQUESTS
+    for job in ("1", "3"):
+        assert not (sweep / job / "failure.json").exists()
+        assert pl.read_parquet(sweep / job / "requests.parquet").height == NUM_REQUESTS
