@@ -234,10 +234,11 @@ def quantity(key: str, value) -> str:
 def family_style(index: int) -> dict[str, object]:
     """Colour, marker, dash and sizes of the ``index``-th family's curve.
 
-    Markers and dashes cycle at co-prime periods (8 and 4 with an offset), so
-    no two of the first 32 families share both; later families are drawn
-    smaller, so a curve drawn over an identical one leaves the first visible
-    around it.
+    Markers cycle every 8 families and dashes every 4, shifted by one at each
+    turn of the markers, so the first 32 families differ in (marker, dash).
+    Within each run of 4 families every curve is thinner with smaller hollow
+    markers than the one before, so a curve drawn over an identical one leaves
+    it visible around it.
     """
     shrink = index % 4
     return {
@@ -300,7 +301,10 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path | None:
+    """Write ``fig`` (None: nothing to plot) to ``path`` and close it."""
+    if fig is None:
+        return None
     fig.savefig(path, dpi=120)
     _pyplot().close(fig)
     return path
@@ -311,6 +315,11 @@ def _tail_key(table: pl.DataFrame, metric: str) -> str | None:
     if f"p99_{metric}_ms" in names:
         return f"p99_{metric}_ms"
     return max(names, key=lambda c: float(c[1:].split("_")[0]), default=None)
+
+
+def _overlap_area(a, b) -> float:
+    """Area shared by two bounding boxes (pixels squared)."""
+    return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
 
 
 #: Where a point label may sit, in points from its marker, in order of preference.
@@ -326,12 +335,12 @@ def label_points(ax, points: Sequence[tuple[float, float, str]]) -> list:
     overlapping one when all do).  Call after the axes' limits and layout are
     final: placement is done in pixels.
     """
+    from matplotlib.transforms import Bbox
+
     renderer = ax.figure.canvas.get_renderer()
     to_pixels = ax.transData.transform
     pixel = {(x, y): tuple(to_pixels((x, y))) for x, y, _ in points}
     half = 6.0  # half a marker, pixels
-    from matplotlib.transforms import Bbox
-
     taken = [Bbox.from_extents(px - half, py - half, px + half, py + half) for px, py in pixel.values()]
     drawn: list[tuple[float, float, str]] = []
     annotations = []
@@ -346,8 +355,7 @@ def label_points(ax, points: Sequence[tuple[float, float, str]]) -> list:
                                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
                                      "alpha": 0.8})
             box = note.get_window_extent(renderer)
-            overlap = sum(max(0.0, min(box.x1, b.x1) - max(box.x0, b.x0)) * max(0.0, min(box.y1, b.y1) - max(box.y0, b.y0))
-                          for b in taken)
+            overlap = sum(_overlap_area(box, b) for b in taken)
             if best is None or overlap < best[0]:
                 if best is not None:
                     best[1].remove()
@@ -489,14 +497,18 @@ def cdf_figure(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout):
     by_run = {key[0]: frame["ttft_ms"].sort().to_numpy() for key, frame in ttft.group_by("run_id")}
     families = [(label, rows) for label, rows in layout.families(table)
                 if any(by_run.get(r) is not None for r in rows["run_id"].to_list())]
-    # one colour per value along the curves, the same in every panel
-    if layout.along:
-        along_values = sorted({row[layout.along] for _, rows in families for row in rows.iter_rows(named=True)})
-    else:
-        along_values = ids
+    # one colour per value along the curves, the same in every panel, in sorted order
+    def along_value(row: dict):
+        return row[layout.along] if layout.along else row["run_id"]
+
+    seen = {_fmt(along_value(row)): along_value(row) for _, rows in families for row in rows.iter_rows(named=True)}
+    try:
+        names = sorted(seen, key=seen.__getitem__)
+    except TypeError:  # values that do not compare: first-seen order
+        names = list(seen)
     plt = _pyplot()
     cmap = plt.get_cmap("viridis")
-    color = {v: cmap(0.88 * i / max(len(along_values) - 1, 1)) for i, v in enumerate(along_values)}
+    color = {name: cmap(0.88 * i / max(len(names) - 1, 1)) for i, name in enumerate(names)}
     nrows, cols = cdf_grid(len(families))
     fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols + 2.2, 3.0 * nrows + 0.8), squeeze=False,
                              sharex=True, sharey=True, layout="constrained")
@@ -510,10 +522,10 @@ def cdf_figure(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout):
             values = by_run.get(row["run_id"])
             if values is None or values.size == 0:
                 continue
-            key = row[layout.along] if layout.along else row["run_id"]
+            name = _fmt(along_value(row))
             fraction = (1.0 + np.arange(values.size)) / values.size
-            (line,) = ax.step(values, fraction, where="post", color=color[key], linewidth=1.6)
-            legend.setdefault(_fmt(key), line)
+            (line,) = ax.step(values, fraction, where="post", color=color[name], linewidth=1.6)
+            legend.setdefault(name, line)
         if log_x:
             ax.set_xscale("log")
         ax.set_title(layout.family_heading(rows.row(0, named=True)), fontsize=FONT + 1)
@@ -522,29 +534,11 @@ def cdf_figure(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout):
         ax.set_xlabel("TTFT (ms)", fontsize=FONT + 1)
         ax.set_ylabel("fraction of requests", fontsize=FONT + 1)
         ax.grid(True, alpha=0.3)
-    order = sorted(legend, key=lambda name: along_values.index(next(v for v in along_values if _fmt(v) == name)))
-    fig.legend([legend[name] for name in order], order, loc="outside right upper", fontsize=FONT + 1,
+    shown = [name for name in names if name in legend]
+    fig.legend([legend[name] for name in shown], shown, loc="outside right upper", fontsize=FONT + 1,
                title=key_label(layout.along) if layout.along else "run", title_fontsize=FONT + 1)
     fig.suptitle("Per-request TTFT CDF (completed requests), one panel per configuration", fontsize=10)
     return fig
-
-
-def plot_knee(table: pl.DataFrame, layout: Layout, metric: str, path: Path) -> Path | None:
-    """Write :func:`knee_figure` to ``path``."""
-    fig = knee_figure(table, layout, metric)
-    return None if fig is None else _save(fig, path)
-
-
-def plot_stages(table: pl.DataFrame, layout: Layout, path: Path) -> Path | None:
-    """Write :func:`stages_figure` to ``path``."""
-    fig = stages_figure(table, layout)
-    return None if fig is None else _save(fig, path)
-
-
-def plot_cdfs(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout, path: Path) -> Path | None:
-    """Write :func:`cdf_figure` to ``path``."""
-    fig = cdf_figure(table, requests, layout)
-    return None if fig is None else _save(fig, path)
 
 
 # ---------------------------------------------------------------- command
@@ -588,10 +582,10 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
     layout = Layout(good, keys, along)
     if plots:
         for written in (
-            plot_knee(good, layout, "ttft", out / "knee_ttft.png"),
-            plot_knee(good, layout, "tpot", out / "knee_tpot.png"),
-            plot_stages(good, layout, out / "ttft_stages.png"),
-            plot_cdfs(good, requests, layout, out / "ttft_cdf.png"),
+            save_figure(knee_figure(good, layout, "ttft"), out / "knee_ttft.png"),
+            save_figure(knee_figure(good, layout, "tpot"), out / "knee_tpot.png"),
+            save_figure(stages_figure(good, layout), out / "ttft_stages.png"),
+            save_figure(cdf_figure(good, requests, layout), out / "ttft_cdf.png"),
         ):
             if written is not None:
                 files.append(written)
