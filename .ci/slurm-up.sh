@@ -71,7 +71,15 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 $node
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
-    mv "$CONF.tmp" "$CONF"
+    if cmp -s "$CONF.tmp" "$CONF"; then
+        rm "$CONF.tmp"
+    else
+        mv "$CONF.tmp" "$CONF"
+        # running daemons keep the configuration they started with
+        if pgrep -x slurmctld >/dev/null; then
+            log "$CONF changed: restart the daemons (slurm-down.sh, then slurm-up.sh) to use it"
+        fi
+    fi
 else
     log "keeping the existing $CONF (not written by this script)"
 fi
