@@ -30,7 +30,8 @@ UP_STATES = {"idle", "mixed", "allocated", "completing"}
 
 def _nodes_up() -> bool:
     try:
-        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30).stdout
+        # a reachable controller answers at once; without one sinfo retries for ~10 s
+        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
     return any(state.strip().rstrip("*~#") in UP_STATES for state in states.split())
