@@ -76,6 +76,25 @@ def wait_for(job) -> None:
         time.sleep(2.0)
 
 
+def result_of(job) -> JobReturn:
+    """The job's return value; ``UncompletedJobError`` if it ended without one.
+
+    Accounting marks a job cancelled at once, but its processes ignore the
+    SIGTERM (submitit waits for a preemption signal) and run on until Slurm's
+    KillWait ends (30 s by default) while squeue shows it completing; a point
+    that finishes meanwhile is kept, so the outcome is read only after that.
+    """
+    from submitit.core.utils import UncompletedJobError
+
+    wait_for(job)
+    try:
+        return job.results()[0]
+    except UncompletedJobError:
+        while queued(job.job_id):
+            time.sleep(2.0)
+        return job.results()[0]
+
+
 class SlurmLauncher(SubmititSlurmLauncher or object):
     """Every job of the sweep as a Slurm array task; lost jobs become failed points."""
 
@@ -112,8 +131,7 @@ class SlurmLauncher(SubmititSlurmLauncher or object):
         returns = []
         for job, overrides, number in zip(jobs, job_overrides, numbers):
             try:
-                wait_for(job)
-                returns.append(job.results()[0])
+                returns.append(result_of(job))
             except UncompletedJobError as exc:  # the job ended without a result
                 log.warning(f"job #{number} ({job.job_id}) ended without a result: {job.state}")
                 returns.append(self.record_lost(list(overrides), number, exc))
