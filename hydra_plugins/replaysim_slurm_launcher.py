@@ -115,7 +115,10 @@ class SlurmLauncher(SubmititSlurmLauncher or object):
         from submitit.core.utils import UncompletedJobError
 
         assert self.config is not None and self.hydra_context is not None
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep:  # hydra.sweep.mode: the directory's permissions, octal
+            sweep_dir.chmod(int(str(self.config.hydra.sweep.mode), 8))
         numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
         for number, overrides in zip(numbers, job_overrides):
             log.info(f"\t#{number} : {' '.join(filter_overrides(overrides))}")
