@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
@@ -193,11 +195,26 @@ def write_table(table: pl.DataFrame, out: Path) -> list[Path]:
 
 # ---------------------------------------------------------------- plots
 
+#: Units of swept keys, from the key's suffix (docs/semantics.md names them so), else by key.
+SUFFIX_UNITS = {"_us": "µs", "_ms": "ms", "_s": "s", "_tokens": "tokens", "_gb": "GB"}
+KEY_UNITS = {"load.request_rate": "req/s", "load.speedup": "×"}
+#: Per-family line styles: coinciding curves stay visible as different markers and dashes.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", ":", "-.")
+FONT = 8  # smallest text on the plots, in points
 
-def labels_for(keys: Sequence[str]) -> dict[str, str]:
-    """Short labels: the last part of each key, or the whole key when that is ambiguous."""
-    last = [key.rsplit(".", 1)[-1] for key in keys]
-    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
+
+def unit_of(key: str) -> str | None:
+    """The unit of a config key's values, or None (counts, names)."""
+    if key in KEY_UNITS:
+        return KEY_UNITS[key]
+    return next((unit for suffix, unit in SUFFIX_UNITS.items() if key.endswith(suffix)), None)
+
+
+def key_label(key: str) -> str:
+    """The full key and its unit: ``detokenization.per_output_us (µs)``."""
+    unit = unit_of(key)
+    return key if unit is None else f"{key} ({unit})"
 
 
 def _fmt(value) -> str:
@@ -208,27 +225,58 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def quantity(key: str, value) -> str:
+    """A value with its key's unit: ``61.6 µs``."""
+    unit = unit_of(key)
+    return _fmt(value) if unit is None else f"{_fmt(value)} {unit}"
+
+
+def family_style(index: int) -> dict[str, object]:
+    """Colour, marker, dash and sizes of the ``index``-th family's curve.
+
+    Markers cycle every 8 families and dashes every 4, shifted by one at each
+    turn of the markers, so the first 32 families differ in (marker, dash).
+    Within each run of 4 families every curve is thinner with smaller hollow
+    markers than the one before, so a curve drawn over an identical one leaves
+    it visible around it.
+    """
+    shrink = index % 4
+    return {
+        "color": f"C{index % 10}",
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINESTYLES[(index + index // len(MARKERS)) % len(LINESTYLES)],
+        "markersize": 9.0 - 1.5 * shrink,
+        "linewidth": 2.4 - 0.4 * shrink,
+        "markerfacecolor": "none",
+        "markeredgewidth": 1.6,
+    }
+
+
 class Layout:
     """Which swept keys vary, which one runs along the curves, which define the families."""
 
     def __init__(self, table: pl.DataFrame, keys: Sequence[str], along: str | None):
-        varying = [k for k in keys if len({repr(v) for v in table[k].to_list()}) > 1]
+        self.varying = [k for k in keys if len({repr(v) for v in table[k].to_list()}) > 1]
         if along is not None and along not in keys:
             raise AnalysisError(f"--along {along} is not a swept key (swept: {', '.join(keys) or 'none'})")
         if along is None:
-            along = next((k for k in LOAD_AXES if k in varying), varying[0] if varying else None)
+            along = next((k for k in LOAD_AXES if k in self.varying), self.varying[0] if self.varying else None)
         self.along = along
-        self.family_keys = [k for k in varying if k != along]
-        self.labels = labels_for(varying)
+        self.family_keys = [k for k in self.varying if k != along]
+
+    def family_title(self) -> str | None:
+        """The family keys with their units (a legend title)."""
+        return ", ".join(key_label(k) for k in self.family_keys) or None
 
     def family_label(self, row: dict) -> str:
+        """The family's values (the legend entry under :meth:`family_title`)."""
         if not self.family_keys:
             return "all points"
-        return ", ".join(f"{self.labels[k]}={_fmt(row[k])}" for k in self.family_keys)
+        return ", ".join(_fmt(row[k]) for k in self.family_keys)
 
-    def point_label(self, row: dict) -> str:
-        keys = [*self.family_keys, *([self.along] if self.along else [])]
-        return ", ".join(f"{self.labels[k]}={_fmt(row[k])}" for k in keys) or str(row["run_id"])
+    def family_heading(self, row: dict) -> str:
+        """The family as ``key = value unit`` lines (a panel or group title)."""
+        return "\n".join(f"{k} = {quantity(k, row[k])}" for k in self.family_keys) or "all points"
 
     def families(self, table: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
         """(label, rows sorted along the curve) per family, in table order."""
@@ -253,6 +301,15 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, path: Path) -> Path | None:
+    """Write ``fig`` (None: nothing to plot) to ``path`` and close it."""
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
 def _tail_key(table: pl.DataFrame, metric: str) -> str | None:
     names = [c for c in table.columns if re.fullmatch(rf"p(\d+(?:\.\d+)?)_{metric}_ms", c)]
     if f"p99_{metric}_ms" in names:
@@ -260,69 +317,175 @@ def _tail_key(table: pl.DataFrame, metric: str) -> str | None:
     return max(names, key=lambda c: float(c[1:].split("_")[0]), default=None)
 
 
-def plot_knee(table: pl.DataFrame, layout: Layout, metric: str, path: Path) -> Path | None:
-    """Output throughput (x) vs tail latency of ``metric`` (y), one curve per family."""
+def _overlap_area(a, b) -> float:
+    """Area shared by two bounding boxes (pixels squared)."""
+    return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+
+
+#: Where a point label may sit, in points from its marker, in order of preference.
+LABEL_OFFSETS = ((6, 5), (6, -12), (-6, 5), (-6, -12), (0, 10), (0, -17), (12, -3), (-12, -3))
+
+
+def label_points(ax, points: Sequence[tuple[float, float, str]]) -> list:
+    """Annotate points without labels on top of each other or of markers.
+
+    A label equal to one already drawn within a few pixels (curves through the
+    same point) is drawn once; otherwise the first offset of
+    :data:`LABEL_OFFSETS` that overlaps nothing drawn is taken (the least
+    overlapping one when all do).  Call after the axes' limits and layout are
+    final: placement is done in pixels.
+    """
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    to_pixels = ax.transData.transform
+    pixel = {(x, y): tuple(to_pixels((x, y))) for x, y, _ in points}
+    half = 6.0  # half a marker, pixels
+    taken = [Bbox.from_extents(px - half, py - half, px + half, py + half) for px, py in pixel.values()]
+    drawn: list[tuple[float, float, str]] = []
+    annotations = []
+    for x, y, text in points:
+        px, py = pixel[(x, y)]
+        if any(t == text and abs(px - qx) < 3 and abs(py - qy) < 3 for qx, qy, t in drawn):
+            continue
+        best = None
+        for dx, dy in LABEL_OFFSETS:
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=FONT,
+                               ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                               bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
+                                     "alpha": 0.8})
+            box = note.get_window_extent(renderer)
+            overlap = sum(_overlap_area(box, b) for b in taken)
+            if best is None or overlap < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (overlap, note, box)
+            else:
+                note.remove()
+            if overlap == 0:
+                break
+        taken.append(best[2])
+        drawn.append((px, py, text))
+        annotations.append(best[1])
+    return annotations
+
+
+def knee_figure(table: pl.DataFrame, layout: Layout, metric: str):
+    """Output throughput (x) vs tail latency of ``metric`` (y), one styled curve per family; None without data."""
     ykey = _tail_key(table, metric)
     if ykey is None:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    values = []
-    for label, rows in layout.families(table):
+    fig, ax = plt.subplots(figsize=(8, 5))
+    values, points = [], []
+    for index, (label, rows) in enumerate(layout.families(table)):
         rows = rows.filter(pl.col("output_throughput").is_not_null() & pl.col(ykey).is_not_null())
         if rows.height == 0:
             continue
         x, y = rows["output_throughput"].to_list(), rows[ykey].to_list()
         values += y
-        ax.plot(x, y, marker="o", label=label)
+        ax.plot(x, y, label=label, **family_style(index))
         if layout.along is not None:
-            for xi, yi, a in zip(x, y, rows[layout.along].to_list()):
-                ax.annotate(_fmt(a), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            points += [(xi, yi, _fmt(a)) for xi, yi, a in zip(x, y, rows[layout.along].to_list())]
+    if not values:
+        plt.close(fig)
+        return None
     positive = [v for v in values if v > 0]
     if positive and max(positive) / min(positive) > 50:
         ax.set_yscale("log")
+    tail = ykey.split("_")[0]
     ax.set_xlabel("output throughput (tok/s)")
-    ax.set_ylabel(f"{ykey.split('_')[0]} {metric.upper()} (ms)")
-    along = f", points labelled by {layout.labels.get(layout.along, layout.along)}" if layout.along else ""
-    ax.set_title(f"Throughput vs {ykey.split('_')[0]} {metric.upper()}{along}", fontsize=10)
+    ax.set_ylabel(f"{tail} {metric.upper()} (ms)")
+    along = f"; points labelled by {key_label(layout.along)}" if layout.along else ""
+    ax.set_title(f"Throughput vs {tail} {metric.upper()}{along}", fontsize=10)
     ax.grid(True, alpha=0.3)
-    if values:
-        ax.legend(fontsize=7, title=", ".join(layout.labels[k] for k in layout.family_keys) or None, title_fontsize=7)
+    ax.legend(fontsize=FONT, title=layout.family_title(), title_fontsize=FONT, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.margins(x=0.08, y=0.08)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    label_points(ax, points)
+    return fig
 
 
-def plot_stages(table: pl.DataFrame, layout: Layout, path: Path) -> Path | None:
-    """Mean TTFT split into its stages, one stacked bar per point."""
+def stages_figure(table: pl.DataFrame, layout: Layout):
+    """Each point's mean TTFT as shares of its stages (stacked to 100 %), the total in ms above; None without data.
+
+    Shares, not milliseconds: a 38 ms TTFT and a 4,000 ms one sit side by
+    side, and a stage of a few ms stays visible in both.  Bars are grouped by
+    family, labelled by the value along the curves.
+    """
     stages = [s for s in TTFT_STAGES if f"mean_{s}" in table.columns]
+    stages = [s for s in stages if any(v for v in table[f"mean_{s}"].to_list() if v is not None)]
     if not stages or table.height == 0:
         return None
     plt = _pyplot()
-    rows = [row for _, frame in layout.families(table) for row in frame.iter_rows(named=True)]
-    labels = [layout.point_label(row) for row in rows]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows) + 2), 4.8))
+    families = layout.families(table)
+    positions, rows, groups = [], [], []
+    for _, frame in families:
+        start = len(positions) + len(groups)  # one empty slot between families
+        members = list(frame.iter_rows(named=True))
+        positions += [start + i for i in range(len(members))]
+        rows += members
+        groups.append((start, start + len(members) - 1, members[0]))
+    totals = [sum(row[f"mean_{s}"] or 0.0 for s in stages) for row in rows]
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.42 * (positions[-1] + 1) + 3), 5.2))
     bottom = [0.0] * len(rows)
-    for stage in stages:
-        heights = [row[f"mean_{stage}"] or 0.0 for row in rows]
-        if not any(heights):
-            continue
-        ax.bar(range(len(rows)), heights, bottom=bottom, label=stage.removesuffix("_ms"))
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("mean TTFT (ms)")
-    ax.set_title("TTFT stage breakdown (completed requests, mean)", fontsize=10)
-    if any(bottom):
-        ax.legend(fontsize=7)
+    colors = plt.get_cmap("tab10")
+    for index, stage in enumerate(stages):
+        shares = [100.0 * (row[f"mean_{stage}"] or 0.0) / t if t > 0 else 0.0 for row, t in zip(rows, totals)]
+        ax.bar(positions, shares, bottom=bottom, width=0.8, color=colors(index), label=stage.removesuffix("_ms"))
+        bottom = [b + s for b, s in zip(bottom, shares)]
+    for x, total in zip(positions, totals):
+        ax.annotate(f"{total:,.0f}" if total >= 100 else f"{total:.3g}", (x, 100.0), textcoords="offset points",
+                    xytext=(0, 3), ha="center", va="bottom", fontsize=FONT, rotation=90 if len(rows) > 30 else 0)
+    ticks = [_fmt(row[layout.along]) if layout.along else str(row["run_id"]) for row in rows]
+    ax.set_xticks(positions, ticks, fontsize=FONT, rotation=0 if layout.along else 60)
+    ax.set_xlim(-0.7, positions[-1] + 0.7)
+    ax.set_ylim(0, 118)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_ylabel("share of mean TTFT (%)")
+    if layout.along:
+        ax.set_xlabel(key_label(layout.along))
+    if layout.family_keys:
+        for first, _, _ in groups[1:]:
+            ax.axvline(first - 1, color="0.6", linewidth=0.8)
+        ax.xaxis.labelpad = 6 + 11 * len(layout.family_keys)
+    ax.set_title("Mean TTFT by stage (completed requests)\n"
+                 "bars: each stage's share; numbers above them: mean TTFT (ms)", fontsize=10)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], fontsize=FONT, title="stage (top first)", title_fontsize=FONT,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    if layout.family_keys:
+        _group_labels(ax, layout, groups)
+    return fig
 
 
-def plot_cdfs(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout, path: Path) -> Path | None:
-    """Per-request TTFT CDF of every point, one panel per family."""
+def _group_labels(ax, layout: Layout, groups: Sequence[tuple[int, int, dict]]) -> None:
+    """Name each family under its bars: ``key = value unit``, or the values alone when that is wider than the group."""
+    renderer = ax.figure.canvas.get_renderer()
+    notes = []
+    for first, last, row in groups:
+        notes.append(ax.annotate(layout.family_heading(row), ((first + last) / 2, 0.0),
+                                 xycoords=("data", "axes fraction"), xytext=(0, -18), textcoords="offset points",
+                                 ha="center", va="top", fontsize=FONT))
+    span = [ax.transData.transform((last + 0.5, 0))[0] - ax.transData.transform((first - 0.5, 0))[0]
+            for first, last, _ in groups]
+    if all(note.get_window_extent(renderer).width <= width for note, width in zip(notes, span)):
+        return
+    for note, (_, _, row) in zip(notes, groups):
+        note.set_text("\n".join(quantity(k, row[k]) for k in layout.family_keys))
+    ax.set_xlabel(f"{ax.get_xlabel()}, in groups of {', '.join(layout.family_keys)}")
+
+
+def cdf_grid(count: int) -> tuple[int, int]:
+    """(rows, columns) of a panel grid for ``count`` panels: near square, at most 4 columns."""
+    cols = min(4, max(1, math.ceil(math.sqrt(count))))
+    return -(-count // cols), cols
+
+
+def cdf_figure(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout):
+    """Per-request TTFT CDF of every point, one panel per family, one shared legend; None without data."""
     ids = table["run_id"].to_list()
     ttft = (
         requests.filter(pl.col("run_id").is_in(ids) & (pl.col("status").cast(pl.String) == "completed"))
@@ -332,38 +495,50 @@ def plot_cdfs(table: pl.DataFrame, requests: pl.LazyFrame, layout: Layout, path:
     if ttft.height == 0:
         return None
     by_run = {key[0]: frame["ttft_ms"].sort().to_numpy() for key, frame in ttft.group_by("run_id")}
-    families = layout.families(table)
+    families = [(label, rows) for label, rows in layout.families(table)
+                if any(by_run.get(r) is not None for r in rows["run_id"].to_list())]
+    # one colour per value along the curves, the same in every panel, in sorted order
+    def along_value(row: dict):
+        return row[layout.along] if layout.along else row["run_id"]
+
+    seen = {_fmt(along_value(row)): along_value(row) for _, rows in families for row in rows.iter_rows(named=True)}
+    try:
+        names = sorted(seen, key=seen.__getitem__)
+    except TypeError:  # values that do not compare: first-seen order
+        names = list(seen)
     plt = _pyplot()
-    cols = min(3, len(families))
-    nrows = -(-len(families) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
     cmap = plt.get_cmap("viridis")
+    color = {name: cmap(0.88 * i / max(len(names) - 1, 1)) for i, name in enumerate(names)}
+    nrows, cols = cdf_grid(len(families))
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols + 2.2, 3.0 * nrows + 0.8), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
+    for ax in list(axes.flat)[len(families):]:
+        fig.delaxes(ax)  # no empty panels
     positive = ttft.filter(pl.col("ttft_ms") > 0)["ttft_ms"]
     log_x = positive.len() > 0 and float(positive.max()) / float(positive.min()) > 50
-    for ax, (label, rows) in zip(axes.flat, families):
-        n = rows.height
-        for i, row in enumerate(rows.iter_rows(named=True)):
+    legend: dict[str, object] = {}
+    for ax, (_, rows) in zip(axes.flat, families):
+        for row in rows.iter_rows(named=True):
             values = by_run.get(row["run_id"])
             if values is None or values.size == 0:
                 continue
-            y = [(k + 1) / values.size for k in range(values.size)]
-            name = f"{layout.labels[layout.along]}={_fmt(row[layout.along])}" if layout.along else row["run_id"]
-            ax.step(values, y, where="post", color=cmap(i / max(n - 1, 1)), label=name)
+            name = _fmt(along_value(row))
+            fraction = (1.0 + np.arange(values.size)) / values.size
+            (line,) = ax.step(values, fraction, where="post", color=color[name], linewidth=1.6)
+            legend.setdefault(name, line)
         if log_x:
             ax.set_xscale("log")
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("TTFT (ms)")
-        ax.set_ylabel("fraction of requests")
+        ax.set_title(layout.family_heading(rows.row(0, named=True)), fontsize=FONT + 1)
+        ax.xaxis.set_tick_params(labelbottom=True)
+        ax.yaxis.set_tick_params(labelleft=True)
+        ax.set_xlabel("TTFT (ms)", fontsize=FONT + 1)
+        ax.set_ylabel("fraction of requests", fontsize=FONT + 1)
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(families):]:
-        ax.set_visible(False)
-    fig.suptitle("Per-request TTFT CDF (completed requests)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    shown = [name for name in names if name in legend]
+    fig.legend([legend[name] for name in shown], shown, loc="outside right upper", fontsize=FONT + 1,
+               title=key_label(layout.along) if layout.along else "run", title_fontsize=FONT + 1)
+    fig.suptitle("Per-request TTFT CDF (completed requests), one panel per configuration", fontsize=10)
+    return fig
 
 
 # ---------------------------------------------------------------- command
@@ -407,17 +582,16 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
     layout = Layout(good, keys, along)
     if plots:
         for written in (
-            plot_knee(good, layout, "ttft", out / "knee_ttft.png"),
-            plot_knee(good, layout, "tpot", out / "knee_tpot.png"),
-            plot_stages(good, layout, out / "ttft_stages.png"),
-            plot_cdfs(good, requests, layout, out / "ttft_cdf.png"),
+            save_figure(knee_figure(good, layout, "ttft"), out / "knee_ttft.png"),
+            save_figure(knee_figure(good, layout, "tpot"), out / "knee_tpot.png"),
+            save_figure(stages_figure(good, layout), out / "ttft_stages.png"),
+            save_figure(cdf_figure(good, requests, layout), out / "ttft_cdf.png"),
         ):
             if written is not None:
                 files.append(written)
     if not quiet:
-        varying = [k for k in keys if k in layout.labels]
-        shown = [c for c in ("run_id", "status", *varying, *HEADLINE) if c in table.columns]
-        constant = [k for k in keys if k not in layout.labels]
+        shown = [c for c in ("run_id", "status", *layout.varying, *HEADLINE) if c in table.columns]
+        constant = [k for k in keys if k not in layout.varying]
         if constant and good.height:
             print("fixed: " + " ".join(f"{k}={_fmt(good[k].to_list()[0])}" for k in constant))
         with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=1000, tbl_hide_dataframe_shape=True,
