@@ -62,10 +62,12 @@ from runners.writer import write_results  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
 
 PROG = "replaysim"
-#: ``conf/`` at the repository top level, as an absolute path: with a relative
-#: ``config_path="../conf"`` Hydra looks for a package ``conf`` whenever the task
-#: module is imported by name (the console script) rather than run as ``__main__``.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: The Hydra configs, package data of :mod:`runners.conf` (Hydra's application
+#: packaging layout): ``config_path="conf"`` is relative to this module, so Hydra
+#: reads ``pkg://runners.conf`` from an installed wheel, an editable install or
+#: ``python -m runners.cli`` alike.
+CONFIG_PATH = "conf"
+CONFIG_DIR = Path(__file__).resolve().parent / CONFIG_PATH
 EXIT_BAD_INPUT = 2
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
 #: its results; :func:`main` then exits without the interpreter's teardown.
@@ -241,7 +243,7 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
     write_summary(root)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def task(cfg: DictConfig) -> None:
     """Validate the composed config, simulate, write the results, print a summary.
 
@@ -259,7 +261,7 @@ def task(cfg: DictConfig) -> None:
     global _single_run_done
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    overrides = list(hydra_cfg.overrides.task)
+    overrides = OmegaConf.to_container(hydra_cfg.overrides.task)  # as typed: ${...} left unresolved
     mapping: dict = {}
     try:
         mapping = OmegaConf.to_container(cfg, resolve=True)
