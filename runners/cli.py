@@ -67,7 +67,7 @@ from runners.sweep import (  # noqa: E402
     write_summary,
 )
 from runners.writer import write_results  # noqa: E402
-import simcore  # noqa: E402,I001
+import simcore  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
 
 PROG = "replaysim"
@@ -215,6 +215,10 @@ def check_overrides(argv: Sequence[str]) -> None:
     args = get_args_parser().parse_args(list(argv))
     if args.shell_completion:
         return
+    # Configs of the user's own (--config-dir, hydra.searchpath) may add options:
+    # Hydra checks group choices then (its errors also end in one line, see main).
+    own_search_path = args.config_dir is not None or args.config_path is not None or any(
+        text.lstrip("+~").startswith("hydra.searchpath") for text in args.overrides)
     parser = OverridesParser.create()
     for text in args.overrides:
         try:
@@ -223,7 +227,7 @@ def check_overrides(argv: Sequence[str]) -> None:
             fail(f"{text}: {str(exc).splitlines()[0]}")
         key = override.key_or_group
         if "/" in key or key in APP_GROUPS:
-            message = group_choice_message(override, text)
+            message = None if own_search_path else group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:
             continue
         else:
@@ -430,7 +434,7 @@ def main() -> None:
     except CompactHydraException as exc:
         if not own_report:
             raise
-        fail(str(exc).split("\n\n")[0])
+        fail(str(exc).split("Config search path:")[0])  # the search path listing is Hydra's debugging aid
     if _single_run_done:
         _exit_without_teardown()
     gc.enable()

@@ -272,3 +272,16 @@ def test_presets_run_from_any_directory(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["num_requests"] == summary["completed"] == 300  # the sample's rows
     assert summary["config"]["engine"]["mode"] == "disaggregated"
+
+
+def test_config_dir_adds_user_presets(tmp_path):
+    (tmp_path / "myconf" / "engine").mkdir(parents=True)
+    (tmp_path / "myconf" / "engine" / "mine.yaml").write_text("policy: sglang\n")
+    user = ["--config-dir", "myconf", f"hydra.run.dir={tmp_path / 'run'}", *SMALL]  # options before overrides
+    done = replaysim(tmp_path, *user, "engine=mine", run_dir=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["config"]["engine"]["policy"] == "sglang"
+    done = replaysim(tmp_path, *user, "engine=nope", run_dir=False)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("replaysim: error: ") and "engine/nope" in line and "mine" in line
