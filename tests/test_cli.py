@@ -285,3 +285,12 @@ def test_config_dir_adds_user_presets(tmp_path):
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.splitlines()
     assert line.startswith("replaysim: error: ") and "engine/nope" in line and "mine" in line
+
+
+def test_sweep_over_presets_names_them(tmp_path):
+    done = replaysim(tmp_path, "-m", "engine=h100,pd_1p2d", *SMALL, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                     run_dir=False)
+    assert done.returncode == 0, done.stderr
+    summary = pl.read_parquet(tmp_path / "sweep" / "summary.parquet").sort("run_id")
+    assert summary["engine"].to_list() == ["h100", "pd_1p2d"]
+    assert pl.read_parquet(tmp_path / "sweep" / "1" / "requests.parquet")["engine"].unique().to_list() == ["pd_1p2d"]
