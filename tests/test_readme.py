@@ -104,7 +104,10 @@ def expected_files(argv: list[str], cwd: Path) -> list[Path]:
     if argv[0] == "replaysim-analyze":
         return [cwd / argv[1] / "analysis" / "table.csv"]
     if "-m" in argv:
-        sweep = cwd / value_of(argv, "hydra.sweep.dir")
+        given = value_of(argv, "hydra.sweep.dir")
+        sweeps = [cwd / given] if given is not None else list(cwd.glob("multirun/*/*"))
+        assert len(sweeps) == 1, sweeps  # one sweep directory, multirun/<date>/<time>/ by default
+        sweep = sweeps[0]
         return [sweep / "summary.parquet", sweep / "0" / "summary.json", sweep / "0" / "requests.parquet"]
     out = value_of(argv, "output.dir")
     if any(arg.startswith("sweep.batch.") for arg in argv):
