@@ -58,11 +58,12 @@ def test_wheel_metadata(wheel):
     dist_info = f"replaysim-{project['version']}.dist-info"
     metadata = email.message_from_bytes(wheel.read(f"{dist_info}/METADATA"))
     assert metadata["Version"] == simcore.__version__ == project["version"]
-    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata["License-Expression"] == "Apache-2.0 AND CC-BY-4.0"  # the Azure excerpt is CC-BY-4.0
     assert metadata["Requires-Python"] == ">=3.11"
     assert metadata["Author"] == "replaysim developers"
     assert "Programming Language :: Python :: 3.11" in metadata.get_all("Classifier")
-    assert wheel.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    for licence in ("LICENSE", "runners/samples/README.md"):
+        assert wheel.read(f"{dist_info}/licenses/{licence}") == (ROOT / licence).read_bytes()
     entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
     assert "replaysim = runners.cli:main" in entry_points
     assert "replaysim-analyze = runners.analyze:main" in entry_points
