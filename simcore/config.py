@@ -649,7 +649,7 @@ def _range_ratio(value: Any) -> float:
 
 
 def _percentiles(value: Any) -> tuple[float, ...]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
         raise ConfigError(f"metrics.percentiles must be a list of numbers in [0, 100], got {value!r}")
     out = []
     for item in value:
@@ -851,7 +851,6 @@ def _check_combinations(cfg: SimConfig) -> None:
                 raise ConfigError(
                     f"engine.{name}.{key} is not used with engine.mode={engine.mode}, got {value!r}"
                 )
-    _check_unused_keys(cfg)
     if cfg.output.mode == "bounded" and cfg.output.tokens:
         raise ConfigError(
             "output.tokens=true needs output.mode=detailed: the bounded mode keeps no per-token instants"
@@ -925,6 +924,7 @@ def _check_combinations(cfg: SimConfig) -> None:
             f"load.speedup is only used by load.type=trace, got {ld.speedup!r} "
             f"with load.type={ld.type}"
         )
+    _check_unused_keys(cfg)
     from simcore import bounds  # lazy: simcore.bounds imports this module
 
     bounds.check_run(cfg, bounds.configured_size(cfg))
@@ -946,6 +946,8 @@ def _check_unused_keys(cfg: SimConfig) -> None:
          "a uniform workload.input_dist or output_dist", f"{w.input_dist}/{w.output_dist} lengths"),
         ("timing", FIXED_KEYS, t.type == "fixed", "timing.type=fixed", f"timing.type={t.type}"),
         ("timing", LINEAR_KEYS, t.type == "linear", "timing.type=linear", f"timing.type={t.type}"),
+        ("workload", ("prefix_tokens",), cfg.engine.pools[0].prefix_caching,
+         f"engine.{POOLS[cfg.engine.mode][0]}.prefix_caching=true", "prefix caching off"),
     )
     for section, keys, used, needs, given in rules:
         for key in keys:

@@ -256,3 +256,14 @@ def test_unused_keys_left_at_their_default_are_accepted():
     load_config({"timing": {"type": "fixed", "base_ms": 5.0, "prefill_ms": 2.0}})
     load_config({"workload": {"input_dist": "uniform", "range_ratio": 0.5}})
     load_config({"workload": {"output_dist": "uniform", "range_ratio": 0.5}})
+
+
+def test_prefix_tokens_without_prefix_caching_is_rejected():
+    with pytest.raises(ConfigError, match="^workload.prefix_tokens has no effect here: .*prefix_caching=true"):
+        load_config({"workload": {"prefix_tokens": 16}})
+    load_config({"workload": {"prefix_tokens": 16}, "engine": {"aggregated": {"prefix_caching": True}}})
+
+
+def test_percentiles_given_as_a_mapping_are_rejected():
+    with pytest.raises(ConfigError, match="^metrics.percentiles must be a list"):
+        load_config({"metrics": {"percentiles": {}}})
