@@ -13,9 +13,10 @@ The time bound is the sum of every service the run can contain: the open-loop
 send span, the think times, every tokenizer, transfer and detokenizer job, and
 ``passes x longest pass`` per pool, where a pass either emits a token or takes
 a full token budget of prompt (``passes <= outputs + requests + inputs /
-budget``).  Recomputation after a preemption is not counted; the instants are
-kept below half the int64 range, which leaves a factor 2 for it and lets the
-kernel add one more duration to any instant without wrapping.
+budget``).  Recomputation after a preemption is not counted (the fuzz test
+checks the bound against runs that preempt).  Instants are kept below half the
+int64 range, so that the kernel can add one more duration to any instant
+without wrapping.  ``aic`` and ``table`` passes are counted at their 1 ns floor.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ SLOT_BYTES = 24
 #: Bytes per prefix-cache slot: its state arrays and its share of the hash map.
 CACHE_SLOT_BYTES = 112
 #: The largest z-score a float64 normal draw reaches in any realistic run
-#: (P(z > 9) is 1e-19 per draw); lengths are drawn in float64 then cast to int64.
+#: (P(z > 9) is about 1e-19 per draw); lengths are drawn in float64 then cast to int64.
 DRAW_Z = 9.0
 
 

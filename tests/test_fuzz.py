@@ -141,7 +141,7 @@ def test_a_bad_override_exits_2_with_one_line(tmp_path_factory, key, value):
 
 @st.composite
 def valid_configs(draw) -> dict:
-    n, inp, out = draw(st.integers(1, 12)), draw(st.integers(1, 48)), draw(st.integers(1, 12))
+    n, inp, out = draw(st.integers(1, 12)), draw(st.integers(1, 48)), draw(st.integers(1, 24))
     workload = {"num_requests": n, "input_tokens": inp, "output_tokens": out}
     if inp >= 2 and draw(st.booleans()):
         workload |= {"input_dist": "uniform", "range_ratio": draw(st.floats(0.5, 1.0))}
@@ -152,10 +152,13 @@ def valid_configs(draw) -> dict:
     policy = draw(st.sampled_from(["vllm", "sglang", "trtllm"]))
 
     def pool() -> dict:
+        # A KV of about one to three requests: some prompts are rejected, running ones preempted.
+        block = draw(st.integers(1, 8))
+        blocks = draw(st.integers(max(2, inp // block), max(3, 3 * (inp + out) // block)))
         p = {"replicas": draw(st.integers(1, 2)), "attention_dp": draw(st.integers(1, 2)),
-             "max_sequences": draw(st.integers(1, 8)), "num_blocks": draw(st.integers(2, 64))}
+             "max_sequences": draw(st.integers(1, 8)), "num_blocks": blocks, "block_size": block}
         if policy == "sglang":
-            p["chunked_prefill_size"] = draw(st.integers(8, 64))
+            p["chunked_prefill_size"] = draw(st.integers(16, 64))
         else:
             p["max_batched_tokens"] = draw(st.integers(8, 64))
         return p
