@@ -3,8 +3,9 @@
 Invalid configurations, drawn over the classes of issue 13 (types, magnitudes,
 keys without effect, unknown keys and choices), raise ``ConfigError`` from
 :func:`simcore.run` and nothing else (exit 2 on the command line); valid small
-configurations run and give no negative duration, no NaN and no instant past
-the end of the run (the cap, and the worst-case bound of ``simcore.bounds``).
+configurations run and give no negative duration, no NaN, no instant past
+the end of the run (the cap, and the worst-case bound of ``simcore.bounds``)
+and the same tables when run again.
 """
 
 from __future__ import annotations
@@ -222,3 +223,5 @@ def test_valid_configs_run_without_negative_nan_or_late_values(config):
     if result.passes is not None:
         starts, ends = (np.asarray(result.passes.column(c)) for c in ("start_ms", "end_ms"))
         assert (starts <= ends).all() and (ends <= end_ms).all()
+    again = simcore.run(config)  # same config and seed: bit-identical results
+    assert again.requests.equals(result.requests) and again.summary == result.summary
