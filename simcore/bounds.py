@@ -175,11 +175,25 @@ def checked_total(values: np.ndarray, field: str) -> int:
 
 
 def memory_bytes() -> int | None:
-    """Physical memory of this machine, bytes (None where the OS does not say)."""
+    """Memory this process may use, bytes: physical memory, or a smaller cgroup limit (Slurm, containers).
+
+    Returns
+    -------
+    int or None
+        None where the OS says neither.
+    """
+    limits = []
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):
-        return None
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as f:
+                limits.append(int(f.read().strip()))  # "max": no limit (ValueError)
+        except (OSError, ValueError):
+            pass
+    return min(limits, default=None)
 
 
 def check_run(cfg: SimConfig, size: WorkloadSize) -> None:
@@ -203,7 +217,7 @@ def check_run(cfg: SimConfig, size: WorkloadSize) -> None:
     if available is not None and total > available:
         raise ConfigError(
             f"{max(terms, key=lambda t: t[1])[0]}: the run needs about {total / 2**30:.4g} GiB of "
-            f"simulation buffers ({size.context}), more than this machine's {available / 2**30:.4g} GiB"
+            f"simulation buffers ({size.context}), more than the {available / 2**30:.4g} GiB of memory here"
         )
     terms = _time_terms(cfg, size)
     total = math.fsum(ms for _, ms in terms)
