@@ -267,3 +267,10 @@ def test_prefix_tokens_without_prefix_caching_is_rejected():
 def test_percentiles_given_as_a_mapping_are_rejected():
     with pytest.raises(ConfigError, match="^metrics.percentiles must be a list"):
         load_config({"metrics": {"percentiles": {}}})
+
+
+def test_terms_whose_float_sum_overflows_are_rejected():
+    """Two finite terms of 1.6e308 ms sum to inf (math.fsum raised OverflowError there)."""
+    config = {"workload": {"num_requests": 1, "input_tokens": 1, "output_tokens": 1},
+              "timing": {"type": "fixed", "prefill_ms": 8e307, "decode_ms": 8e307}}
+    rejects(config, "could last up to inf ms")

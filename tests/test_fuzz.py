@@ -81,11 +81,15 @@ def merged(*parts: dict) -> dict:
 @st.composite
 def invalid_configs(draw) -> dict:
     base = {"workload": dict(TINY)}
-    kind = draw(st.sampled_from(["count", "cost", "rate", "speedup", "choice", "unknown", "unused"]))
+    kind = draw(st.sampled_from(["count", "cost", "costs", "rate", "speedup", "choice", "unknown", "unused"]))
     if kind == "count":
         return merged(base, nested(draw(st.sampled_from(COUNT_KEYS)), draw(BAD_COUNTS)))
     if kind == "cost":
         return merged(base, nested(draw(st.sampled_from(COST_KEYS)), draw(BAD_COSTS)))
+    if kind == "costs":  # two costs that are each finite but overflow together
+        first, second = draw(st.lists(st.sampled_from(COST_KEYS[:-1]), min_size=2, max_size=2, unique=True))
+        huge = st.floats(min_value=1e150, allow_infinity=False)
+        return merged(base, nested(first, draw(huge)), nested(second, draw(huge)))
     if kind == "rate":
         load = {"type": draw(st.sampled_from(["constant_rate", "poisson", "gamma"])), "request_rate": draw(BAD_RATES)}
         return merged(base, {"load": load})
