@@ -144,7 +144,8 @@ def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | N
         send_ns = send_instants_ns(cfg.load, table, rng)
     except InstantOverflow as exc:  # a send instant beyond int64 ns: name the key that spread them
         key = "speedup" if cfg.load.type == "trace" else "request_rate"
-        raise ConfigError(f"load.{key}={getattr(cfg.load, key)!r} gives send instants beyond int64 ns: {exc}") from None
+        value = getattr(cfg.load, key)
+        raise ConfigError(f"load.{key}={value!r} gives send instants beyond int64 ns: {exc}") from None
     if requests is not None:
         where = "requests"
     else:

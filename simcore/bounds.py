@@ -264,8 +264,10 @@ def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
              pool.replicas * detok.workers * 8),
         ]
         if pool.prefix_caching:
-            terms.append((f"{ranks} x num_blocks={pool.num_blocks}", pool.num_blocks * pool.num_ranks * CACHE_SLOT_BYTES))
-            terms.append((f"{size.input_label} (prefix blocks)", (size.num_requests + size.total_input // pool.block_size) * 16))
+            cache_slots = pool.num_blocks * pool.num_ranks
+            prompt_blocks = size.num_requests + size.total_input // pool.block_size  # identities, offsets
+            terms.append((f"{ranks} x num_blocks={pool.num_blocks}", cache_slots * CACHE_SLOT_BYTES))
+            terms.append((f"{size.input_label} (prefix blocks)", prompt_blocks * 16))
     if cfg.output.passes:
         rows = sum(_passes(pool, size) * pool.num_ranks for pool in cfg.engine.pools)
         terms.append((f"output.passes=true ({rows} pass rows)", rows * PASS_ROW_BYTES))
@@ -277,7 +279,8 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, float]]:
     n, total_in, total_out = size.num_requests, float(size.total_input), float(size.total_output)
     ld, tok, detok, t = cfg.load, cfg.tokenization, cfg.detokenization, cfg.timing
     send_key = "speedup" if ld.type == "trace" else "request_rate"
-    requests, inputs, outputs = f" x {n} requests", f" x {size.total_input} input tokens", f" x {size.total_output} outputs"
+    requests, inputs = f" x {n} requests", f" x {size.total_input} input tokens"
+    outputs = f" x {size.total_output} outputs"
     terms = [
         (f"load.{send_key}={getattr(ld, send_key)!r} (the last send)", size.last_send_ms),
         (f"load.think_time_ms={ld.think_time_ms!r}{requests}", ld.think_time_ms * n if ld.closed_loop else 0.0),
@@ -337,7 +340,8 @@ def _check_draws(cfg: SimConfig) -> None:
         elif dist == "lognormal":  # exp(mu + z sigma) with mu = ln(mean) - sigma^2 / 2
             sigma2 = math.log1p((std / mean) * (std / mean))
             sigma = math.sqrt(sigma2)
-            high = math.exp(min(math.log(mean) + sigma * (DRAW_Z - sigma / 2), 700.0)) if math.isfinite(sigma2) else math.inf
+            log_high = math.log(mean) + sigma * (DRAW_Z - sigma / 2) if math.isfinite(sigma2) else math.inf
+            high = math.exp(min(log_high, 700.0))  # e^700 is past int64 and below float64's limit
         else:
             continue
         if not high < MAX_INSTANT_NS:

@@ -181,7 +181,9 @@ TABLE_KEYS = ("profile", "num_layers")
 FIXED_KEYS = ("prefill_ms", "decode_ms")
 LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_token_ns")
 #: The workload keys only synthetic lengths read (prefix_tokens is checked on its own).
-SYNTHETIC_KEYS = ("input_tokens", "output_tokens", "input_dist", "output_dist", "range_ratio", "input_std", "output_std")
+SYNTHETIC_KEYS = (
+    "input_tokens", "output_tokens", "input_dist", "output_dist", "range_ratio", "input_std", "output_std"
+)
 #: Fraction of GPU memory given to weights plus KV cache for ``num_blocks: auto``
 #: when timing.memory_fraction is null: vLLM's gpu_memory_utilization and
 #: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
