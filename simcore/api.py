@@ -151,7 +151,7 @@ def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | N
     else:
         where = "workload" if cfg.workload.source == "synthetic" else cfg.workload.path
     size = bounds.table_size(cfg, table.input_tokens, table.output_tokens, send_ns, where)
-    bounds.check_run(cfg, size)
+    bounds.check_run(cfg, size, bounds.model_pass_ms(cfg))
     return cfg, table, send_ns
 
 

@@ -16,7 +16,9 @@ a full token budget of prompt (``passes <= outputs + requests + inputs /
 budget``).  Recomputation after a preemption is not counted (the fuzz test
 checks the bound against runs that preempt).  Instants are kept below half the
 int64 range, so that the kernel can add one more duration to any instant
-without wrapping.  ``aic`` and ``table`` passes are counted at their 1 ns floor.
+without wrapping.  ``aic`` and ``table`` passes are counted at the model's
+time for the pool's largest batches (:func:`model_pass_ms`) at the API
+boundary, and at their 1 ns floor in ``load_config`` (no tables loaded there).
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ def memory_bytes() -> int | None:
     return min(limits, default=None)
 
 
-def check_run(cfg: SimConfig, size: WorkloadSize) -> None:
+def check_run(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None = None) -> None:
     """Reject a run whose buffers exceed memory or whose worst-case instants exceed int64 ns.
 
     Parameters
@@ -204,6 +206,9 @@ def check_run(cfg: SimConfig, size: WorkloadSize) -> None:
     cfg : SimConfig
     size : WorkloadSize
         :func:`configured_size` or :func:`table_size`.
+    model_ms : list of float, optional
+        ``aic``/``table`` timing: each pool's longest pass (:func:`model_pass_ms`);
+        None counts those passes at their 1 ns floor.
 
     Raises
     ------
@@ -219,7 +224,7 @@ def check_run(cfg: SimConfig, size: WorkloadSize) -> None:
             f"{max(terms, key=lambda t: t[1])[0]}: the run needs about {total / 2**30:.4g} GiB of "
             f"simulation buffers ({size.context}), more than the {available / 2**30:.4g} GiB of memory here"
         )
-    terms = _time_terms(cfg, size)
+    terms = _time_terms(cfg, size, model_ms)
     total = sum(ms for _, ms in terms)  # not math.fsum: it raises where the float sum is inf
     if not total < MAX_INSTANT_MS:  # every term is >= 0, finite or inf
         raise ConfigError(
@@ -229,20 +234,59 @@ def check_run(cfg: SimConfig, size: WorkloadSize) -> None:
         )
 
 
-def worst_case_ms(cfg: SimConfig, size: WorkloadSize) -> float:
+def worst_case_ms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None = None) -> float:
     """The bound on the run's last instant that :func:`check_run` holds below ``MAX_INSTANT_MS``.
 
     Parameters
     ----------
     cfg : SimConfig
     size : WorkloadSize
+    model_ms : list of float, optional
+        As :func:`check_run`.
 
     Returns
     -------
     float
         ms (inf when the terms overflow float64).
     """
-    return sum(ms for _, ms in _time_terms(cfg, size))
+    return sum(ms for _, ms in _time_terms(cfg, size, model_ms))
+
+
+def model_pass_ms(cfg: SimConfig) -> list[float] | None:
+    """``aic`` and ``table`` timing: each pool's pass time at its largest batches, from the model itself.
+
+    The tables extend their end segments, so a pass is not bounded by the
+    largest entry; the model is evaluated, as the kernel does, at the pool's
+    extreme batches: one prompt of the largest token budget over a full KV
+    cache, ``max_sequences`` decodes over a full KV cache, and both at once.
+
+    Parameters
+    ----------
+    cfg : SimConfig
+
+    Returns
+    -------
+    list of float or None
+        ms per pool (inf where the model gives a non-finite time); None for
+        ``fixed`` and ``linear``, which :func:`check_run` bounds term by term.
+    """
+    if cfg.timing.type not in ("aic", "table"):
+        return None
+    from simcore.timing.api import timing_arrays  # lazy: aic needs the optional extra
+    from simcore.timing.nb import rank_time_ms_nb
+
+    model, params, table = timing_arrays(cfg.timing)
+    out = []
+    for pool in cfg.engine.pools:
+        capacity = pool.num_blocks * pool.block_size
+        tokens = min(capacity, _largest_budget(pool) or capacity)
+        seqs = pool.max_sequences
+        batches = [(1, tokens, capacity, 0, 0), (0, 0, 0, seqs, capacity)]
+        if seqs > 1:
+            batches.append((1, tokens, capacity // 2, seqs - 1, capacity // 2))
+        times = [rank_time_ms_nb(model, params, table, *batch) for batch in batches]
+        out.append(max(t if math.isfinite(t) else math.inf for t in times))
+    return out
 
 
 def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
@@ -274,7 +318,7 @@ def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
     return terms
 
 
-def _time_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, float]]:
+def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None) -> list[tuple[str, float]]:
     """(keys, ms) of each sum of services the run can contain (float64; inf when huge)."""
     n, total_in, total_out = size.num_requests, float(size.total_input), float(size.total_output)
     ld, tok, detok, t = cfg.load, cfg.tokenization, cfg.detokenization, cfg.timing
@@ -295,13 +339,12 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, float]]:
     if cfg.engine.mode == "disaggregated" and transfer.bytes_per_token is not None:
         ms = float(transfer.transfer_ms(np.array([total_in]))[0])
         terms.append((f"engine.kv_transfer.bytes_per_token={transfer.bytes_per_token!r}{inputs}", ms))
-    for pool in cfg.engine.pools:
+    for index, pool in enumerate(cfg.engine.pools):
         passes = float(_passes(pool, size))
         each = f" x {passes:.4g} passes ({size.origin})"
         terms.append((f"{passes:.4g} passes of >= 1 ns ({size.origin})", passes * 1e-6))
         capacity = float(pool.num_blocks) * pool.block_size
-        budgets = [b for b in (pool.max_batched_tokens, pool.chunked_prefill_size, pool.max_prefill_tokens) if b]
-        prefill_tokens = min(capacity, float(max(budgets, default=capacity)))
+        prefill_tokens = min(capacity, float(_largest_budget(pool) or capacity))
         if t.type == "fixed":
             terms += [(f"timing.prefill_ms={t.prefill_ms!r}{each}", passes * t.prefill_ms),
                       (f"timing.decode_ms={t.decode_ms!r}{each}", passes * t.decode_ms)]
@@ -315,11 +358,21 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, float]]:
                 (f"timing.per_kv_token_ns={t.per_kv_token_ns!r}{each} of {capacity:.4g} KV tokens",
                  passes * t.per_kv_token_ns * capacity / 1e6),
             ]
+        elif model_ms is not None:
+            layers = f", timing.num_layers={t.num_layers}" if t.type == "table" else ""
+            terms.append((f"timing.type={t.type}{layers}: a largest batch of {model_ms[index]:.4g} ms{each}",
+                          passes * model_ms[index]))
     return terms
 
 
 def _pool_names(cfg: SimConfig) -> tuple[str, ...]:
     return ("aggregated",) if cfg.engine.mode == "aggregated" else ("prefill", "decode")
+
+
+def _largest_budget(pool) -> int | None:
+    """The largest per-pass token budget a pool sets (None: no budget key)."""
+    return max((b for b in (pool.max_batched_tokens, pool.chunked_prefill_size, pool.max_prefill_tokens) if b),
+               default=None)
 
 
 def _passes(pool, size: WorkloadSize) -> int:

@@ -8,6 +8,7 @@ silently ignored.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -274,3 +275,15 @@ def test_terms_whose_float_sum_overflows_are_rejected():
     config = {"workload": {"num_requests": 1, "input_tokens": 1, "output_tokens": 1},
               "timing": {"type": "fixed", "prefill_ms": 8e307, "decode_ms": 8e307}}
     rejects(config, "could last up to inf ms")
+
+
+def test_a_table_profile_whose_passes_overflow_names_num_layers():
+    """A per-layer profile times 1e17 layers gave TTFT 1 ns, exit 0 (the pass ns wrapped in the kernel)."""
+    from tests.test_timing_models import RTXPRO_LLAMA
+
+    if not os.path.isdir(RTXPRO_LLAMA):
+        pytest.skip("profile data not present")
+    timing = {"type": "table", "profile": RTXPRO_LLAMA, "num_layers": 10**17}
+    rejects({"workload": {"num_requests": 4}, "timing": timing}, "timing.type=table, timing.num_layers=100000000000000000")
+    result = simcore.run({"workload": {"num_requests": 4}, "timing": dict(timing, num_layers=32)})
+    assert result.summary["completed"] == 4
