@@ -940,6 +940,7 @@ def _check_unused_keys(cfg: SimConfig) -> None:
     apart and is accepted (docs/semantics.md).
     """
     w, t = cfg.workload, cfg.timing
+    auto = [name for name in POOLS[cfg.engine.mode] if cfg.resolved["engine"][name]["num_blocks"] == AUTO_BLOCKS]
     rules = (
         ("load", ("concurrency",), cfg.load.closed_loop, "load.type=closed_loop", f"load.type={cfg.load.type}"),
         ("workload", SYNTHETIC_KEYS, w.source == "synthetic", "workload.source=synthetic",
@@ -950,6 +951,7 @@ def _check_unused_keys(cfg: SimConfig) -> None:
         ("timing", LINEAR_KEYS, t.type == "linear", "timing.type=linear", f"timing.type={t.type}"),
         ("workload", ("prefix_tokens",), cfg.engine.pools[0].prefix_caching,
          f"engine.{POOLS[cfg.engine.mode][0]}.prefix_caching=true", "prefix caching off"),
+        ("timing", ("memory_fraction",), bool(auto), "engine.<pool>.num_blocks=auto", "no pool's num_blocks=auto"),
     )
     for section, keys, used, needs, given in rules:
         for key in keys:

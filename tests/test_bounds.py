@@ -287,3 +287,10 @@ def test_a_table_profile_whose_passes_overflow_names_num_layers():
     rejects({"workload": {"num_requests": 4}, "timing": timing}, "timing.type=table, timing.num_layers=100000000000000000")
     result = simcore.run({"workload": {"num_requests": 4}, "timing": dict(timing, num_layers=32)})
     assert result.summary["completed"] == 4
+
+
+def test_memory_fraction_without_auto_blocks_is_rejected():
+    """timing.memory_fraction only sizes num_blocks=auto; with explicit blocks it did nothing."""
+    aic = {"type": "aic", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "h200_sxm", "memory_fraction": 0.8}
+    with pytest.raises(ConfigError, match="^timing.memory_fraction has no effect here: .*num_blocks=auto"):
+        load_config({"timing": aic})
