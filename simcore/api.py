@@ -8,7 +8,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from simcore.config import SimConfig, load_config
+from simcore import bounds
+from simcore.config import ConfigError, InstantOverflow, SimConfig, load_config
 from simcore.engine.api import prepare, run_prepared, simulate_engine
 from simcore.engine.batch import batch_key, run_prepared_batch
 from simcore.metrics.api import (
@@ -77,6 +78,8 @@ def run(
     -------
     Result
     """
+    if progress is not None and not callable(progress):
+        raise ConfigError(f"progress must be callable as progress(done, total), got {progress!r}")
     cfg, table, send_ns = _inputs(config, requests)
     engine = simulate_engine(cfg, table, send_ns, record_passes=cfg.output.passes, on_progress=progress)
     return _result(cfg, table, engine)
@@ -124,11 +127,33 @@ def run_batch(
 
 
 def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | None):
-    """The validated config, its request table and open-loop send instants (None: closed loop)."""
+    """The validated config, its request table and open-loop send instants (None: closed loop).
+
+    Every bad argument is a ConfigError; the run's worst-case instants and
+    buffer sizes are checked here, before the engine allocates anything.
+    """
+    if requests is not None and not isinstance(requests, pa.Table):
+        raise ConfigError(
+            f"requests must be a pyarrow.Table (pyarrow.table(...) of request_id, input_tokens, "
+            f"output_tokens[, send_ms]), got {type(requests).__module__}.{type(requests).__qualname__}"
+        )
+    if config is not None and not isinstance(config, (Mapping, SimConfig)):
+        raise ConfigError(f"config must be a mapping or a SimConfig, got {type(config).__qualname__}")
     cfg = config if isinstance(config, SimConfig) else load_config(config)
     rng = np.random.default_rng(cfg.seed)
     table = build_requests(cfg, requests, rng)
-    send_ns = send_instants_ns(cfg.load, table, rng)
+    try:
+        send_ns = send_instants_ns(cfg.load, table, rng)
+    except InstantOverflow as exc:  # a send instant beyond int64 ns: name the key that spread them
+        key = "speedup" if cfg.load.type == "trace" else "request_rate"
+        value = getattr(cfg.load, key)
+        raise ConfigError(f"load.{key}={value!r} gives send instants beyond int64 ns: {exc}") from None
+    if requests is not None:
+        where = "requests"
+    else:
+        where = "workload" if cfg.workload.source == "synthetic" else cfg.workload.path
+    size = bounds.table_size(cfg, table.input_tokens, table.output_tokens, send_ns, where)
+    bounds.check_run(cfg, size, bounds.model_pass_ms(cfg))
     return cfg, table, send_ns
 
 

@@ -17,9 +17,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from simcore.units import INT64_MAX, MAX_INSTANT_MS
+
 
 class ConfigError(ValueError):
     """A configuration value or an input file is invalid (exit code 2)."""
+
+
+class InstantOverflow(ConfigError):
+    """A duration or instant whose ns count an int64 cannot hold (simcore.units)."""
 
 
 # Linear timing coefficients for an H100-class GPU serving an 8B dense model:
@@ -171,6 +177,13 @@ TIMING_TYPES = ("fixed", "linear", "aic", "table")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
 AIC_KEYS = ("model", "gpu", "backend", "backend_version", "tp", "memory_fraction")
 TABLE_KEYS = ("profile", "num_layers")
+#: The coefficients of the two closed-form timing models.
+FIXED_KEYS = ("prefill_ms", "decode_ms")
+LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_token_ns")
+#: The workload keys only synthetic lengths read (prefix_tokens is checked on its own).
+SYNTHETIC_KEYS = (
+    "input_tokens", "output_tokens", "input_dist", "output_dist", "range_ratio", "input_std", "output_std"
+)
 #: Fraction of GPU memory given to weights plus KV cache for ``num_blocks: auto``
 #: when timing.memory_fraction is null: vLLM's gpu_memory_utilization and
 #: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
@@ -255,18 +268,34 @@ def _is_number(value: Any) -> bool:
 
 def _count(path: str, value: Any, minimum: int = 1) -> int:
     if not _is_int(value) or value < minimum:
-        raise ConfigError(f"{path} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{path} must be an integer >= {minimum}, got {_shown(value)}")
+    if value > INT64_MAX:
+        raise ConfigError(f"{path} must be an integer <= {INT64_MAX} (int64), got {_shown(value)}")
     return int(value)
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a value for a one-line message, a huge integer abbreviated."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
 
 
 def _optional_count(path: str, value: Any, minimum: int = 1) -> int | None:
     return None if value is None else _count(path, value, minimum)
 
 
-def _number(path: str, value: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
-    if not _is_number(value) or not math.isfinite(float(value)):
-        raise ConfigError(f"{path} must be a finite number, got {value!r}")
+def _number(
+    path: str, value: Any, *, minimum: float = 0.0, strict: bool = False, maximum: float = math.inf
+) -> float:
+    try:
+        finite = _is_number(value) and math.isfinite(float(value))
+    except OverflowError:  # an integer beyond float64
+        finite = False
+    if not finite:
+        raise ConfigError(f"{path} must be a finite number, got {_shown(value)}")
     value = float(value)
+    if value > maximum:
+        raise ConfigError(f"{path} must be <= {maximum:.4g}, got {value!r}")
     if strict and value <= minimum:
         raise ConfigError(f"{path} must be > {minimum:g}, got {value!r}")
     if not strict and value < minimum:
@@ -521,7 +550,9 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             block_size=_trace_block_size(w),
             drop_invalid=_flag("workload.drop_invalid", w["drop_invalid"]),
             max_requests=_optional_count("workload.max_requests", w["max_requests"]),
-            time_window_ms=_optional_number("workload.time_window_ms", w["time_window_ms"], strict=True),
+            time_window_ms=_optional_number(
+                "workload.time_window_ms", w["time_window_ms"], strict=True, maximum=MAX_INSTANT_MS
+            ),
             prefix_tokens=_count("workload.prefix_tokens", w["prefix_tokens"], minimum=0),
         ),
         load=LoadConfig(
@@ -576,7 +607,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             first_output_us=_number("detokenization.first_output_us", detok["first_output_us"]),
             final_output_us=_number("detokenization.final_output_us", detok["final_output_us"]),
         ),
-        max_time_ms=_optional_number("max_time_ms", raw["max_time_ms"]),
+        max_time_ms=_optional_number("max_time_ms", raw["max_time_ms"], maximum=MAX_INSTANT_MS),
         metrics=MetricsConfig(
             percentiles=_percentiles(m["percentiles"]),
             goodput=GoodputConfig(
@@ -620,7 +651,7 @@ def _range_ratio(value: Any) -> float:
 
 
 def _percentiles(value: Any) -> tuple[float, ...]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
         raise ConfigError(f"metrics.percentiles must be a list of numbers in [0, 100], got {value!r}")
     out = []
     for item in value:
@@ -647,6 +678,11 @@ def _pool(
     block_size = _count(f"{prefix}.block_size", pick("block_size"))
     num_blocks = raw["num_blocks"]
     if num_blocks is None:
+        if block_size > DEFAULT_KV_TOKENS:
+            raise ConfigError(
+                f"{prefix}.block_size={block_size} exceeds the default KV capacity of "
+                f"{DEFAULT_KV_TOKENS} tokens per rank; set {prefix}.num_blocks too"
+            )
         num_blocks = DEFAULT_KV_TOKENS // block_size
     elif isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS:
         if timing.type != "aic":
@@ -665,11 +701,16 @@ def _pool(
                 f"{prefix}.chunked_prefill_size must give every attention-DP rank at least one "
                 f"page (chunked_prefill_size // attention_dp >= block_size = {block_size}), got {chunk}"
             )
+    num_blocks = _count(f"{prefix}.num_blocks", num_blocks)
+    if num_blocks > INT64_MAX // block_size:  # the KV capacity in tokens is an int64
+        raise ConfigError(
+            f"{prefix}.num_blocks={num_blocks} x block_size={block_size} tokens exceeds int64 ({INT64_MAX})"
+        )
     return PoolConfig(
         replicas=_count(f"{prefix}.replicas", raw["replicas"]),
         attention_dp=_count(f"{prefix}.attention_dp", raw["attention_dp"]),
         max_sequences=_count(f"{prefix}.max_sequences", pick("max_sequences")),
-        num_blocks=_count(f"{prefix}.num_blocks", num_blocks),
+        num_blocks=num_blocks,
         block_size=block_size,
         context_length=_optional_count(f"{prefix}.context_length", raw["context_length"]),
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
@@ -885,3 +926,38 @@ def _check_combinations(cfg: SimConfig) -> None:
             f"load.speedup is only used by load.type=trace, got {ld.speedup!r} "
             f"with load.type={ld.type}"
         )
+    _check_unused_keys(cfg)
+    from simcore import bounds  # lazy: simcore.bounds imports this module
+
+    bounds.check_run(cfg, bounds.configured_size(cfg))
+
+
+def _check_unused_keys(cfg: SimConfig) -> None:
+    """A key that has no effect in the chosen configuration is an error, not silently ignored.
+
+    A key counts as set when its value differs from its default: the command
+    line passes every key, so a default value given explicitly cannot be told
+    apart and is accepted (docs/semantics.md).
+    """
+    w, t = cfg.workload, cfg.timing
+    auto = [name for name in POOLS[cfg.engine.mode] if cfg.resolved["engine"][name]["num_blocks"] == AUTO_BLOCKS]
+    rules = (
+        ("load", ("concurrency",), cfg.load.closed_loop, "load.type=closed_loop", f"load.type={cfg.load.type}"),
+        ("workload", SYNTHETIC_KEYS, w.source == "synthetic", "workload.source=synthetic",
+         f"workload.source={w.source}"),
+        ("workload", ("range_ratio",), "uniform" in (w.input_dist, w.output_dist),
+         "a uniform workload.input_dist or output_dist", f"{w.input_dist}/{w.output_dist} lengths"),
+        ("timing", FIXED_KEYS, t.type == "fixed", "timing.type=fixed", f"timing.type={t.type}"),
+        ("timing", LINEAR_KEYS, t.type == "linear", "timing.type=linear", f"timing.type={t.type}"),
+        ("workload", ("prefix_tokens",), cfg.engine.pools[0].prefix_caching,
+         f"engine.{POOLS[cfg.engine.mode][0]}.prefix_caching=true", "prefix caching off"),
+        ("timing", ("memory_fraction",), bool(auto), "engine.<pool>.num_blocks=auto", "no pool's num_blocks=auto"),
+    )
+    for section, keys, used, needs, given in rules:
+        for key in keys:
+            value = cfg.resolved[section][key]
+            if not used and value != DEFAULTS[section][key]:
+                raise ConfigError(
+                    f"{section}.{key} has no effect here: it is only used with {needs}, "
+                    f"got {_shown(value)} with {given}"
+                )

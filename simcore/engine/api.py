@@ -18,6 +18,7 @@ from simcore.client.api import (
     server_index,
     tokenization_service_ns,
 )
+from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.metrics.nb import STREAM_FIELDS
@@ -329,9 +330,9 @@ def prepare(
     n = len(requests)
     input_tokens = np.ascontiguousarray(requests.input_tokens, dtype=np.int64)
     output_tokens = np.ascontiguousarray(requests.output_tokens, dtype=np.int64)
+    num_tokens = checked_total(output_tokens, "output_tokens")  # before the cumsum can wrap
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
-    num_tokens = int(token_offset[-1])
     topo = _topology(pools, cfg.engine.policy)
 
     # Placement by send sequence number k over the receiving pool (SPEC §3).
@@ -344,7 +345,7 @@ def prepare(
     tok = cfg.tokenization
     tok_server = worker * tok.workers + server_index(requests.request_id, tok.workers)
     tok_service = tokenization_service_ns(tok, input_tokens)
-    transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens))
+    transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
 
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
     if receiving.prefix_caching:
@@ -365,7 +366,7 @@ def prepare(
     else:
         mode = nb.DETOK_DEFERRED
     timing_model, timing_params, timing_table = timing_arrays(cfg.timing)
-    cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms)
+    cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms, "max_time_ms")
 
     # A worker pass either emits a token or fills some rank's token budget with
     # prompt, so without preemption passes <= outputs + inputs / budget.  The
@@ -373,7 +374,7 @@ def prepare(
     pass_rows = 0
     if record_passes:
         budget = min(pool.max_batched_tokens or pool.chunked_prefill_size for pool in pools)
-        chunks = int(np.sum(-(-input_tokens // budget)))
+        chunks = checked_total(-(-input_tokens // budget), "input_tokens")
         pass_rows = (num_tokens + chunks * len(pools) + len(topo["worker_role"])) * int(
             topo["worker_num_ranks"].max()
         )
@@ -383,7 +384,7 @@ def prepare(
         "token_offset": token_offset,
         "closed_loop": closed,
         "concurrency": cfg.load.concurrency,
-        "think_ns": ms_to_ns(cfg.load.think_time_ms),
+        "think_ns": ms_to_ns(cfg.load.think_time_ms, "load.think_time_ms"),
         "recv_rank": recv_rank,
         "tok_server": tok_server,
         "tok_service_ns": tok_service,
