@@ -127,9 +127,10 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, csv, expected):
     if csv is not None:
         (tmp_path / "requests.csv").write_text(csv)
         args = [*args, f"workload.path={tmp_path / 'requests.csv'}"]
-    # A table case replays its own rows: SMALL's lengths (and its concurrency with a
-    # trace load) would have no effect there, which is an error of its own.
-    small = [] if TABLE in args else SMALL
+    # A table or trace case replays its own rows: SMALL's lengths (and its concurrency
+    # with a trace load) would have no effect there, which is an error of its own.
+    replays_rows = TABLE in args or "workload=mooncake_sample" in args
+    small = [] if replays_rows else SMALL
     done = replaysim(tmp_path, *small, *args)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
