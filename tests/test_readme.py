@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm_cluster import nodes_up
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -80,8 +82,8 @@ def skip_reason(argv: list[str]) -> str | None:
         return "needs the optional extra aic (pip install -e '.[aic]'), not installed"
     if any("../shared" in arg for arg in argv) and not SHARED.is_dir():
         return f"needs the project's shared data beside the checkout ({SHARED})"
-    if "hydra/launcher=slurm" in argv and shutil.which("sbatch") is None:
-        return "needs a Slurm cluster (sbatch not found)"
+    if "hydra/launcher=slurm" in argv and not nodes_up():
+        return "needs a Slurm cluster with a node up (start one with .ci/slurm-up.sh)"
     return None
 
 

@@ -22,24 +22,16 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from tests.slurm_cluster import nodes_up
+
 REPO = Path(__file__).resolve().parents[1]
 NUM_REQUESTS = 16
 CONCURRENCIES = (1, 2, 3, 4)
-UP_STATES = {"idle", "mixed", "allocated", "completing"}
-
-
-def _nodes_up() -> bool:
-    try:
-        # a reachable controller answers at once; without one sinfo retries for ~10 s
-        states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return any(state.strip().rstrip("*~#") in UP_STATES for state in states.split())
 
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("sinfo") is None, reason="no Slurm client (sinfo); start one with .ci/slurm-up.sh"),
-    pytest.mark.skipif(shutil.which("sinfo") is not None and not _nodes_up(),
+    pytest.mark.skipif(shutil.which("sinfo") is not None and not nodes_up(),
                        reason="no Slurm node is up (sinfo); start one with .ci/slurm-up.sh"),
 ]
 
