@@ -130,11 +130,15 @@ DEFAULTS: dict[str, Any] = {
         "gpu": None,  # AIC system name, e.g. h200_sxm
         "backend": None,  # vllm | sglang | trtllm; null: engine.policy
         "backend_version": None,  # null: the database's current version
-        "tp": None,  # tensor parallelism of one rank; null: 1
+        "tp": None,  # tensor parallelism of one rank (aic; table/linear: timing.allreduce); null: 1
         "memory_fraction": None,  # num_blocks: auto; null: 0.9 (see AIC_MEMORY_FRACTION)
         # table (per-operator profile; docs/timing.md)
         "profile": None,  # directory with dense.csv, attention.csv, per_sequence.csv
         "num_layers": None,  # null: num_layers of the profile's meta.yaml
+        # TP all-reduce, table and linear (docs/timing.md); unset: none added
+        "hidden_size": None,  # null: a top-level hidden_size of the profile's meta.yaml
+        "dtype_bytes": 2,  # bytes per activation element (bf16)
+        "allreduce": {"latency_us": None, "bandwidth_gb_per_second": None, "curve": None},
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -169,8 +173,11 @@ POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 POLICIES = tuple(POLICY_DEFAULTS)
 TIMING_TYPES = ("fixed", "linear", "aic", "table")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
-AIC_KEYS = ("model", "gpu", "backend", "backend_version", "tp", "memory_fraction")
-TABLE_KEYS = ("profile", "num_layers")
+AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
+TABLE_KEYS = ("profile",)
+#: Timing types that can add a TP all-reduce term (timing.allreduce); aic keeps
+#: its database's own all-reduce (replacing it is not implemented yet).
+ALLREDUCE_TYPES = ("linear", "table")
 #: Fraction of GPU memory given to weights plus KV cache for ``num_blocks: auto``
 #: when timing.memory_fraction is null: vLLM's gpu_memory_utilization and
 #: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
@@ -404,6 +411,18 @@ class TimingConfig:
     # table
     profile: str | None = None
     num_layers: int | None = None
+    # TP all-reduce (linear, table, aic): ring (latency + 2(n-1)/n x bytes / bandwidth)
+    # or a measured curve; both None: none added (aic: the database's own).
+    hidden_size: int | None = None
+    dtype_bytes: int = 2
+    allreduce_latency_us: float | None = None
+    allreduce_bandwidth_gb_per_second: float | None = None
+    allreduce_curve: str | None = None
+
+    @property
+    def allreduce(self) -> bool:
+        """Whether timing.allreduce adds (or, for aic, replaces) the TP all-reduce time."""
+        return self.allreduce_bandwidth_gb_per_second is not None or self.allreduce_curve is not None
     # aic: the largest pass the tables must cover, from the engine pools (not user keys):
     # tokens per pass (budget + sequences), sequences per pass, tokens per sequence.
     pass_tokens_limit: int | None = None
@@ -729,7 +748,6 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
             gpu=_optional_str("timing.gpu", raw["gpu"]),
             backend=_choice("timing.backend", policy if raw["backend"] is None else raw["backend"], POLICIES),
             backend_version=_optional_str("timing.backend_version", version),
-            tp=1 if raw["tp"] is None else _count("timing.tp", raw["tp"]),
             memory_fraction=fraction,
         )
     if kind == "table":
@@ -753,6 +771,7 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
                 "the profiled count, not the model's)"
             )
         extra = dict(profile=profile, num_layers=num_layers)
+    extra.update(_allreduce(raw, kind, extra))
     return TimingConfig(
         type=kind,
         **{
@@ -768,6 +787,65 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
         },
         **extra,
     )
+
+
+def _allreduce(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """timing.tp, the model dimensions and timing.allreduce.* (docs/timing.md, TP all-reduce)."""
+    for key in ("tp", "num_layers", "hidden_size"):
+        if raw[key] is not None and kind not in ALLREDUCE_TYPES + ("aic",):
+            raise ConfigError(
+                f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r} "
+                f"with timing.type={kind}"
+            )
+    ar = raw["allreduce"]
+    latency = _optional_number("timing.allreduce.latency_us", ar["latency_us"])
+    bandwidth = _optional_number(
+        "timing.allreduce.bandwidth_gb_per_second", ar["bandwidth_gb_per_second"], strict=True
+    )
+    curve = _optional_str("timing.allreduce.curve", ar["curve"])
+    out: dict[str, Any] = dict(
+        tp=1 if raw["tp"] is None else _count("timing.tp", raw["tp"]),
+        dtype_bytes=_count("timing.dtype_bytes", raw["dtype_bytes"]),
+    )
+    if bandwidth is None and curve is None:
+        if latency is not None:
+            raise ConfigError(
+                "timing.allreduce.latency_us needs timing.allreduce.bandwidth_gb_per_second (ring model)"
+            )
+        if kind == "linear" and raw["num_layers"] is not None:
+            raise ConfigError("timing.num_layers is only used by timing.type=linear with timing.allreduce set")
+        return out
+    if curve is not None and (bandwidth is not None or latency is not None):
+        raise ConfigError(
+            "timing.allreduce.curve replaces the ring model: set it or "
+            "timing.allreduce.{latency_us,bandwidth_gb_per_second}, not both"
+        )
+    if kind not in ALLREDUCE_TYPES:
+        raise ConfigError(
+            f"timing.allreduce is only used by timing.type=linear or table, got timing.type={kind}"
+            + (" (aic keeps its database's own all-reduce)" if kind == "aic" else "")
+        )
+    if out["tp"] < 2:
+        raise ConfigError("timing.allreduce needs timing.tp >= 2 (one GPU does no all-reduce), got timing.tp=1")
+    if curve is not None and not os.path.isfile(curve):
+        raise ConfigError(f"timing.allreduce.curve must be an existing CSV file, got {curve!r}")
+    num_layers = extra.get("num_layers") or _optional_count("timing.num_layers", raw["num_layers"])
+    hidden = _optional_count("timing.hidden_size", raw["hidden_size"])
+    if kind == "table" and hidden is None:
+        from simcore.timing.profile import read_meta_count  # lazy: it imports this module
+
+        hidden = read_meta_count(extra["profile"], "hidden_size")
+    for key, value in (("num_layers", num_layers), ("hidden_size", hidden)):
+        if value is None:
+            raise ConfigError(f"timing.{key} must be set for timing.allreduce with timing.type={kind}")
+    out.update(
+        num_layers=num_layers,
+        hidden_size=hidden,
+        allreduce_latency_us=0.0 if latency is None and curve is None else latency,
+        allreduce_bandwidth_gb_per_second=bandwidth,
+        allreduce_curve=curve,
+    )
+    return out
 
 
 def _next_pow2(n: int) -> int:

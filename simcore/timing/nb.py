@@ -70,6 +70,20 @@ A_CA = 16  # offset of the grid, C order [n, s, p]
 A_GA_B = 17  # offset of the batch knots of the decode-attention rows (ascending)
 AIC_NUM_PARAMS = 18
 
+LINEAR_NUM_PARAMS = 4
+# TP all-reduce block (linear, table, aic), stored right after the model's own
+# parameters (at LINEAR_NUM_PARAMS, TABLE_NUM_PARAMS or AIC_NUM_PARAMS); a
+# params vector without it, or with R_COUNT 0, adds no all-reduce time.
+R_COUNT = 0  # all-reduces per pass (2 x layers)
+R_BYTES_PER_TOKEN = 1  # hidden_size x dtype_bytes
+R_GPUS = 2  # TP degree n
+R_LATENCY_US = 3  # ring: fixed cost per all-reduce, us
+R_BANDWIDTH = 4  # ring: link bandwidth, GB/s
+R_CURVE_N = 5  # measured curve: number of knots (0: ring)
+R_CURVE_X = 6  # offset of the curve's message sizes in ``table`` (bytes, ascending)
+R_CURVE_Y = 7  # offset of the curve's times (us)
+ALLREDUCE_NUM_PARAMS = 8
+
 
 @njit(cache=True)
 def rank_time_ms_nb(
@@ -104,20 +118,63 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
+    tokens = prefill_tokens + num_decode
     if model == TIMING_TABLE:
         return table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
-        )
+        ) + allreduce_ms_nb(params, table, TABLE_NUM_PARAMS, tokens)
     if model == TIMING_AIC:
         return aic_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
-        )
+        ) + allreduce_ms_nb(params, table, AIC_NUM_PARAMS, tokens)
     return (
         params[0]
         + params[1] * prefill_tokens / 1000
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
-    )
+    ) + allreduce_ms_nb(params, table, LINEAR_NUM_PARAMS, tokens)
+
+
+@njit(cache=True)
+def allreduce_ms_nb(params, table, base, tokens):
+    """TP all-reduce time of a pass of ``tokens`` tokens, ms (0.0 without the block at ``base``).
+
+    ``R_COUNT`` all-reduces of ``tokens x R_BYTES_PER_TOKEN`` bytes each: ring
+    ``latency + 2 (n - 1) / n x bytes / bandwidth``, or the measured curve
+    interpolated at the message size (below its first knot: the first knot's
+    time; beyond its last: the last segment extended).
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The model's parameters, the all-reduce block at ``base`` (``R_*``).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables (holds the curve).
+    base : int
+        Offset of the block in ``params``.
+    tokens : int
+        Tokens in the pass (prefill tokens + decodes).
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
+    if params.shape[0] < base + ALLREDUCE_NUM_PARAMS or params[base + R_COUNT] == 0.0:
+        return 0.0
+    size = tokens * params[base + R_BYTES_PER_TOKEN]
+    knots = int(params[base + R_CURVE_N])
+    if knots == 0:
+        n = params[base + R_GPUS]
+        one_us = params[base + R_LATENCY_US] + 2.0 * (n - 1.0) / n * size / (params[base + R_BANDWIDTH] * 1e3)
+    else:
+        xoff = int(params[base + R_CURVE_X])
+        yoff = int(params[base + R_CURVE_Y])
+        if size <= table[xoff]:
+            one_us = table[yoff]
+        else:
+            one_us = interp1_nb(table, xoff, yoff, knots, size)
+    return params[base + R_COUNT] * one_us / 1000.0
 
 
 # ---------------------------------------------------------------- interpolation

@@ -100,7 +100,10 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
 - Step 1 (running requests) has no hit lookup; its capacity check is the usual
   ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
 
-Not covered: the aic/table timing models.
+Timing: fixed and linear, plus the TP all-reduce ring term (``timing.allreduce``:
+``2 x num_layers`` all-reduces of ``(prefill_tokens + num_decode) x hidden_size x
+dtype_bytes`` bytes, each ``latency_us + 2 (n - 1) / n x bytes / (bandwidth x 1e3)`` us).
+Not covered: the aic/table timing models and the measured all-reduce curve.
 """
 
 from __future__ import annotations
@@ -363,6 +366,15 @@ class ReferenceSim:
         self.t_per_prefill_token_us = float(timing["per_prefill_token_us"])
         self.t_per_decode_seq_us = float(timing["per_decode_seq_us"])
         self.t_per_kv_token_ns = float(timing["per_kv_token_ns"])
+        # TP all-reduce, ring model only (linear timing): 2 per layer.
+        ring = timing.get("allreduce") or {}
+        self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
+        assert ring.get("curve") is None, "reference has no all-reduce curve"
+        if self.ar_bandwidth is not None:
+            self.ar_latency_us = float(ring.get("latency_us") or 0.0)
+            self.ar_gpus = int(timing["tp"])
+            self.ar_count = 2 * int(timing["num_layers"])
+            self.ar_bytes_per_token = int(timing["hidden_size"]) * int(timing["dtype_bytes"])
 
         tok = config["tokenization"]
         self.tok_workers = int(tok["workers"])
@@ -944,6 +956,11 @@ class ReferenceSim:
               + self.t_per_prefill_token_us * s["prefill_tokens"] / 1000
               + self.t_per_decode_seq_us * s["num_decode"] / 1000
               + self.t_per_kv_token_ns * kv / 1e6)
+        if self.ar_bandwidth is not None:
+            n = float(self.ar_gpus)
+            size = (s["prefill_tokens"] + s["num_decode"]) * float(self.ar_bytes_per_token)
+            one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
+            ms += self.ar_count * one_us / 1000.0
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
         return ms
