@@ -139,6 +139,10 @@ DEFAULTS: dict[str, Any] = {
         "hidden_size": None,  # null: a top-level hidden_size of the profile's meta.yaml
         "dtype_bytes": 2,  # bytes per activation element (bf16)
         "allreduce": {"latency_us": None, "bandwidth_gb_per_second": None, "curve": None},
+        # linear, table, aic: factors on the model's pass time and a per-pass overhead
+        "prefill_scale": 1.0,  # passes with a prefill entry
+        "decode_scale": 1.0,  # decode-only passes
+        "pass_overhead_us": 0.0,
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -418,6 +422,10 @@ class TimingConfig:
     allreduce_latency_us: float | None = None
     allreduce_bandwidth_gb_per_second: float | None = None
     allreduce_curve: str | None = None
+    # linear, table, aic: model time x scale (prefill passes / decode-only passes) + overhead
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
+    pass_overhead_us: float = 0.0
 
     @property
     def allreduce(self) -> bool:
@@ -790,7 +798,7 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
 
 
 def _allreduce(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """timing.tp, the model dimensions and timing.allreduce.* (docs/timing.md, TP all-reduce)."""
+    """timing.tp, scales, overhead, the model dimensions and timing.allreduce.* (docs/timing.md)."""
     for key in ("tp", "num_layers", "hidden_size"):
         if raw[key] is not None and kind not in ALLREDUCE_TYPES + ("aic",):
             raise ConfigError(
@@ -806,7 +814,13 @@ def _allreduce(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> d
     out: dict[str, Any] = dict(
         tp=1 if raw["tp"] is None else _count("timing.tp", raw["tp"]),
         dtype_bytes=_count("timing.dtype_bytes", raw["dtype_bytes"]),
+        prefill_scale=_number("timing.prefill_scale", raw["prefill_scale"], strict=True),
+        decode_scale=_number("timing.decode_scale", raw["decode_scale"], strict=True),
+        pass_overhead_us=_number("timing.pass_overhead_us", raw["pass_overhead_us"]),
     )
+    for key in ("prefill_scale", "decode_scale", "pass_overhead_us"):
+        if out[key] != DEFAULTS["timing"][key] and kind == "fixed":
+            raise ConfigError(f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r}")
     if bandwidth is None and curve is None:
         if latency is not None:
             raise ConfigError(

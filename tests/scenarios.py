@@ -51,8 +51,8 @@ def random_scenario(
     cache (SGLang's new_token_ratio decays and decodes retract).
     ``prefix_caching`` turns it on for the receiving pool, with prompts sharing
     prefixes through prefix-chained ``hash_ids`` or a synthetic shared prefix.
-    ``allreduce`` replaces the timing with a linear model plus a TP all-reduce
-    ring term (drawn after everything else, so the rest of the scenario is the
+    ``allreduce`` replaces the timing with a linear model plus its pass terms
+    (a TP all-reduce ring term, time scales, a per-pass overhead; drawn after everything else, so the rest of the scenario is the
     one the seed gives without it).
     """
     rnd = random.Random(seed)
@@ -157,6 +157,9 @@ def random_scenario(
                 "bandwidth_gb_per_second": rnd.choice([16.0, 0.7, 450.0]),
                 "curve": None,
             },
+            "prefill_scale": rnd.choice([1.0, 0.8, 1.37]),
+            "decode_scale": rnd.choice([1.0, 0.6, 2.5]),
+            "pass_overhead_us": rnd.choice([0.0, 0.0, 150.0, 33.3]),
         }
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}

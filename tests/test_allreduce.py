@@ -1,5 +1,6 @@
-"""TP all-reduce term (timing.allreduce): the ring formula and measured curves, hand-worked,
-and its configuration errors.  The engine with the ring term is compared with the
+"""Pass terms of the timing models: the TP all-reduce (timing.allreduce: the ring formula
+and measured curves), time scales and the per-pass overhead, hand-worked, and their
+configuration errors.  The engine with the ring term is compared with the
 reference implementation in tests/test_against_reference.py."""
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def test_no_allreduce_leaves_pass_times_unchanged():
     # the empty batch still takes 0
     timing = dict(LINEAR_1MS, tp=2, num_layers=1, hidden_size=8, allreduce={"bandwidth_gb_per_second": 1.0})
     assert pass_time(timing, 0, 0, 0, 0, 0) == 0.0
+
+
+def test_scales_by_pass_kind_and_overhead_hand_worked():
+    timing = dict(LINEAR_1MS, per_decode_seq_us=1000.0, prefill_scale=2.0, decode_scale=0.5, pass_overhead_us=100.0)
+    # a pass with a prefill entry (and one decode): (1 + 1) ms x 2 + 0.1 ms
+    assert pass_time(timing, 1, 10, 10, 1, 5) == 4.1
+    # decode-only, two decodes: (1 + 2) ms x 0.5 + 0.1 ms
+    assert pass_time(timing, 0, 0, 0, 2, 10) == 1.6
+    # the scale applies to the model time only, not to the all-reduce: 1 ms x 2 + 1.064 ms
+    timing = dict(LINEAR_1MS, prefill_scale=2.0, tp=2, num_layers=1, hidden_size=4096,
+                  allreduce={"latency_us": 20.0, "bandwidth_gb_per_second": 16.0})
+    assert pass_time(timing, 1, 1000, 1000, 0, 0) == pytest.approx(3.064, rel=1e-15)
 
 
 def write_nccl(path, rows):
@@ -95,6 +108,10 @@ def test_table_timing_adds_the_term_to_the_profile_time(tmp_path):
         ({"type": "fixed", "tp": 2}, "timing.tp"),
         ({"type": "fixed", "allreduce": {"bandwidth_gb_per_second": 1.0}}, "timing.allreduce"),
         ({"num_layers": 4}, "timing.num_layers"),
+        ({"prefill_scale": 0.0}, "timing.prefill_scale"),
+        ({"decode_scale": -1.0}, "timing.decode_scale"),
+        ({"pass_overhead_us": -5.0}, "timing.pass_overhead_us"),
+        ({"type": "fixed", "decode_scale": 2.0}, "timing.decode_scale"),
         ({"tp": 2, "num_layers": 1, "hidden_size": 8, "dtype_bytes": 0, "allreduce": {"bandwidth_gb_per_second": 1.0}}, "timing.dtype_bytes"),
     ],
 )

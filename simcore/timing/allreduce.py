@@ -1,4 +1,5 @@
-"""TP all-reduce term: the kernel's parameter block and the measured-curve reader.
+"""Pass terms (time scales, per-pass overhead, TP all-reduce): the kernel's parameter
+block and the all-reduce curve reader.
 
 Under tensor parallelism of ``n`` GPUs every decoder layer ends its attention
 and its MLP with an all-reduce of the pass's activations, ``tokens x
@@ -116,23 +117,26 @@ def _nccl_rows(path: str, lines: list[str], first: int) -> list[tuple[float, flo
     return out
 
 
-def allreduce_block(cfg: TimingConfig, table_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's all-reduce parameters (``nb.R_*``) and the curve to append to the table.
+def pass_terms_block(cfg: TimingConfig, table_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's pass-terms parameters (``nb.R_*``) and the curve to append to the table.
 
     Parameters
     ----------
     cfg : TimingConfig
-        The timing section (``cfg.allreduce`` false: a block that adds nothing).
+        The timing section (scales, overhead; ``cfg.allreduce`` false: no all-reduce).
     table_size : int
         Length of the model's own flat table (the curve is stored after it).
 
     Returns
     -------
-    block : ndarray(float64, shape (nb.ALLREDUCE_NUM_PARAMS,))
+    block : ndarray(float64, shape (nb.PASS_TERMS_NUM_PARAMS,))
     curve : ndarray(float64, ndim=1)
         Knots (bytes) then times (us); empty for the ring model or no all-reduce.
     """
-    block = np.zeros(nb.ALLREDUCE_NUM_PARAMS, dtype=np.float64)
+    block = np.zeros(nb.PASS_TERMS_NUM_PARAMS, dtype=np.float64)
+    block[nb.R_PREFILL_SCALE] = cfg.prefill_scale
+    block[nb.R_DECODE_SCALE] = cfg.decode_scale
+    block[nb.R_OVERHEAD_US] = cfg.pass_overhead_us
     if not cfg.allreduce:
         return block, np.zeros(0, dtype=np.float64)
     block[nb.R_COUNT] = 2 * cfg.num_layers

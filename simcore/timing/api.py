@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.config import TimingConfig
-from simcore.timing.allreduce import allreduce_block
+from simcore.timing.allreduce import pass_terms_block
 from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_TABLE
 
 
@@ -32,7 +32,8 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
     params : ndarray(float64, ndim=1)
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms, per_prefill_token_us,
         per_decode_seq_us, per_kv_token_ns]``; table/aic: offsets and sizes into ``table``;
-        linear, table and aic are followed by the TP all-reduce block (``nb.R_*``).
+        linear, table and aic are followed by the pass-terms block (``nb.R_*``: scales,
+        overhead, TP all-reduce).
     table : ndarray(float64, ndim=1)
         Flat lookup tables (empty for fixed and linear).
     """
@@ -54,7 +55,7 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
         params, table = aic_arrays(cfg)
     else:
         raise ValueError(f"timing.type {cfg.type!r} has no kernel")  # config validation prevents this
-    block, curve = allreduce_block(cfg, table.shape[0])
+    block, curve = pass_terms_block(cfg, table.shape[0])
     return (
         model,
         np.concatenate([np.asarray(params, dtype=np.float64), block]),

@@ -71,18 +71,22 @@ A_GA_B = 17  # offset of the batch knots of the decode-attention rows (ascending
 AIC_NUM_PARAMS = 18
 
 LINEAR_NUM_PARAMS = 4
-# TP all-reduce block (linear, table, aic), stored right after the model's own
-# parameters (at LINEAR_NUM_PARAMS, TABLE_NUM_PARAMS or AIC_NUM_PARAMS); a
-# params vector without it, or with R_COUNT 0, adds no all-reduce time.
-R_COUNT = 0  # all-reduces per pass (2 x layers)
-R_BYTES_PER_TOKEN = 1  # hidden_size x dtype_bytes
-R_GPUS = 2  # TP degree n
-R_LATENCY_US = 3  # ring: fixed cost per all-reduce, us
-R_BANDWIDTH = 4  # ring: link bandwidth, GB/s
-R_CURVE_N = 5  # measured curve: number of knots (0: ring)
-R_CURVE_X = 6  # offset of the curve's message sizes in ``table`` (bytes, ascending)
-R_CURVE_Y = 7  # offset of the curve's times (us)
-ALLREDUCE_NUM_PARAMS = 8
+# Pass-terms block (linear, table, aic), stored right after the model's own
+# parameters (at LINEAR_NUM_PARAMS, TABLE_NUM_PARAMS or AIC_NUM_PARAMS): time
+# scales, a per-pass overhead and the TP all-reduce.  A params vector without
+# it gives the model's own time.
+R_PREFILL_SCALE = 0  # factor on the model time of a pass with a prefill entry
+R_DECODE_SCALE = 1  # factor on the model time of a decode-only pass
+R_OVERHEAD_US = 2  # added to every non-empty pass, us
+R_COUNT = 3  # all-reduces per pass (2 x layers); 0: none
+R_BYTES_PER_TOKEN = 4  # hidden_size x dtype_bytes
+R_GPUS = 5  # TP degree n
+R_LATENCY_US = 6  # ring: fixed cost per all-reduce, us
+R_BANDWIDTH = 7  # ring: link bandwidth, GB/s
+R_CURVE_N = 8  # measured curve: number of knots (0: ring)
+R_CURVE_X = 9  # offset of the curve's message sizes in ``table`` (bytes, ascending)
+R_CURVE_Y = 10  # offset of the curve's times (us)
+PASS_TERMS_NUM_PARAMS = 11
 
 
 @njit(cache=True)
@@ -118,40 +122,49 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
-    tokens = prefill_tokens + num_decode
     if model == TIMING_TABLE:
-        return table_pass_ms_nb(
+        ms = table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
-        ) + allreduce_ms_nb(params, table, TABLE_NUM_PARAMS, tokens)
+        )
+        return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
     if model == TIMING_AIC:
-        return aic_pass_ms_nb(
+        ms = aic_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
-        ) + allreduce_ms_nb(params, table, AIC_NUM_PARAMS, tokens)
-    return (
+        )
+        return pass_terms_ms_nb(params, table, AIC_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
+    ms = (
         params[0]
         + params[1] * prefill_tokens / 1000
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
-    ) + allreduce_ms_nb(params, table, LINEAR_NUM_PARAMS, tokens)
+    )
+    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
 
 
 @njit(cache=True)
-def allreduce_ms_nb(params, table, base, tokens):
-    """TP all-reduce time of a pass of ``tokens`` tokens, ms (0.0 without the block at ``base``).
+def pass_terms_ms_nb(params, table, base, model_ms, num_prefill, tokens):
+    """A non-empty pass's time from its model time, ms: scaled, plus overhead and TP all-reduce.
 
-    ``R_COUNT`` all-reduces of ``tokens x R_BYTES_PER_TOKEN`` bytes each: ring
-    ``latency + 2 (n - 1) / n x bytes / bandwidth``, or the measured curve
-    interpolated at the message size (below its first knot: the first knot's
-    time; beyond its last: the last segment extended).
+    ``model_ms x (R_PREFILL_SCALE if num_prefill > 0 else R_DECODE_SCALE)
+    + all-reduce + R_OVERHEAD_US / 1000``; the all-reduce is ``R_COUNT``
+    all-reduces of ``tokens x R_BYTES_PER_TOKEN`` bytes each: ring ``latency +
+    2 (n - 1) / n x bytes / bandwidth``, or the measured curve interpolated at
+    the message size (below its first knot: the first knot's time; beyond its
+    last: the last segment extended).  With the defaults (scales 1, no
+    overhead, no all-reduce) the model time is returned unchanged, bit for bit.
 
     Parameters
     ----------
     params : ndarray(float64, ndim=1)
-        The model's parameters, the all-reduce block at ``base`` (``R_*``).
+        The model's parameters, the pass-terms block at ``base`` (``R_*``).
     table : ndarray(float64, ndim=1)
         The flat lookup tables (holds the curve).
     base : int
         Offset of the block in ``params``.
+    model_ms : float
+        The timing model's time of the pass, ms.
+    num_prefill : int
+        Prefill entries of the pass.
     tokens : int
         Tokens in the pass (prefill tokens + decodes).
 
@@ -160,21 +173,25 @@ def allreduce_ms_nb(params, table, base, tokens):
     float
         Time, ms.
     """
-    if params.shape[0] < base + ALLREDUCE_NUM_PARAMS or params[base + R_COUNT] == 0.0:
-        return 0.0
-    size = tokens * params[base + R_BYTES_PER_TOKEN]
-    knots = int(params[base + R_CURVE_N])
-    if knots == 0:
-        n = params[base + R_GPUS]
-        one_us = params[base + R_LATENCY_US] + 2.0 * (n - 1.0) / n * size / (params[base + R_BANDWIDTH] * 1e3)
-    else:
-        xoff = int(params[base + R_CURVE_X])
-        yoff = int(params[base + R_CURVE_Y])
-        if size <= table[xoff]:
-            one_us = table[yoff]
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS:
+        return model_ms
+    scale = params[base + R_PREFILL_SCALE] if num_prefill > 0 else params[base + R_DECODE_SCALE]
+    ms = model_ms * scale
+    if params[base + R_COUNT] != 0.0:
+        size = tokens * params[base + R_BYTES_PER_TOKEN]
+        knots = int(params[base + R_CURVE_N])
+        if knots == 0:
+            n = params[base + R_GPUS]
+            one_us = params[base + R_LATENCY_US] + 2.0 * (n - 1.0) / n * size / (params[base + R_BANDWIDTH] * 1e3)
         else:
-            one_us = interp1_nb(table, xoff, yoff, knots, size)
-    return params[base + R_COUNT] * one_us / 1000.0
+            xoff = int(params[base + R_CURVE_X])
+            yoff = int(params[base + R_CURVE_Y])
+            if size <= table[xoff]:
+                one_us = table[yoff]
+            else:
+                one_us = interp1_nb(table, xoff, yoff, knots, size)
+        ms += params[base + R_COUNT] * one_us / 1000.0
+    return ms + params[base + R_OVERHEAD_US] / 1000.0
 
 
 # ---------------------------------------------------------------- interpolation

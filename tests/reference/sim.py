@@ -100,9 +100,11 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
 - Step 1 (running requests) has no hit lookup; its capacity check is the usual
   ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
 
-Timing: fixed and linear, plus the TP all-reduce ring term (``timing.allreduce``:
-``2 x num_layers`` all-reduces of ``(prefill_tokens + num_decode) x hidden_size x
-dtype_bytes`` bytes, each ``latency_us + 2 (n - 1) / n x bytes / (bandwidth x 1e3)`` us).
+Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
+pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
+the all-reduce (``timing.allreduce``, ring model) being ``2 x num_layers``
+all-reduces of ``(prefill_tokens + num_decode) x hidden_size x dtype_bytes`` bytes,
+each ``latency_us + 2 (n - 1) / n x bytes / (bandwidth x 1e3)`` us.
 Not covered: the aic/table timing models and the measured all-reduce curve.
 """
 
@@ -366,7 +368,11 @@ class ReferenceSim:
         self.t_per_prefill_token_us = float(timing["per_prefill_token_us"])
         self.t_per_decode_seq_us = float(timing["per_decode_seq_us"])
         self.t_per_kv_token_ns = float(timing["per_kv_token_ns"])
-        # TP all-reduce, ring model only (linear timing): 2 per layer.
+        # Linear timing's pass terms: scales by pass kind, overhead, TP all-reduce
+        # (ring model only: 2 per layer).
+        self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
+        self.t_decode_scale = float(timing.get("decode_scale", 1.0))
+        self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
         ring = timing.get("allreduce") or {}
         self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
         assert ring.get("curve") is None, "reference has no all-reduce curve"
@@ -956,11 +962,13 @@ class ReferenceSim:
               + self.t_per_prefill_token_us * s["prefill_tokens"] / 1000
               + self.t_per_decode_seq_us * s["num_decode"] / 1000
               + self.t_per_kv_token_ns * kv / 1e6)
+        ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
         if self.ar_bandwidth is not None:
             n = float(self.ar_gpus)
             size = (s["prefill_tokens"] + s["num_decode"]) * float(self.ar_bytes_per_token)
             one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
             ms += self.ar_count * one_us / 1000.0
+        ms += self.t_overhead_us / 1000.0
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
         return ms
