@@ -40,6 +40,8 @@ _POOL_DEFAULTS = {
     "max_prefill_tokens": None,
     "schedule_conservativeness": None,
     "prefix_caching": False,
+    # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md)
+    "async_scheduling": False,
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -352,6 +354,7 @@ class PoolConfig:
     max_prefill_tokens: int | None  # sglang
     schedule_conservativeness: float | None  # sglang
     prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
+    async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
 
     @property
     def num_ranks(self) -> int:
@@ -701,6 +704,7 @@ def _pool(
         context_length=_optional_count(f"{prefix}.context_length", raw["context_length"]),
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
+        async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness, strict=True),
@@ -877,6 +881,18 @@ def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
         pass_sequences_limit=_next_pow2(max(p.max_sequences for p in pools)),
         context_limit=_next_pow2(max(p.sequence_limit for p in pools)),
     )
+
+
+def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
+    enabled = _flag(f"{prefix}.async_scheduling", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{prefix}.async_scheduling is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and prefix.endswith(".prefill"):
+        raise ConfigError(
+            f"{prefix}.async_scheduling: not modelled for a P/D prefill pool (its prompts hand off "
+            "instead of sampling); set it on engine.decode or engine.aggregated"
+        )
+    return enabled
 
 
 def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:

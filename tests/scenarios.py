@@ -40,6 +40,7 @@ def random_scenario(
     long_outputs: bool = False,
     prefix_caching: bool = False,
     allreduce: bool = False,
+    async_scheduling: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -53,7 +54,8 @@ def random_scenario(
     prefixes through prefix-chained ``hash_ids`` or a synthetic shared prefix.
     ``allreduce`` replaces the timing with a linear model plus its pass terms
     (a TP all-reduce ring term, time scales, a per-pass overhead; drawn after everything else, so the rest of the scenario is the
-    one the seed gives without it).
+    one the seed gives without it).  ``async_scheduling`` turns on the vllm
+    policy's asynchronous scheduling on the aggregated or decode pool.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -161,6 +163,8 @@ def random_scenario(
             "decode_scale": rnd.choice([1.0, 0.6, 2.5]),
             "pass_overhead_us": rnd.choice([0.0, 0.0, 150.0, 33.3]),
         }
+    if async_scheduling:
+        config["engine"]["decode" if disaggregated else "aggregated"]["async_scheduling"] = True
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 

@@ -145,6 +145,7 @@ def simulate_engine_nb(
     worker_first_rank,
     worker_num_ranks,
     num_decode_workers,
+    worker_async,
     rank_max_batched_tokens,
     rank_max_sequences,
     rank_num_blocks,
@@ -226,6 +227,9 @@ def simulate_engine_nb(
         Each worker's first global rank and number of attention-DP ranks.
     num_decode_workers : int
         Decode workers (the last ones); 0 when aggregated.
+    worker_async : ndarray(bool, ndim=1)
+        Asynchronous scheduling per worker (vllm policy; docs/semantics.md): the
+        next pass is built when a pass starts, from the state before its outputs.
     rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
         Per-rank scheduler limits and KV cache (blocks, tokens per block).
     rank_seq_limit : ndarray(int64, ndim=1)
@@ -322,9 +326,28 @@ def simulate_engine_nb(
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
+    pass_start = np.full(num_workers, -1, dtype=np.int64)
     max_ranks = worker_num_ranks.max()
     summary = np.zeros((max_ranks, 6), dtype=np.int64)
     rank_ms = np.zeros(max_ranks, dtype=np.float64)
+
+    # Asynchronous scheduling: a worker's pass on the GPU and the one queued
+    # behind it, each an entry list per rank (request, whether its chunk
+    # samples a token) in slots run_slot[w] and 1 - run_slot[w]; ``planned``
+    # counts emitted plus in-flight outputs (it is ``generated`` without).
+    any_async = False
+    for w in range(num_workers):
+        any_async = any_async or worker_async[w]
+    lists = num_ranks if any_async else 0
+    entry_req = np.empty((lists, 2, rank_max_sequences.max()), dtype=np.int64)
+    entry_out = np.zeros((lists, 2, rank_max_sequences.max()), dtype=np.bool_)
+    entry_len = np.zeros((lists, 2), dtype=np.int64)
+    run_slot = np.zeros(num_workers, dtype=np.int64)
+    queued = np.zeros(num_workers, dtype=np.bool_)
+    queued_ms = np.zeros(num_workers, dtype=np.float64)
+    queued_summary = np.zeros((num_workers if any_async else 0, max_ranks, 6), dtype=np.int64)
+    queued_rank_ms = np.zeros((num_workers if any_async else 0, max_ranks), dtype=np.float64)
+    planned = np.zeros(n, dtype=np.int64) if any_async else generated
 
     # Servers and the outputs of the pass being ended.
     tok_free = np.zeros(num_tok_servers, dtype=np.int64)
@@ -394,70 +417,87 @@ def simulate_engine_nb(
                 pass_end[w] = -1
                 progressed = True
                 hidden = worker_role[w] == ROLE_PREFILL
+                asynchronous = worker_async[w]
+                slot = run_slot[w]
                 num_out = 0
                 for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
                     keep = 0
-                    for i in range(run_len[g]):
-                        k = running[g, i]
+                    for i in range(entry_len[g, slot] if asynchronous else run_len[g]):
                         leaves = False
-                        if sched_n[k] > 0:
-                            computed[k] += sched_n[k]
-                            sched_n[k] = 0
-                            if computed[k] == input_tokens[k] + generated[k]:
-                                if hidden:
-                                    # Prompt computed: hand off; the sampled token
-                                    # is not sent and the blocks stay held until
-                                    # the transfer ends (SPEC §6).
-                                    leaves = True
-                                    handoff_ns[k] = t
-                                    handoff_req[num_handoffs] = k
-                                    xfer_size = _heap_push_nb(
-                                        xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
-                                    )
-                                    num_handoffs += 1
+                        if asynchronous:  # computed advanced when the pass was built
+                            k = entry_req[g, slot, i]
+                            samples = entry_out[g, slot, i]
+                        else:
+                            k = running[g, i]
+                            samples = False
+                            if sched_n[k] > 0:
+                                computed[k] += sched_n[k]
+                                sched_n[k] = 0
+                                samples = computed[k] == input_tokens[k] + generated[k]
+                        if samples:
+                            if hidden:
+                                # Prompt computed: hand off; the sampled token
+                                # is not sent and the blocks stay held until
+                                # the transfer ends (SPEC §6).
+                                leaves = True
+                                handoff_ns[k] = t
+                                handoff_req[num_handoffs] = k
+                                xfer_size = _heap_push_nb(
+                                    xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
+                                )
+                                num_handoffs += 1
+                            else:
+                                j = generated[k]
+                                generated[k] = j + 1
+                                if not asynchronous:
+                                    planned[k] = j + 1  # (the same array without async workers)
+                                tok = token_offset[k] + j
+                                if j == 0:
+                                    first_emit_ns[k] = t
+                                leaves = (
+                                    j + 1 == output_tokens[k]
+                                    or input_tokens[k] + j + 1 >= rank_seq_limit[g]
+                                )
+                                if bounded:
+                                    out_req[num_out] = k
+                                    tok = num_out
                                 else:
-                                    j = generated[k]
-                                    generated[k] = j + 1
-                                    tok = token_offset[k] + j
-                                    if j == 0:
-                                        first_emit_ns[k] = t
-                                    leaves = (
-                                        j + 1 == output_tokens[k]
-                                        or input_tokens[k] + j + 1 >= rank_seq_limit[g]
-                                    )
-                                    if bounded:
-                                        out_req[num_out] = k
-                                        tok = num_out
-                                    else:
-                                        token_emit_ns[tok] = t
-                                    if detok_mode == DETOK_OFF:
-                                        recv_target[tok] = t  # received as emitted
-                                        num_out += bounded  # bounded: streamed at the pass end
-                                        if leaves and closed_loop:
-                                            send_size = _heap_push_nb(
-                                                send_key, send_val, send_size, t + think_ns, 0
-                                            )
-                                    elif detok_mode == DETOK_IN_KERNEL:
-                                        srv = detok_server[k]
-                                        out_token[num_out] = tok
-                                        out_server[num_out] = srv
-                                        out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
-                                        num_out += 1
-                                        # The server's job so far (one job per server
-                                        # per pass unless chunked).
-                                        job_count[srv] += 1
-                                        job_firsts[srv] += j == 0
-                                        job_finals[srv] += leaves
-                                    else:
-                                        emit_log[num_emitted] = tok
-                                    num_emitted += 1
-                                    if leaves:
-                                        finish_ns[k] = t
-                                        progress[0] += 1
-                                        kv_release_nb(prefix_cache, g, k, held, blocks_used)
-                        if not leaves:
+                                    token_emit_ns[tok] = t
+                                if detok_mode == DETOK_OFF:
+                                    recv_target[tok] = t  # received as emitted
+                                    num_out += bounded  # bounded: streamed at the pass end
+                                    if leaves and closed_loop:
+                                        send_size = _heap_push_nb(
+                                            send_key, send_val, send_size, t + think_ns, 0
+                                        )
+                                elif detok_mode == DETOK_IN_KERNEL:
+                                    srv = detok_server[k]
+                                    out_token[num_out] = tok
+                                    out_server[num_out] = srv
+                                    out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
+                                    num_out += 1
+                                    # The server's job so far (one job per server
+                                    # per pass unless chunked).
+                                    job_count[srv] += 1
+                                    job_firsts[srv] += j == 0
+                                    job_finals[srv] += leaves
+                                else:
+                                    emit_log[num_emitted] = tok
+                                num_emitted += 1
+                                if leaves:
+                                    finish_ns[k] = t
+                                    progress[0] += 1
+                                    kv_release_nb(prefix_cache, g, k, held, blocks_used)
+                        if not leaves and not asynchronous:
                             running[g, keep] = k
                             keep += 1
+                    if asynchronous:
+                        entry_len[g, slot] = 0
+                        for i in range(run_len[g]):  # drop the finished, in running order
+                            k = running[g, i]
+                            if finish_ns[k] < 0:
+                                running[g, keep] = k
+                                keep += 1
                     run_len[g] = keep
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
@@ -488,6 +528,19 @@ def simulate_engine_nb(
                     )
                 if bounded and num_out > 0:
                     stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
+                if queued[w]:  # asynchronous: the pass built at this one's start runs now
+                    queued[w] = False
+                    run_slot[w] = 1 - slot
+                    pass_start[w] = t
+                    pass_end[w] = t + _pass_ns_nb(queued_ms[w])
+                    if record_passes:
+                        rows = _log_pass_nb(
+                            pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
+                            queued_summary[w], queued_rank_ms[w],
+                        )
+                        if rows < 0:
+                            return PASS_LOG_FULL, pass_log_rows, num_emitted
+                        pass_log_rows = rows
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -538,81 +591,91 @@ def simulate_engine_nb(
                     progress,
                 )
 
-        # (e) idle workers with work start passes, by worker index.
+        # (e) idle workers with work start passes, by worker index; an
+        # asynchronous worker whose pass started at t then builds the next.
         for w in range(num_workers):
-            if pass_end[w] >= 0:
-                continue
             first_rank = worker_first_rank[w]
             num_dp = worker_num_ranks[w]
-            while True:
-                any_batch = False
-                any_preempted = False
-                worst_ms = 0.0
-                for r in range(num_dp):
-                    g = first_rank + r
-                    if rank_policy[g] == POLICY_SGLANG:
-                        preempted = build_sglang_batch_nb(
-                            g, t, input_tokens, output_tokens, generated, computed, held,
-                            sched_n, running, run_len, blocks_used, wait_head,
-                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            rank_max_sequences, rank_num_blocks, rank_block_size,
-                            rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-                        )
-                    else:
-                        preempted = build_vllm_batch_nb(
-                            g, t, input_tokens, output_tokens, generated, computed, held,
-                            sched_n, running, run_len, blocks_used, wait_head,
-                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-                            rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
-                            worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                            cached_tokens,
-                        )
-                    batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
-                    if summary[r, 0] + summary[r, 3] > 0:
-                        any_batch = True
-                    any_preempted = any_preempted or preempted
-                    ms = rank_time_ms_nb(
-                        timing_model,
-                        timing_params,
-                        timing_table,
-                        summary[r, 0],
-                        summary[r, 1],
-                        summary[r, 2],
-                        summary[r, 3],
-                        summary[r, 4],
-                    )
-                    if not (ms >= 0.0 and ms < np.inf):
-                        bad_batch[0] = w
-                        bad_batch[1] = r
-                        for c in range(5):
-                            bad_batch[2 + c] = summary[r, c]
-                        bad_batch[7] = ms
-                        return BAD_TIMING, pass_log_rows, num_emitted
-                    rank_ms[r] = ms
-                    summary[r, 5] = blocks_used[g]
-                    if ms > worst_ms:
-                        worst_ms = ms
-                if any_batch:
-                    end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
-                    pass_end[w] = end
-                    if record_passes:
-                        if pass_log_rows + num_dp > pass_log.shape[0]:
-                            return PASS_LOG_FULL, pass_log_rows, num_emitted
-                        for r in range(num_dp):
-                            row = pass_log_rows
-                            pass_log[row, PASS_WORKER] = w
-                            pass_log[row, PASS_RANK] = r
-                            pass_log[row, PASS_START] = t
-                            pass_log[row, PASS_END] = end
-                            for c in range(6):
-                                pass_log[row, PASS_NUM_PREFILL + c] = summary[r, c]
-                            pass_ms[row] = rank_ms[r]
-                            pass_log_rows += 1
+            for phase in range(2):
+                if phase == 0 and pass_end[w] >= 0:
+                    continue
+                if phase == 1 and not (worker_async[w] and pass_end[w] >= 0 and pass_start[w] == t and not queued[w]):
                     break
-                if not any_preempted:
-                    break  # nothing schedulable: the worker stays idle
-                # Only preemptions happened: try again at once (SPEC §5 (e)).
+                slot = run_slot[w] if phase == 0 else 1 - run_slot[w]
+                while True:
+                    any_batch = False
+                    any_preempted = False
+                    worst_ms = 0.0
+                    for r in range(num_dp):
+                        g = first_rank + r
+                        if rank_policy[g] == POLICY_SGLANG:
+                            preempted = build_sglang_batch_nb(
+                                g, t, input_tokens, output_tokens, generated, computed, held,
+                                sched_n, running, run_len, blocks_used, wait_head,
+                                wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
+                                rank_max_sequences, rank_num_blocks, rank_block_size,
+                                rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+                            )
+                        else:
+                            preempted = build_vllm_batch_nb(
+                                g, t, input_tokens, output_tokens, planned, computed, held,
+                                sched_n, running, run_len, blocks_used, wait_head,
+                                wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
+                                rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
+                                rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
+                                worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
+                                cached_tokens,
+                            )
+                        batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
+                        if worker_async[w]:
+                            _enqueue_entries_nb(
+                                g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
+                                generated, planned, entry_req, entry_out, entry_len, run_slot[w],
+                            )
+                        if summary[r, 0] + summary[r, 3] > 0:
+                            any_batch = True
+                        any_preempted = any_preempted or preempted
+                        ms = rank_time_ms_nb(
+                            timing_model,
+                            timing_params,
+                            timing_table,
+                            summary[r, 0],
+                            summary[r, 1],
+                            summary[r, 2],
+                            summary[r, 3],
+                            summary[r, 4],
+                        )
+                        if not (ms >= 0.0 and ms < np.inf):
+                            bad_batch[0] = w
+                            bad_batch[1] = r
+                            for c in range(5):
+                                bad_batch[2 + c] = summary[r, c]
+                            bad_batch[7] = ms
+                            return BAD_TIMING, pass_log_rows, num_emitted
+                        rank_ms[r] = ms
+                        summary[r, 5] = blocks_used[g]
+                        if ms > worst_ms:
+                            worst_ms = ms
+                    if any_batch:
+                        if phase == 1:  # queued until the running pass ends
+                            queued[w] = True
+                            queued_ms[w] = worst_ms
+                            queued_summary[w, :num_dp] = summary[:num_dp]
+                            queued_rank_ms[w, :num_dp] = rank_ms[:num_dp]
+                            break
+                        pass_start[w] = t
+                        pass_end[w] = t + _pass_ns_nb(worst_ms)
+                        if record_passes:
+                            rows = _log_pass_nb(
+                                pass_log, pass_ms, pass_log_rows, w, num_dp, t, pass_end[w], summary, rank_ms
+                            )
+                            if rows < 0:
+                                return PASS_LOG_FULL, pass_log_rows, num_emitted
+                            pass_log_rows = rows
+                        break
+                    if not any_preempted:
+                        break  # nothing schedulable: the worker stays idle (or nothing is queued)
+                    # Only preemptions happened: try again at once (SPEC §5 (e)).
 
     return OK, pass_log_rows, num_emitted
 
@@ -641,6 +704,7 @@ def simulate_batch_nb(
     worker_first_rank,
     worker_num_ranks,
     num_decode_workers,
+    worker_async,
     rank_max_batched_tokens,
     rank_max_sequences,
     rank_num_blocks,
@@ -700,6 +764,8 @@ def simulate_batch_nb(
         (C, 4) ``[base_ms, per_output_us, first_output_us, final_output_us]``.
     worker_role, worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
         Shared topology, per worker.
+    worker_async : ndarray(bool, ndim=2)
+        (C, workers) asynchronous scheduling.
     rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit, rank_policy, rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=2)
         (C, ranks) scheduler limits (tokens, sequences, blocks, tokens per block).
     ratio_params : ndarray(float64, ndim=3)
@@ -759,6 +825,7 @@ def simulate_batch_nb(
             worker_first_rank,
             worker_num_ranks,
             num_decode_workers,
+            worker_async[c],
             rank_max_batched_tokens[c],
             rank_max_sequences[c],
             rank_num_blocks[c],
@@ -797,6 +864,64 @@ def simulate_batch_nb(
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+
+
+@njit(cache=True)
+def _pass_ns_nb(ms):
+    """A pass's duration, ns, from its worst rank's time in ms (at least 1 ns)."""
+    return max(np.int64(1), np.int64(np.rint(ms * 1e6)))
+
+
+@njit(cache=True)
+def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_ms):
+    """Append one row per rank of worker w's pass; returns the new row count (-1: log full)."""
+    if rows + num_dp > pass_log.shape[0]:
+        return -1
+    for r in range(num_dp):
+        pass_log[rows, PASS_WORKER] = w
+        pass_log[rows, PASS_RANK] = r
+        pass_log[rows, PASS_START] = start
+        pass_log[rows, PASS_END] = end
+        for c in range(6):
+            pass_log[rows, PASS_NUM_PREFILL + c] = summary[r, c]
+        pass_ms[rows] = rank_ms[r]
+        rows += 1
+    return rows
+
+
+@njit(cache=True)
+def _enqueue_entries_nb(
+    g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
+    entry_req, entry_out, entry_len, run_slot,
+):
+    """Asynchronous scheduling: record rank g's just-built batch in entry slot ``slot``.
+
+    The scheduled tokens count as computed at once (the next build follows them
+    without waiting for this pass); an entry whose chunk reaches the request's
+    known tokens samples a token, which is planned until the pass ends.  A
+    request preempted by this build loses the token its running-pass entry
+    would have sampled (that output is dropped and recomputed after resumption).
+    """
+    if preempted and slot != run_slot:
+        for i in range(entry_len[g, run_slot]):
+            k = entry_req[g, run_slot, i]
+            if entry_out[g, run_slot, i] and computed[k] == 0:
+                entry_out[g, run_slot, i] = False
+                planned[k] = generated[k]
+    m = 0
+    for i in range(run_len[g]):
+        k = running[g, i]
+        if sched_n[k] == 0:
+            continue
+        computed[k] += sched_n[k]
+        sched_n[k] = 0
+        entry_req[g, slot, m] = k
+        samples = computed[k] == input_tokens[k] + planned[k]
+        entry_out[g, slot, m] = samples
+        if samples:
+            planned[k] += 1
+        m += 1
+    entry_len[g, slot] = m
 
 
 @njit(cache=True)

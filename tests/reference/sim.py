@@ -173,6 +173,9 @@ class Request:
         self.generated = 0
         self.held_blocks = 0
         self.num_preemptions = 0
+        # asynchronous scheduling (vLLM's AsyncScheduler, docs/semantics.md)
+        self.placeholders = 0         # outputs scheduled but not yet returned
+        self.epoch = 0                # +1 per preemption: older in-flight outputs are stale
         # prefix caching (docs/prefix-caching.md), on a rank whose pool caches
         self.idents = None            # identities of its complete prompt blocks (recv pool bs)
         self.blocks = []              # the Block objects it references, block order
@@ -241,6 +244,9 @@ class Pool:
         ctx = params.get("context_length")
         self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
         self.prefix_caching = bool(params.get("prefix_caching") or False)
+        self.async_scheduling = bool(params.get("async_scheduling") or False)
+        if self.async_scheduling and (policy != "vllm" or name == "prefill"):
+            raise ValueError(f"engine.{name}.async_scheduling: vllm policy, aggregated or decode pool only")
         if self.prefix_caching and policy != "vllm":
             raise ValueError(f"engine.{name}.prefix_caching is modelled for policy vllm only")
         if self.prefix_caching and name == "decode":
@@ -318,6 +324,7 @@ class Worker:
         self.tok_free = [0] * tok_servers      # tokenizer server free instants (SPEC §4)
         self.detok_free = [0] * detok_servers  # detokenizer server free instants (SPEC §7)
         self.current = None                    # Pass or None (idle)
+        self.queued = None                     # async: the Pass built when current started
 
     def has_work(self):
         return any(rank.has_work() for rank in self.ranks)
@@ -542,6 +549,11 @@ class ReferenceSim:
         for w in self.workers:
             if w.current is None and w.has_work():
                 self.try_start(w, t)
+            # async scheduling: the step that launched a pass at t schedules the next one
+            # at once, before that pass's outputs (vllm/v1/engine/core.py, step_with_batch_queue)
+            if (w.pool.async_scheduling and w.current is not None and w.current.start_ns == t
+                    and w.queued is None and w.has_work()):
+                w.queued = self.build_pass(w, t)
 
     # ------------------------------------------------------------ client side
 
@@ -740,7 +752,13 @@ class ReferenceSim:
         i = 0
         while i < len(rank.running):
             req = rank.running[i]
-            n = min(req.known - req.computed, B)
+            # vLLM (AsyncScheduler): a request with outputs in flight whose every token is
+            # already scheduled (max_tokens or the length limit) is skipped
+            planned = req.generated + req.placeholders
+            if req.placeholders and (planned >= req.output_tokens or req.input_tokens + planned >= pool.L):
+                i += 1
+                continue
+            n = min(req.known + req.placeholders - req.computed, B)
             if n == 0:
                 break
             self_victim = False
@@ -748,6 +766,8 @@ class ReferenceSim:
                 victim = rank.running.pop()  # the LAST running request
                 self.release(pool, rank, victim)
                 victim.computed = 0
+                victim.placeholders = 0  # its in-flight output is dropped (vLLM 0.33)
+                victim.epoch += 1
                 victim.num_preemptions += 1
                 rank.waiting.appendleft(victim)  # FRONT of waiting
                 preempted = True
@@ -975,6 +995,19 @@ class ReferenceSim:
 
     def try_start(self, w, t):
         """SPEC §5 pass start on an idle worker with work (retried after preempt-only)."""
+        p = self.build_pass(w, t)
+        if p is not None:
+            self.start(w, p, t)
+
+    def start(self, w, p, t):
+        p.start_ns = t
+        p.end_ns = t + max(1, ms_to_ns(max(p.times_ms)))  # §0: max over ranks, converted once
+        w.current = p
+
+    def build_pass(self, w, t):
+        """Every rank's batch of worker w at t (None: all empty); preempt-only retries at once.
+        Under async scheduling the scheduled tokens count as computed at once and a chunk
+        that reaches the request's known tokens adds an output placeholder."""
         while True:
             batches, summaries, times, blocks = [], [], [], []
             any_preempted = False
@@ -986,20 +1019,67 @@ class ReferenceSim:
                         req.first_admit_ns = t  # first admission only (P/D: on prefill)
                         req.cached_tokens = req.hit_tokens  # 0 without prefix caching
                 s = self.summarize_batch(batch)
+                if w.pool.async_scheduling:
+                    entries = []
+                    for req, n, is_decode in batch:
+                        req.computed += n
+                        samples = req.computed == req.known + req.placeholders
+                        if samples:
+                            req.placeholders += 1
+                        entries.append((req, n, samples, req.epoch))
+                    batch = entries
                 batches.append(batch)
                 summaries.append(s)
                 times.append(self.rank_time_ms(s))
                 blocks.append(rank.used_blocks)
             if any(batches):
-                dur_ns = max(1, ms_to_ns(max(times)))  # §0: max over ranks, converted once
-                w.current = Pass(t, t + dur_ns, batches, summaries, times, blocks)
-                return
+                return Pass(None, None, batches, summaries, times, blocks)
             if not any_preempted:
-                return  # all batches empty: the worker stays idle
+                return None  # all batches empty: the worker stays idle
             # only preemptions happened: try again at once
+
+    def end_pass_async(self, w, t):
+        """Pass end under async scheduling: the outputs of the entries that sampled (in
+        batch order, which is the running order when the pass was built), unless the
+        request was preempted since; then the queued pass starts."""
+        p = w.current
+        w.current = None
+        pool = w.pool
+        outputs = []
+        for rank, batch in zip(w.ranks, p.batches):
+            for req, n, samples, epoch in batch:
+                if not samples or epoch != req.epoch:
+                    continue
+                req.placeholders -= 1
+                if req.prompt_done_ns is None:
+                    req.prompt_done_ns = t
+                idx = req.generated
+                req.generated += 1
+                final = (req.generated == req.output_tokens
+                         or req.input_tokens + req.generated >= pool.L)
+                req.tokens.append([t, None, final])
+                if idx == 0:
+                    req.first_emit_ns = t
+                outputs.append((req, idx))
+                if final:
+                    self.release(pool, rank, req)
+                    rank.running.remove(req)
+        for r in range(pool.R):
+            rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
+            rec.update(p.summaries[r])
+            rec["rank_time_ms"] = p.times_ms[r]
+            rec["blocks_in_use"] = p.blocks[r]
+            rec["pool"] = pool.name
+            self.pass_records.append(rec)
+        self.make_detok_jobs(w, t, outputs)
+        if w.queued is not None:
+            self.start(w, w.queued, t)
+            w.queued = None
 
     def end_pass(self, w, t):
         """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization."""
+        if w.pool.async_scheduling:
+            return self.end_pass_async(w, t)
         p = w.current
         w.current = None
         pool = w.pool
