@@ -1,15 +1,17 @@
 """``replaysim-calibrate``: fit named simulator parameters to a measured serving run.
 
     replaysim-calibrate MEASURED [KEY=VALUE ...] --fit KEY[=LOW:HIGH] [--fit ...]
-        [--fit-fraction 0.5] [--out DIR] [--max-evals 1200] [--seed 0] [--format auto]
+        [--fit-fraction 0.5] [--loss requests] [--out DIR] [--max-evals 2400] [--seed 0] [--format auto]
 
 The measured run gives the workload (send instants, prompt and output lengths)
 and the per-request latencies; the ``KEY=VALUE`` overrides describe the
 deployment, as for ``replaysim``.  The requests are ordered by send instant;
 the first ``--fit-fraction`` of them (default one half) are the fit part, the
 rest the held-out part.  Every candidate replays the whole workload; the loss
-is computed on the fit part only: the sum over TTFT, TPOT and E2E of the
-squared relative errors of their mean and p90.  The optimiser is SciPy's
+is computed on the fit part only.  ``--loss requests`` (default): request by
+request least squares, the sum over TTFT, TPOT and E2E of ``sum_i (predicted_i
+- measured_i)^2 / sum_i measured_i^2``; ``--loss summary``: the sum over the
+three metrics of the squared relative errors of their mean and p90.  The optimiser is SciPy's
 differential evolution (derivative-free), each generation one
 ``simcore.run_batch`` call over the whole population.
 
@@ -268,6 +270,20 @@ def part_metrics(latency: dict[str, np.ndarray], rows: slice) -> dict[str, float
     return out
 
 
+def request_loss(predicted: dict[str, np.ndarray], measured: dict[str, np.ndarray], rows: slice) -> float:
+    """Per metric ``sum (p - m)^2 / sum m^2`` over the requests measured (a request the
+    replay did not finish counts as predicted 0), summed over the metrics."""
+    total = 0.0
+    for column, _ in METRICS:
+        m = measured[column][rows]
+        known = ~np.isnan(m)
+        p = np.nan_to_num(predicted[column][rows][known], nan=0.0)
+        m = m[known]
+        if m.size:
+            total += float(np.sum((p - m) ** 2) / np.sum(m * m))
+    return total
+
+
 def loss_of(predicted: dict[str, float], measured: dict[str, float]) -> float:
     """Sum of squared relative errors over the metrics both sides have."""
     total = 0.0
@@ -367,7 +383,8 @@ def calibrate(
     fit: list[tuple[str, float, float]],
     *,
     fit_fraction: float = 0.5,
-    max_evals: int = 1200,
+    loss: str = "requests",
+    max_evals: int = 2400,
     seed: int = 0,
 ) -> Calibration:
     """Fit the parameters ``fit`` to the fit part of ``measured`` (see the module docstring).
@@ -380,6 +397,8 @@ def calibrate(
     fit : list of (key, low, high)
     fit_fraction : float
         Share of the requests (by send instant) in the fit part, (0, 1]; 1: no held-out part.
+    loss : str
+        ``requests`` (request-by-request least squares) or ``summary`` (means and p90s).
     max_evals : int
         Upper bound on simulated candidates (the optimiser may stop earlier).
     seed : int
@@ -393,6 +412,8 @@ def calibrate(
 
     if not 0 < fit_fraction <= 1:
         raise ConfigError(f"--fit-fraction must be in (0, 1], got {fit_fraction!r}")
+    if loss not in ("requests", "summary"):
+        raise ConfigError(f"--loss must be requests or summary, got {loss!r}")
     n = len(measured.request_id)
     n_fit = max(1, int(math.floor(n * fit_fraction)))
     parts = {"fit": slice(0, n_fit)}
@@ -428,12 +449,14 @@ def calibrate(
         results = simcore.run_batch(configs_for(points), requests=requests)
         evaluations += len(results)
         generations += 1
-        return np.array(
-            [loss_of(part_metrics(predicted_latency(r), parts["fit"]), targets["fit"]) for r in results]
-        )
+        if loss == "summary":
+            return np.array(
+                [loss_of(part_metrics(predicted_latency(r), parts["fit"]), targets["fit"]) for r in results]
+            )
+        return np.array([request_loss(predicted_latency(r), measured.latency, parts["fit"]) for r in results])
 
-    dims = len(fit)
-    maxiter = max(1, max_evals // (POPSIZE * dims) - 1)
+    population = 1 << (POPSIZE * len(fit) - 1).bit_length()  # Sobol initialisation: a power of two
+    maxiter = max(1, max_evals // population - 1)  # the initial population is one generation more
     start = time.perf_counter()
     found = differential_evolution(
         population_loss,
@@ -494,8 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="replaysim KEY=VALUE overrides of the deployment")
     parser.add_argument("--fit", action="append", default=[], metavar="KEY[=LOW:HIGH]", help="a parameter to fit")
     parser.add_argument("--fit-fraction", type=float, default=0.5, help="share of requests (by send) fitted")
+    parser.add_argument("--loss", default="requests", choices=("requests", "summary"), help="what the fit minimises")
     parser.add_argument("--out", default="calibration", help="output directory")
-    parser.add_argument("--max-evals", type=int, default=1200, help="most simulated candidates")
+    parser.add_argument("--max-evals", type=int, default=2400, help="most simulated candidates")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"))
     args = parser.parse_args(argv)
@@ -506,7 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = parse_overrides(args.overrides)
         fit = parse_fit(args.fit)
         result = calibrate(
-            measured, overrides, fit, fit_fraction=args.fit_fraction, max_evals=args.max_evals, seed=args.seed
+            measured, overrides, fit, fit_fraction=args.fit_fraction, loss=args.loss,
+            max_evals=args.max_evals, seed=args.seed,
         )
     except ConfigError as exc:
         print(f"replaysim-calibrate: error: {exc}", file=sys.stderr)
@@ -517,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "requests": len(measured.request_id),
         "dropped_failed_requests": measured.dropped,
         "fit_fraction": args.fit_fraction,
+        "loss_kind": args.loss,
         "overrides": overrides,
         "parameters": {key: {"value": result.values[key], "low": low, "high": high} for key, low, high in fit},
         "loss": result.loss,

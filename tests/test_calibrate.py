@@ -58,13 +58,14 @@ def simulated_measurement(path, truth: dict, n: int = 120, seed: int = 3):
     return table
 
 
-def test_recovers_known_parameters(tmp_path):
+@pytest.mark.parametrize("loss", ["requests", "summary"])
+def test_recovers_known_parameters(tmp_path, loss):
     truth = {"timing.prefill_scale": 1.3, "timing.decode_scale": 0.8}
     path = tmp_path / "requests.jsonl"
     simulated_measurement(path, truth)
     measured = cal.read_measured(str(path))
     fit = cal.parse_fit(list(truth))
-    result = cal.calibrate(measured, DEPLOYMENT, fit, max_evals=400, seed=1)
+    result = cal.calibrate(measured, DEPLOYMENT, fit, loss=loss, max_evals=400, seed=1)
     for key, value in truth.items():
         assert result.values[key] == pytest.approx(value, rel=0.02), key
     # the simulator fits its own output on both parts
