@@ -65,7 +65,7 @@ def test_recovers_known_parameters(tmp_path, loss):
     simulated_measurement(path, truth)
     measured = cal.read_measured(str(path))
     fit = cal.parse_fit(list(truth))
-    result = cal.calibrate(measured, DEPLOYMENT, fit, loss=loss, max_evals=400, seed=1)
+    result = cal.calibrate(measured, DEPLOYMENT, fit, loss=loss, max_evals=800, seed=1)
     for key, value in truth.items():
         assert result.values[key] == pytest.approx(value, rel=0.02), key
     # the simulator fits its own output on both parts
