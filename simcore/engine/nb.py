@@ -332,16 +332,13 @@ def simulate_engine_nb(
     rank_ms = np.zeros(max_ranks, dtype=np.float64)
 
     # Asynchronous scheduling: a worker's pass on the GPU and the one queued
-    # behind it, each an entry list per rank (request, whether its chunk
-    # samples a token) in slots run_slot[w] and 1 - run_slot[w]; ``planned``
-    # counts emitted plus in-flight outputs (it is ``generated`` without).
+    # behind it use sample slots run_slot[w] and 1 - run_slot[w]: per request,
+    # whether its chunk in that pass samples a token; ``planned`` counts emitted
+    # plus in-flight outputs (it is ``generated`` without async workers).
     any_async = False
     for w in range(num_workers):
         any_async = any_async or worker_async[w]
-    lists = num_ranks if any_async else 0
-    entry_req = np.empty((lists, 2, rank_max_sequences.max()), dtype=np.int64)
-    entry_out = np.zeros((lists, 2, rank_max_sequences.max()), dtype=np.bool_)
-    entry_len = np.zeros((lists, 2), dtype=np.int64)
+    sample_flag = np.zeros((2, n if any_async else 0), dtype=np.bool_)
     run_slot = np.zeros(num_workers, dtype=np.int64)
     queued = np.zeros(num_workers, dtype=np.bool_)
     queued_ms = np.zeros(num_workers, dtype=np.float64)
@@ -422,18 +419,17 @@ def simulate_engine_nb(
                 num_out = 0
                 for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
                     keep = 0
-                    for i in range(entry_len[g, slot] if asynchronous else run_len[g]):
+                    for i in range(run_len[g]):
+                        k = running[g, i]
                         leaves = False
-                        if asynchronous:  # computed advanced when the pass was built
-                            k = entry_req[g, slot, i]
-                            samples = entry_out[g, slot, i]
-                        else:
-                            k = running[g, i]
-                            samples = False
-                            if sched_n[k] > 0:
-                                computed[k] += sched_n[k]
-                                sched_n[k] = 0
-                                samples = computed[k] == input_tokens[k] + generated[k]
+                        samples = False
+                        if sched_n[k] > 0:  # synchronous: the pass's tokens are computed now
+                            computed[k] += sched_n[k]
+                            sched_n[k] = 0
+                            samples = computed[k] == input_tokens[k] + generated[k]
+                        elif asynchronous:  # computed advanced when the pass was built
+                            samples = sample_flag[slot, k]
+                            sample_flag[slot, k] = False
                         if samples:
                             if hidden:
                                 # Prompt computed: hand off; the sampled token
@@ -449,8 +445,6 @@ def simulate_engine_nb(
                             else:
                                 j = generated[k]
                                 generated[k] = j + 1
-                                if not asynchronous:
-                                    planned[k] = j + 1  # (the same array without async workers)
                                 tok = token_offset[k] + j
                                 if j == 0:
                                     first_emit_ns[k] = t
@@ -488,16 +482,9 @@ def simulate_engine_nb(
                                     finish_ns[k] = t
                                     progress[0] += 1
                                     kv_release_nb(prefix_cache, g, k, held, blocks_used)
-                        if not leaves and not asynchronous:
+                        if not leaves:
                             running[g, keep] = k
                             keep += 1
-                    if asynchronous:
-                        entry_len[g, slot] = 0
-                        for i in range(run_len[g]):  # drop the finished, in running order
-                            k = running[g, i]
-                            if finish_ns[k] < 0:
-                                running[g, keep] = k
-                                keep += 1
                     run_len[g] = keep
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
@@ -532,15 +519,14 @@ def simulate_engine_nb(
                     queued[w] = False
                     run_slot[w] = 1 - slot
                     pass_start[w] = t
-                    pass_end[w] = t + _pass_ns_nb(queued_ms[w])
+                    pass_end[w] = t + max(np.int64(1), np.int64(np.rint(queued_ms[w] * 1e6)))
                     if record_passes:
-                        rows = _log_pass_nb(
+                        if pass_log_rows + worker_num_ranks[w] > pass_log.shape[0]:
+                            return PASS_LOG_FULL, pass_log_rows, num_emitted
+                        pass_log_rows = _log_pass_nb(
                             pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
                             queued_summary[w], queued_rank_ms[w],
                         )
-                        if rows < 0:
-                            return PASS_LOG_FULL, pass_log_rows, num_emitted
-                        pass_log_rows = rows
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -592,90 +578,91 @@ def simulate_engine_nb(
                 )
 
         # (e) idle workers with work start passes, by worker index; an
-        # asynchronous worker whose pass started at t then builds the next.
-        for w in range(num_workers):
+        # asynchronous worker whose pass started at t then builds the next
+        # (the same worker again, before the next one).
+        w = 0
+        while w < num_workers:
+            queue = worker_async[w] and pass_end[w] >= 0 and pass_start[w] == t and not queued[w]
+            if pass_end[w] >= 0 and not queue:
+                w += 1
+                continue
             first_rank = worker_first_rank[w]
             num_dp = worker_num_ranks[w]
-            for phase in range(2):
-                if phase == 0 and pass_end[w] >= 0:
-                    continue
-                if phase == 1 and not (worker_async[w] and pass_end[w] >= 0 and pass_start[w] == t and not queued[w]):
-                    break
-                slot = run_slot[w] if phase == 0 else 1 - run_slot[w]
-                while True:
-                    any_batch = False
-                    any_preempted = False
-                    worst_ms = 0.0
-                    for r in range(num_dp):
-                        g = first_rank + r
-                        if rank_policy[g] == POLICY_SGLANG:
-                            preempted = build_sglang_batch_nb(
-                                g, t, input_tokens, output_tokens, generated, computed, held,
-                                sched_n, running, run_len, blocks_used, wait_head,
-                                wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                                rank_max_sequences, rank_num_blocks, rank_block_size,
-                                rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-                            )
-                        else:
-                            preempted = build_vllm_batch_nb(
-                                g, t, input_tokens, output_tokens, planned, computed, held,
-                                sched_n, running, run_len, blocks_used, wait_head,
-                                wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                                rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-                                rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
-                                worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                                cached_tokens,
-                            )
-                        batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
-                        if worker_async[w]:
-                            _enqueue_entries_nb(
-                                g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
-                                generated, planned, entry_req, entry_out, entry_len, run_slot[w],
-                            )
-                        if summary[r, 0] + summary[r, 3] > 0:
-                            any_batch = True
-                        any_preempted = any_preempted or preempted
-                        ms = rank_time_ms_nb(
-                            timing_model,
-                            timing_params,
-                            timing_table,
-                            summary[r, 0],
-                            summary[r, 1],
-                            summary[r, 2],
-                            summary[r, 3],
-                            summary[r, 4],
+            slot = 1 - run_slot[w] if queue else run_slot[w]
+            while True:
+                any_batch = False
+                any_preempted = False
+                worst_ms = 0.0
+                for r in range(num_dp):
+                    g = first_rank + r
+                    if rank_policy[g] == POLICY_SGLANG:
+                        preempted = build_sglang_batch_nb(
+                            g, t, input_tokens, output_tokens, generated, computed, held,
+                            sched_n, running, run_len, blocks_used, wait_head,
+                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
+                            rank_max_sequences, rank_num_blocks, rank_block_size,
+                            rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
                         )
-                        if not (ms >= 0.0 and ms < np.inf):
-                            bad_batch[0] = w
-                            bad_batch[1] = r
-                            for c in range(5):
-                                bad_batch[2 + c] = summary[r, c]
-                            bad_batch[7] = ms
-                            return BAD_TIMING, pass_log_rows, num_emitted
-                        rank_ms[r] = ms
-                        summary[r, 5] = blocks_used[g]
-                        if ms > worst_ms:
-                            worst_ms = ms
-                    if any_batch:
-                        if phase == 1:  # queued until the running pass ends
-                            queued[w] = True
-                            queued_ms[w] = worst_ms
-                            queued_summary[w, :num_dp] = summary[:num_dp]
-                            queued_rank_ms[w, :num_dp] = rank_ms[:num_dp]
-                            break
-                        pass_start[w] = t
-                        pass_end[w] = t + _pass_ns_nb(worst_ms)
-                        if record_passes:
-                            rows = _log_pass_nb(
-                                pass_log, pass_ms, pass_log_rows, w, num_dp, t, pass_end[w], summary, rank_ms
-                            )
-                            if rows < 0:
-                                return PASS_LOG_FULL, pass_log_rows, num_emitted
-                            pass_log_rows = rows
+                    else:
+                        preempted = build_vllm_batch_nb(
+                            g, t, input_tokens, output_tokens, planned, computed, held,
+                            sched_n, running, run_len, blocks_used, wait_head,
+                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
+                            rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
+                            rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
+                            worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
+                            cached_tokens, worker_async[w],
+                        )
+                    batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens)
+                    if worker_async[w]:
+                        _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
+                                    generated, planned, sample_flag, wait_head, wait_next)
+                    if summary[r, 0] + summary[r, 3] > 0:
+                        any_batch = True
+                    any_preempted = any_preempted or preempted
+                    ms = rank_time_ms_nb(
+                        timing_model,
+                        timing_params,
+                        timing_table,
+                        summary[r, 0],
+                        summary[r, 1],
+                        summary[r, 2],
+                        summary[r, 3],
+                        summary[r, 4],
+                    )
+                    if not (ms >= 0.0 and ms < np.inf):
+                        bad_batch[0] = w
+                        bad_batch[1] = r
+                        for c in range(5):
+                            bad_batch[2 + c] = summary[r, c]
+                        bad_batch[7] = ms
+                        return BAD_TIMING, pass_log_rows, num_emitted
+                    rank_ms[r] = ms
+                    summary[r, 5] = blocks_used[g]
+                    if ms > worst_ms:
+                        worst_ms = ms
+                if any_batch:
+                    if queue:  # it starts when the running pass ends
+                        queued[w] = True
+                        queued_ms[w] = worst_ms
+                        queued_summary[w, :num_dp] = summary[:num_dp]
+                        queued_rank_ms[w, :num_dp] = rank_ms[:num_dp]
                         break
-                    if not any_preempted:
-                        break  # nothing schedulable: the worker stays idle (or nothing is queued)
-                    # Only preemptions happened: try again at once (SPEC §5 (e)).
+                    end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
+                    pass_end[w] = end
+                    pass_start[w] = t
+                    if record_passes:
+                        if pass_log_rows + num_dp > pass_log.shape[0]:
+                            return PASS_LOG_FULL, pass_log_rows, num_emitted
+                        pass_log_rows = _log_pass_nb(
+                            pass_log, pass_ms, pass_log_rows, w, num_dp, t, end, summary, rank_ms
+                        )
+                    break
+                if not any_preempted:
+                    break  # nothing schedulable: the worker stays idle (or nothing is queued)
+                # Only preemptions happened: try again at once (SPEC §5 (e)).
+            if queue or not (worker_async[w] and pass_end[w] >= 0):
+                w += 1
 
     return OK, pass_log_rows, num_emitted
 
@@ -867,16 +854,8 @@ def simulate_batch_nb(
 
 
 @njit(cache=True)
-def _pass_ns_nb(ms):
-    """A pass's duration, ns, from its worst rank's time in ms (at least 1 ns)."""
-    return max(np.int64(1), np.int64(np.rint(ms * 1e6)))
-
-
-@njit(cache=True)
 def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_ms):
-    """Append one row per rank of worker w's pass; returns the new row count (-1: log full)."""
-    if rows + num_dp > pass_log.shape[0]:
-        return -1
+    """Append one row per rank of worker w's pass (the caller checked the room); returns the row count."""
     for r in range(num_dp):
         pass_log[rows, PASS_WORKER] = w
         pass_log[rows, PASS_RANK] = r
@@ -890,38 +869,33 @@ def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_m
 
 
 @njit(cache=True)
-def _enqueue_entries_nb(
-    g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
-    entry_req, entry_out, entry_len, run_slot,
-):
-    """Asynchronous scheduling: record rank g's just-built batch in entry slot ``slot``.
+def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
+                sample_flag, wait_head, wait_next):
+    """Asynchronous scheduling: rank g's just-built batch goes into sample slot ``slot``.
 
     The scheduled tokens count as computed at once (the next build follows them
-    without waiting for this pass); an entry whose chunk reaches the request's
-    known tokens samples a token, which is planned until the pass ends.  A
-    request preempted by this build loses the token its running-pass entry
-    would have sampled (that output is dropped and recomputed after resumption).
+    without waiting for this pass); a chunk that reaches the request's known
+    tokens samples a token, planned until its pass ends.  After a preemption
+    every waiting request's in-flight output is dropped (a preempted request
+    recomputes and samples again after resumption; the others have none).
     """
-    if preempted and slot != run_slot:
-        for i in range(entry_len[g, run_slot]):
-            k = entry_req[g, run_slot, i]
-            if entry_out[g, run_slot, i] and computed[k] == 0:
-                entry_out[g, run_slot, i] = False
-                planned[k] = generated[k]
-    m = 0
+    if preempted:
+        k = wait_head[g]
+        while k >= 0:
+            sample_flag[0, k] = False
+            sample_flag[1, k] = False
+            planned[k] = generated[k]
+            k = wait_next[k]
     for i in range(run_len[g]):
         k = running[g, i]
         if sched_n[k] == 0:
             continue
         computed[k] += sched_n[k]
         sched_n[k] = 0
-        entry_req[g, slot, m] = k
         samples = computed[k] == input_tokens[k] + planned[k]
-        entry_out[g, slot, m] = samples
+        sample_flag[slot, k] = samples
         if samples:
             planned[k] += 1
-        m += 1
-    entry_len[g, slot] = m
 
 
 @njit(cache=True)

@@ -100,7 +100,7 @@ def build_vllm_batch_nb(
     g, t, input_tokens, output_tokens, planned, computed, held, sched_n, running, run_len,
     blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens,
+    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens, asynchronous,
 ):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
@@ -111,8 +111,7 @@ def build_vllm_batch_nb(
     reuses the request's longest resident prompt prefix.  Under asynchronous
     scheduling (docs/semantics.md) ``planned`` also counts the output tokens in
     flight and ``computed`` the tokens already scheduled; a running request
-    whose every output is planned is skipped (with synchronous scheduling no
-    running request is in that state).
+    whose every output is planned is skipped.
 
     Parameters
     ----------
@@ -154,6 +153,8 @@ def build_vllm_batch_nb(
         The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
     cached_tokens : ndarray(int64, ndim=1)
         Per request prompt tokens reused at the first admission, tokens; set then.
+    asynchronous : bool
+        Asynchronous scheduling on this rank's worker (docs/semantics.md).
 
     Returns
     -------
@@ -169,7 +170,7 @@ def build_vllm_batch_nb(
     i = 0
     while i < run_len[g]:
         k = running[g, i]
-        if planned[k] >= output_tokens[k] or input_tokens[k] + planned[k] >= rank_seq_limit[g]:
+        if asynchronous and (planned[k] >= output_tokens[k] or input_tokens[k] + planned[k] >= rank_seq_limit[g]):
             i += 1  # its last token is in flight: it leaves when that pass ends
             continue
         n_tok = min(input_tokens[k] + planned[k] - computed[k], budget)
