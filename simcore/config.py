@@ -132,13 +132,13 @@ DEFAULTS: dict[str, Any] = {
         "gpu": None,  # AIC system name, e.g. h200_sxm
         "backend": None,  # vllm | sglang | trtllm; null: engine.policy
         "backend_version": None,  # null: the database's current version
-        "tp": None,  # tensor parallelism of one rank (aic; table/linear: timing.allreduce); null: 1
+        "tp": None,  # tensor parallelism of one rank (aic; linear/table/aic: timing.allreduce); null: 1
         "memory_fraction": None,  # num_blocks: auto; null: 0.9 (see AIC_MEMORY_FRACTION)
         # table (per-operator profile; docs/timing.md)
         "profile": None,  # directory with dense.csv, attention.csv, per_sequence.csv
         "num_layers": None,  # null: num_layers of the profile's meta.yaml
-        # TP all-reduce, table and linear (docs/timing.md); unset: none added
-        "hidden_size": None,  # null: a top-level hidden_size of the profile's meta.yaml
+        # TP all-reduce (docs/timing.md); unset: none added (aic: the database's own)
+        "hidden_size": None,  # null: meta.yaml hidden_size (table), the model config (aic)
         "dtype_bytes": 2,  # bytes per activation element (bf16)
         "allreduce": {"latency_us": None, "bandwidth_gb_per_second": None, "curve": None},
         # linear, table, aic: factors on the model's pass time and a per-pass overhead
@@ -181,9 +181,9 @@ TIMING_TYPES = ("fixed", "linear", "aic", "table")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
 AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
 TABLE_KEYS = ("profile",)
-#: Timing types that can add a TP all-reduce term (timing.allreduce); aic keeps
-#: its database's own all-reduce (replacing it is not implemented yet).
-ALLREDUCE_TYPES = ("linear", "table")
+#: Timing types that can add a TP all-reduce term (timing.allreduce; for aic it
+#: replaces the database's own per-layer all-reduces).
+ALLREDUCE_TYPES = ("linear", "table", "aic")
 #: Fraction of GPU memory given to weights plus KV cache for ``num_blocks: auto``
 #: when timing.memory_fraction is null: vLLM's gpu_memory_utilization and
 #: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
@@ -783,7 +783,7 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
                 "the profiled count, not the model's)"
             )
         extra = dict(profile=profile, num_layers=num_layers)
-    extra.update(_allreduce(raw, kind, extra))
+    extra.update(_pass_terms(raw, kind, extra))
     return TimingConfig(
         type=kind,
         **{
@@ -801,10 +801,10 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
     )
 
 
-def _allreduce(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> dict[str, Any]:
     """timing.tp, scales, overhead, the model dimensions and timing.allreduce.* (docs/timing.md)."""
     for key in ("tp", "num_layers", "hidden_size"):
-        if raw[key] is not None and kind not in ALLREDUCE_TYPES + ("aic",):
+        if raw[key] is not None and kind not in ALLREDUCE_TYPES:
             raise ConfigError(
                 f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r} "
                 f"with timing.type={kind}"
@@ -839,10 +839,7 @@ def _allreduce(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> d
             "timing.allreduce.{latency_us,bandwidth_gb_per_second}, not both"
         )
     if kind not in ALLREDUCE_TYPES:
-        raise ConfigError(
-            f"timing.allreduce is only used by timing.type=linear or table, got timing.type={kind}"
-            + (" (aic keeps its database's own all-reduce)" if kind == "aic" else "")
-        )
+        raise ConfigError(f"timing.allreduce is only used by timing.type=linear, table or aic, got {kind}")
     if out["tp"] < 2:
         raise ConfigError("timing.allreduce needs timing.tp >= 2 (one GPU does no all-reduce), got timing.tp=1")
     if curve is not None and not os.path.isfile(curve):
@@ -853,6 +850,12 @@ def _allreduce(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> d
         from simcore.timing.profile import read_meta_count  # lazy: it imports this module
 
         hidden = read_meta_count(extra["profile"], "hidden_size")
+    if kind == "aic" and (hidden is None or num_layers is None):
+        from simcore.timing import aic  # lazy: the optional extra
+
+        layers_cfg, hidden_cfg = aic.model_dimensions(raw["model"])
+        num_layers = num_layers or layers_cfg
+        hidden = hidden or hidden_cfg
     for key, value in (("num_layers", num_layers), ("hidden_size", hidden)):
         if value is None:
             raise ConfigError(f"timing.{key} must be set for timing.allreduce with timing.type={kind}")

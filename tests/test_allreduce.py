@@ -5,6 +5,8 @@ reference implementation in tests/test_against_reference.py."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,35 @@ def test_allreduce_is_deterministic_in_a_run():
     assert a.requests.equals(b.requests)
     plain = simcore.run({"workload": {"num_requests": 20}, "timing": LINEAR_1MS})
     assert np.all(np.asarray(a.requests["e2el_ms"]) > np.asarray(plain.requests["e2el_ms"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None, reason="needs replaysim[aic]")
+def test_aic_allreduce_replaces_the_databases_own():
+    from aiconfigurator_core.sdk import EngineHandle
+
+    from simcore.timing import aic
+
+    base = {"type": "aic", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "h200_sxm", "tp": 2}
+    engine = {"aggregated": {"max_batched_tokens": 256, "max_sequences": 16}}
+    ring = dict(base, allreduce={"latency_us": 20.0, "bandwidth_gb_per_second": 16.0})
+    own = timing_arrays(load_config({"timing": base, "engine": engine}).timing)
+    cfg = load_config({"timing": ring, "engine": engine})
+    assert (cfg.timing.num_layers, cfg.timing.hidden_size) == (32, 4096)  # from the bundled config.json
+    replaced = timing_arrays(cfg.timing)
+    handle = EngineHandle.compile(base["model"], base["gpu"], "vllm", tp_size=2)
+    _, _, _, _, _, ar_ctx, ar_gen = aic._op_indices(handle)
+    assert len(ar_ctx) == 2 and len(ar_gen) == 2  # two per layer
+    # decode-only, 8 requests: the database's two all-reduces at batch 8 out, the ring's in,
+    # 2 x 32 layers x (20 us + 1 x 8 x 4096 x 2 bytes / 16 GB/s) (n = 2: 2 (n - 1) / n = 1)
+    db_ms = sum(row[1] for row in handle.evaluate_generation_ops(ar_gen, batch_size=8, s=1))
+    ring_ms = 64 * (20.0 + 8 * 4096 * 2 / 16e3) / 1000
+    summary = (0, 0, 0, 8, 8 * 300)
+    got = nb.rank_time_ms_nb(replaced[0], replaced[1], replaced[2], *summary)
+    plain = nb.rank_time_ms_nb(own[0], own[1], own[2], *summary)
+    assert got == pytest.approx(plain - db_ms + ring_ms, rel=1e-12)
+    # a prefill pass of 200 tokens: the context all-reduces at 200 tokens
+    db_ms = sum(row[1] for row in handle.evaluate_context_ops(ar_ctx, batch_size=1, s=200))
+    ring_ms = 64 * (20.0 + 200 * 4096 * 2 / 16e3) / 1000
+    got = nb.rank_time_ms_nb(replaced[0], replaced[1], replaced[2], 1, 200, 200, 0, 0)
+    plain = nb.rank_time_ms_nb(own[0], own[1], own[2], 1, 200, 200, 0, 0)
+    assert got == pytest.approx(plain - db_ms + ring_ms, rel=1e-12)

@@ -68,7 +68,9 @@ A_CA_P = 14  # cached (prefix) tokens per request knots
 A_CA_P_N = 15
 A_CA = 16  # offset of the grid, C order [n, s, p]
 A_GA_B = 17  # offset of the batch knots of the decode-attention rows (ascending)
-AIC_NUM_PARAMS = 18
+A_AR_CTX = 18  # the database's per-layer all-reduces inside NA, at T tokens (A_NA_N knots), ms
+A_AR_GEN = 19  # the same inside NG, at batch B (A_NG_N knots), ms
+AIC_NUM_PARAMS = 20
 
 LINEAR_NUM_PARAMS = 4
 # Pass-terms block (linear, table, aic), stored right after the model's own
@@ -128,8 +130,10 @@ def rank_time_ms_nb(
         )
         return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
     if model == TIMING_AIC:
+        # timing.allreduce replaces the database's own per-layer all-reduces
+        replaced = params.shape[0] >= AIC_NUM_PARAMS + PASS_TERMS_NUM_PARAMS and params[AIC_NUM_PARAMS + R_COUNT] != 0.0
         ms = aic_pass_ms_nb(
-            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, replaced
         )
         return pass_terms_ms_nb(params, table, AIC_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
     ms = (
@@ -587,7 +591,9 @@ def aic_ca_nb(params, table, batch, s, p):
 
 
 @njit(cache=True)
-def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens):
+def aic_pass_ms_nb(
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, without_allreduce
+):
     """Pass time from the AIC component tables, ms (aiconfigurator-core's FPM composition).
 
     With ``n = num_prefill``, ``P = prefill_tokens``, ``H = prefill_kv_tokens -
@@ -595,6 +601,8 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
     ``s = P // n``, ``p = H // n``:
     mixed ``NA[P + B] + LG[1] + CA(ceil(P / s), s, p) + GA(B, K)``;
     prefill-only ``NA[n s] + LG[n] + CA(n, s, p)``; decode-only ``NG[B] + GA(B, K)``.
+    ``without_allreduce``: ``NA`` and ``NG`` less the database's per-layer
+    all-reduces at the same knot (``timing.allreduce`` prices them instead).
 
     Parameters
     ----------
@@ -610,6 +618,8 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
         Decode entries.
     decode_kv_tokens : int
         Sum of ``computed + 1`` over decode entries, tokens.
+    without_allreduce : bool
+        Leave out the database's own per-layer all-reduces.
 
     Returns
     -------
@@ -626,20 +636,48 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
             k = (decode_kv_tokens - num_decode) // num_decode
             ctx_batch = (prefill_tokens + s - 1) // s
             return (
-                interp_int_nb(table, int(params[A_NA]), na_n, prefill_tokens + num_decode)
+                aic_context_ops_nb(params, table, prefill_tokens + num_decode, without_allreduce)
                 + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), 1)
                 + aic_ca_nb(params, table, ctx_batch, s, p)
                 + aic_ga_nb(params, table, num_decode, k)
             )
         return (
-            interp_int_nb(table, int(params[A_NA]), na_n, num_prefill * s)
+            aic_context_ops_nb(params, table, num_prefill * s, without_allreduce)
             + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), num_prefill)
             + aic_ca_nb(params, table, num_prefill, s, p)
         )
     k = (decode_kv_tokens - num_decode) // num_decode
-    return interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode) + aic_ga_nb(
-        params, table, num_decode, k
-    )
+    ng = interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode)
+    if without_allreduce:
+        ng -= interp_int_nb(table, int(params[A_AR_GEN]), int(params[A_NG_N]), num_decode)
+    return ng + aic_ga_nb(params, table, num_decode, k)
+
+
+@njit(cache=True)
+def aic_context_ops_nb(params, table, tokens, without_allreduce):
+    """``NA[tokens]``, less the database's per-layer all-reduces at ``tokens`` if asked, ms.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    tokens : int
+        The NA knot (tokens).
+    without_allreduce : bool
+        Subtract ``AR_CTX[tokens]``.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
+    na_n = int(params[A_NA_N])
+    ms = interp_int_nb(table, int(params[A_NA]), na_n, tokens)
+    if without_allreduce:
+        ms -= interp_int_nb(table, int(params[A_AR_CTX]), na_n, tokens)
+    return ms
 
 
 @njit(cache=True)
