@@ -33,6 +33,9 @@ Measured formats (``--format``, default: from the content):
   ``errors``; E2E = ``latencies`` when saved (0.33+), else TTFT + sum(ITL);
   failed requests (an error, or no output) are left out of the replay.
 
+Fitted keys must take real values (time scales, overheads, bandwidths, stage
+costs); an integer key fails at its first fractional candidate.
+
 Bad input (an unreadable file, a missing field, an unknown key, a bad bound)
 prints one line ``replaysim-calibrate: error: ...`` and exits with code 2,
 writing nothing.

@@ -24,6 +24,11 @@ and the sends themselves in table order, (d) tokenizer jobs, engine arrivals
 in send order and KV-transfer ends in handoff order, until nothing is left at t; then (e) idle workers start passes.
 Receipts are known when their pass ends, so a closed-loop send is queued then,
 at ``receipt + think``, which is the same instant SPEC §2 gives it.
+
+Asynchronous scheduling (``worker_async``, docs/semantics.md): at (e) a worker
+whose pass started at t also builds the next pass, which (a) starts when the
+running one ends; scheduled tokens count as computed when built, and the
+tokens sampled by each of the two passes are marked in per-request slots.
 """
 
 from __future__ import annotations
