@@ -243,9 +243,12 @@ def _kernel_with_progress(args: list, progress: np.ndarray, total: int, on_progr
 
     worker = threading.Thread(target=work, name="replaysim-kernel", daemon=True)
     worker.start()
-    while worker.is_alive():
+    while True:
         worker.join(PROGRESS_INTERVAL_S)
+        if not worker.is_alive():
+            break
         on_progress(int(progress[0]), total)
+    on_progress(int(progress[0]), total)  # at the end, however fast the kernel was
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
