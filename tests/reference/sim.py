@@ -1038,62 +1038,30 @@ class ReferenceSim:
                 return None  # all batches empty: the worker stays idle
             # only preemptions happened: try again at once
 
-    def end_pass_async(self, w, t):
-        """Pass end under async scheduling: the outputs of the entries that sampled (in
-        batch order, which is the running order when the pass was built), unless the
-        request was preempted since; then the queued pass starts."""
-        p = w.current
-        w.current = None
-        pool = w.pool
-        outputs = []
-        for rank, batch in zip(w.ranks, p.batches):
-            for req, n, samples, epoch in batch:
-                if not samples or epoch != req.epoch:
-                    continue
-                req.placeholders -= 1
-                if req.prompt_done_ns is None:
-                    req.prompt_done_ns = t
-                idx = req.generated
-                req.generated += 1
-                final = (req.generated == req.output_tokens
-                         or req.input_tokens + req.generated >= pool.L)
-                req.tokens.append([t, None, final])
-                if idx == 0:
-                    req.first_emit_ns = t
-                outputs.append((req, idx))
-                if final:
-                    self.release(pool, rank, req)
-                    rank.running.remove(req)
-        for r in range(pool.R):
-            rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
-            rec.update(p.summaries[r])
-            rec["rank_time_ms"] = p.times_ms[r]
-            rec["blocks_in_use"] = p.blocks[r]
-            rec["pool"] = pool.name
-            self.pass_records.append(rec)
-        self.make_detok_jobs(w, t, outputs)
-        if w.queued is not None:
-            self.start(w, w.queued, t)
-            w.queued = None
-
     def end_pass(self, w, t):
-        """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization."""
-        if w.pool.async_scheduling:
-            return self.end_pass_async(w, t)
+        """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization.
+        Under async scheduling the entries that sampled emit (in batch order, the running
+        order when the pass was built) unless preempted since; then the queued pass starts."""
         p = w.current
         w.current = None
         pool = w.pool
         hands_off = pool.name == "prefill"
         outputs = []  # (request, token_index), in rank then running order
         for rank, batch in zip(w.ranks, p.batches):
-            # the scheduled requests, in running order (sglang: not a prefix of running)
-            n_of = {id(req): n for req, n, _ in batch}
-            order = [(req, n_of[id(req)]) for req in rank.running if id(req) in n_of]
-            assert len(order) == len(batch)
+            if pool.async_scheduling:  # computed advanced when the pass was built
+                order = [(req, n) for req, n, samples, epoch in batch if samples and epoch == req.epoch]
+            else:
+                # the scheduled requests, in running order (sglang: not a prefix of running)
+                n_of = {id(req): n for req, n, _ in batch}
+                order = [(req, n_of[id(req)]) for req in rank.running if id(req) in n_of]
+                assert len(order) == len(batch)
             for req, n in order:
-                req.computed += n
-                if req.computed != req.known:
-                    continue
+                if pool.async_scheduling:
+                    req.placeholders -= 1
+                else:
+                    req.computed += n
+                    if req.computed != req.known:
+                        continue
                 if req.prompt_done_ns is None:
                     req.prompt_done_ns = t  # the prompt is computed (first time)
                 if hands_off:  # SPEC §6: hidden token, hand off, leave running
@@ -1121,6 +1089,9 @@ class ReferenceSim:
             rec["pool"] = pool.name
             self.pass_records.append(rec)
         self.make_detok_jobs(w, t, outputs)
+        if w.queued is not None:
+            self.start(w, w.queued, t)
+            w.queued = None
 
     def make_detok_jobs(self, w, t, outputs):
         if not outputs:
