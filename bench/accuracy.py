@@ -1,6 +1,6 @@
 """Replay the measured vLLM 0.19.0 runs and compare with the measurements: docs/accuracy.md.
 
-    python bench/accuracy.py [--data DIR] [--out docs/accuracy.md] [--no-aic]
+    python bench/accuracy.py [--data DIR] [--out docs/accuracy.md] [--no-aic] [--no-calibration]
 
 For each run in ``<data>/bench/<gpu>/<model>/`` (LLMServingSim's measured vLLM
 runs, see the data set's README.md) the replay takes, and only takes, what the
@@ -17,7 +17,18 @@ run's own files state:
   model's bf16 weights and KV geometry (:data:`MODELS`);
 - timing ``table``: the profile of the same GPU, model and TP under
   ``<data>/profiler``; timing ``aic``: the aiconfigurator-core database where it
-  has the GPU and the model (vLLM backend, its current version).
+  has the GPU and the model (vLLM backend, its current version);
+- "before": ``table`` as the tree gave it before TP all-reduce and asynchronous
+  scheduling existed (synchronous, no communication time);
+- "as shipped": ``table`` plus, at TP > 1, the TP all-reduce on the link that
+  the run's ``config.json`` states (``link_bw`` GB/s, ``link_latency`` ns, ring
+  model; the model's hidden size from :data:`MODELS`), and
+  ``async_scheduling`` as the run's vLLM had it (``meta.json``'s resolved
+  ``scheduler_config.async_scheduling``, else vLLM 0.19's default, on);
+- "calibrated": ``runners.calibrate`` fits the time scales, the per-pass
+  overhead and (TP > 1) the link bandwidth to the first half of the run (by
+  send instant) and is scored on both halves;
+- LLMServingSim's own figures on the same runs: ``validation_summary.txt``.
 
 The measured metrics use the source validator's anchor (``queued_ts``):
 TTFT = first_token_ts - queued_ts, TPOT = (last - first) / (output - 1),
@@ -52,16 +63,21 @@ BLOCK_SIZE = 16
 MODELS = {
     "meta-llama/Llama-3.1-8B": dict(
         params=8_030_261_248, layers=32, kv_heads=8, head_dim=128, max_position=131072,
-        aic_model="meta-llama/Meta-Llama-3.1-8B", profile="meta-llama/Llama-3.1-8B",
+        aic_model="meta-llama/Meta-Llama-3.1-8B", profile="meta-llama/Llama-3.1-8B", hidden=4096,
     ),
     "Qwen/Qwen3-32B": dict(
         params=32_762_123_264, layers=64, kv_heads=8, head_dim=128, max_position=40960,
-        aic_model="Qwen/Qwen3-32B", profile="Qwen/Qwen3-32B",
+        aic_model="Qwen/Qwen3-32B", profile="Qwen/Qwen3-32B", hidden=5120,
     ),
 }
 #: GPUs of the runs and their aiconfigurator-core system names (None: not in its database).
 AIC_SYSTEMS = {"RTX4090": None, "RTXPRO6000": "rtx_pro_6000_server"}
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
+#: vLLM turns asynchronous scheduling on by default from 0.14 (vllm/config/vllm.py,
+#: VllmConfig.__post_init__; not for PP > 1 or most speculative decoding).
+ASYNC_DEFAULT_FROM = (0, 14)
+#: validation_summary.txt row labels of LLMServingSim's figures.
+SUMMARY_ROWS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "Latency"}
 
 
 def measured(rows: list[dict]) -> dict[str, float]:
@@ -91,7 +107,32 @@ def kv_blocks(meta: dict, cluster: dict, model: dict, tp: int) -> tuple[int, str
     return tokens // BLOCK_SIZE, f"config.json: ({npu['mem_size']} GiB x {npu['mem_util']} - weights) / KV per token"
 
 
-def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool) -> dict:
+def async_scheduling(meta: dict) -> tuple[bool, str]:
+    """Whether the run's vLLM scheduled asynchronously, and where that comes from."""
+    resolved = ((meta.get("resolved_config") or {}).get("scheduler_config") or {}).get("async_scheduling")
+    if isinstance(resolved, bool):
+        return resolved, "meta.json resolved scheduler_config"
+    version = tuple(int(x) for x in str(meta.get("vllm_version", "0.0")).split(".")[:2])
+    return version >= ASYNC_DEFAULT_FROM, f"vLLM {meta.get('vllm_version')} default"
+
+
+def llmservingsim_figures(case: str) -> dict[str, float]:
+    """LLMServingSim's own errors on the run (its validation_summary.txt, 'Diff%' column)."""
+    out = {}
+    path = os.path.join(case, "validation_summary.txt")
+    if not os.path.isfile(path):
+        return out
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            fields = line.split()
+            for key, label in SUMMARY_ROWS.items():
+                for stat, word in (("mean", "Mean"), ("p90", "P90")):
+                    if fields[:2] == [label, word]:
+                        out[f"{stat}_{key}_ms"] = float(fields[4].rstrip("%")) / 100
+    return out
+
+
+def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: bool = True) -> dict:
     case = os.path.join(root, "bench", gpu, model_dir)
     with open(os.path.join(case, "vllm", "meta.json"), encoding="utf-8") as handle:
         meta = json.load(handle)
@@ -125,6 +166,19 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool) -> dict:
     }
     base = {"load": {"type": "trace"}, "workload": {"num_requests": len(rows)}, "engine": engine}
     profile = os.path.join(root, "profiler", gpu, model["profile"], "bf16", f"tp{tp}")
+    asynchronous, async_source = async_scheduling(meta)
+    shipped_engine = json.loads(json.dumps(engine))
+    shipped_engine["aggregated"]["async_scheduling"] = asynchronous
+    table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
+    shipped_timing = dict(table_timing)
+    link = ""
+    if tp > 1:
+        latency_us = cluster["link_latency"] / 1000  # config.json: ns
+        shipped_timing.update(
+            tp=tp, hidden_size=model["hidden"],
+            allreduce={"latency_us": latency_us, "bandwidth_gb_per_second": float(cluster["link_bw"])},
+        )
+        link = f"TP all-reduce on config.json's link: {cluster['link_bw']} GB/s, {latency_us:g} us"
     result = {
         "run": f"{gpu} {name.split('/')[-1]} TP{tp}",
         "requests": len(rows),
@@ -133,14 +187,18 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool) -> dict:
         "blocks_source": blocks_source,
         "measured": measured(rows),
         "predicted": {},
-        "notes": [],
+        "notes": [f"async_scheduling {str(asynchronous).lower()} ({async_source})"] + ([link] if link else []),
         "seconds": {},
+        "llmservingsim": llmservingsim_figures(case),
     }
     if os.path.isdir(profile):
         start = time.perf_counter()
-        cfg = dict(base, timing={"type": "table", "profile": profile, "num_layers": model["layers"]})
-        result["predicted"]["table"] = simcore.run(cfg, requests=requests).summary
+        result["predicted"]["before"] = simcore.run(dict(base, timing=table_timing), requests=requests).summary
+        shipped = dict(base, engine=shipped_engine, timing=shipped_timing)
+        result["predicted"]["table"] = simcore.run(shipped, requests=requests).summary
         result["seconds"]["table"] = time.perf_counter() - start
+        if calibrate:
+            result["calibration"] = calibrate_case(os.path.join(case, "vllm", "requests.jsonl"), shipped, tp)
     else:
         result["notes"].append(f"no profile at {profile}")
     system = AIC_SYSTEMS.get(gpu)
@@ -150,13 +208,16 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool) -> dict:
         result["notes"].append(f"aic: the aiconfigurator-core database has no {gpu} data")
     else:
         timing = {"type": "aic", "model": model["aic_model"], "gpu": system, "backend": "vllm", "tp": tp}
+        if tp > 1:  # the stated link replaces the database's own all-reduce
+            timing["allreduce"] = shipped_timing["allreduce"]
         try:
             start = time.perf_counter()
-            result["predicted"]["aic"] = simcore.run(dict(base, timing=timing), requests=requests).summary
+            aic_cfg = dict(base, engine=shipped_engine, timing=timing)
+            result["predicted"]["aic"] = simcore.run(aic_cfg, requests=requests).summary
             result["seconds"]["aic"] = time.perf_counter() - start
             from simcore.timing import aic
 
-            cfg = load_config(dict(base, timing=timing))
+            cfg = load_config(aic_cfg)
             _, _, info = aic.load_or_build(aic.AicSpec.from_config(cfg.timing))
             result["aic_check"] = info
             auto = dict(base, timing=timing)
@@ -168,8 +229,28 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool) -> dict:
     return result
 
 
-def err(pred: float, meas: float) -> str:
-    return f"{100 * (pred - meas) / meas:+.1f}%"
+def calibrate_case(path: str, shipped: dict, tp: int) -> dict:
+    """Fit the scales, the overhead and (TP > 1) the link bandwidth on the run's first half."""
+    from runners import calibrate as cal
+
+    names = ["timing.prefill_scale", "timing.decode_scale", "timing.pass_overhead_us"]
+    if tp > 1:
+        names.append("timing.allreduce.bandwidth_gb_per_second")
+    overrides = {key: value for key, value in shipped.items() if key in ("engine", "timing")}
+    start = time.perf_counter()
+    found = cal.calibrate(cal.read_measured(path), overrides, cal.parse_fit(names), fit_fraction=0.5, seed=0)
+    return {"values": found.values, "report": found.report, "seconds": time.perf_counter() - start,
+            "evaluations": found.evaluations}
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def rel(summary: dict | None, key: str, meas: float) -> float | None:
+    if summary is None or summary.get(key) is None:
+        return None
+    return summary[key] / meas - 1
 
 
 def render(results: list[dict], versions: dict) -> str:
@@ -180,33 +261,81 @@ def render(results: list[dict], versions: dict) -> str:
         "Data: `shared/data/llmservingsim-vllm-bench` (LLMServingSim's measured vLLM 0.19.0 runs: "
         "300 ShareGPT requests at ~10 req/s, fixed output lengths, in-process `AsyncLLM`). "
         "Each run is replayed with its own arrival times, lengths, `max_num_seqs`, "
-        "`max_num_batched_tokens` = 2048, block size 16 and KV capacity; nothing is fitted. "
+        "`max_num_batched_tokens` = 2048, block size 16 and KV capacity. "
         "Error = (predicted - measured) / measured.",
+        "",
+        "Columns: **before**: `timing.type=table` as the tree gave it before TP all-reduce and "
+        "asynchronous scheduling (synchronous scheduling, no communication time); **as shipped**: "
+        "`table` with each run's own stated parameters and nothing fitted (at TP2 the ring "
+        "all-reduce on the link of the run's `config.json`, asynchronous scheduling as the run's "
+        "vLLM had it); **aic**: aiconfigurator-core's database with the same engine settings and, "
+        "at TP2, the same stated link in place of the database's all-reduce; **calibrated**: `replaysim-calibrate`'s fit of `timing.prefill_scale`, "
+        "`timing.decode_scale`, `timing.pass_overhead_us` (and at TP2 "
+        "`timing.allreduce.bandwidth_gb_per_second`) to the first 150 requests by send instant "
+        "(fit part), scored on them and on the other 150 (held out; their own measured values); "
+        "**LLMServingSim**: its own published errors on the same runs (`bench/<gpu>/<model>/"
+        "validation_summary.txt` of the data set, from LLMServingSim's `bench/examples/*/validation/"
+        "summary.txt`).",
         "",
         f"Versions: replaysim timing layout {versions['layout']}, aiconfigurator-core {versions['aic']}.",
         "",
-        "| run | metric | measured ms | table ms | table err | aic ms | aic err |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| run | metric | measured ms | before | as shipped ms | as shipped | aic | calibrated fit | calibrated held out | LLMServingSim |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    maes: dict[str, dict[str, list[float]]] = {}
     for res in results:
         m = res["measured"]
+        report = (res.get("calibration") or {}).get("report", {})
         for key, label in METRICS:
             for stat in ("mean", "p90"):
                 k = f"{stat}_{key}_ms"
-                cells = [res["run"], f"{stat} {label}", f"{m[k]:,.1f}"]
-                for model in ("table", "aic"):
-                    summary = res["predicted"].get(model)
-                    if summary is None or summary.get(k) is None:
-                        cells += ["n/a", "n/a"]
-                    else:
-                        cells += [f"{summary[k]:,.1f}", err(summary[k], m[k])]
+                shipped = res["predicted"].get("table")
+                errors = {
+                    "before": rel(res["predicted"].get("before"), k, m[k]),
+                    "as shipped": rel(shipped, k, m[k]),
+                    "aic": rel(res["predicted"].get("aic"), k, m[k]),
+                    "calibrated fit": report.get("fit", {}).get("calibrated", {}).get(f"{stat}_{key}_ms", {}).get("error"),
+                    "calibrated held out": report.get("held_out", {}).get("calibrated", {}).get(f"{stat}_{key}_ms", {}).get("error"),
+                    "LLMServingSim": res["llmservingsim"].get(k),
+                }
+                if stat == "mean":
+                    for column, value in errors.items():
+                        if value is not None:
+                            maes.setdefault(column, {}).setdefault(label, []).append(abs(value))
+                cells = [res["run"], f"{stat} {label}", f"{m[k]:,.1f}", pct(errors["before"]),
+                         "n/a" if shipped is None else f"{shipped[k]:,.1f}"]
+                cells += [pct(errors[c]) for c in ("as shipped", "aic", "calibrated fit", "calibrated held out", "LLMServingSim")]
                 lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Setup per run", ""]
+    lines += [
+        "",
+        "## Mean absolute error of the means, over the runs",
+        "",
+        "| column | runs | mean TTFT | mean TPOT | mean E2E |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for column in ("before", "as shipped", "aic", "calibrated fit", "calibrated held out", "LLMServingSim"):
+        if column not in maes:
+            continue
+        runs = len(maes[column]["TTFT"])
+        cells = [f"{100 * float(np.mean(maes[column][label])):.1f}%" for _, label in METRICS]
+        lines.append(f"| {column} | {runs} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Targets (issue 12): as shipped, every run: |error| of mean TTFT <= 6%, mean TPOT <= 3%, "
+        "mean E2E <= 4%; calibrated, held out: <= 5% / 2% / 3%.",
+        "",
+        "## Setup per run",
+        "",
+    ]
     for res in results:
         lines.append(
             f"- **{res['run']}**: {res['requests']} requests, max_num_seqs {res['max_num_seqs']}, "
             f"KV {res['blocks']:,} blocks of 16 ({res['blocks_source']})."
         )
+        if "calibration" in res:
+            c = res["calibration"]
+            values = ", ".join(f"`{k}` = {v:.4g}" for k, v in c["values"].items())
+            lines.append(f"  - calibrated: {values} ({c['evaluations']} candidates, {c['seconds']:.0f} s)")
         if "aic_check" in res:
             c = res["aic_check"]
             lines.append(
@@ -226,17 +355,17 @@ def render(results: list[dict], versions: dict) -> str:
         "## What is and is not modelled",
         "",
         "- The profiles were taken with `enforce_eager` (no CUDA graphs) while the serving runs "
-        "allowed CUDA graphs, so small decode batches are expected to be predicted slow.",
-        "- The TP2 profile holds each GPU's share of the per-layer work; TP all-reduce "
-        "communication is not in the profile and is not added (timing.type=table). This is "
-        "the likely main cause of the Qwen3-32B TP2 underestimate: by the run's own config.json "
-        "(link_bw 16 GB/s, link_latency 20 us), 64 layers x 2 all-reduces of tokens x 5120 x 2 "
-        "bytes would add roughly 13 ms to a 128-decode pass and 170 ms to a 2048-token prefill "
-        "pass (back-of-envelope, not modelled). The aic rows include aiconfigurator-core's own "
-        "all-reduce estimate for this GPU.",
+        "allowed CUDA graphs; `timing.decode_scale` (calibrated column only) absorbs that for "
+        "decode-only passes. CUDA-graph batch padding is not modelled.",
+        "- TP2: the per-GPU profile has no communication; the as-shipped column adds two ring "
+        "all-reduces per layer of tokens x 5120 x 2 bytes on the link the run's `config.json` "
+        "states (16 GB/s, 20 us); so do the aic rows, in place of aiconfigurator-core's own "
+        "all-reduce figures.",
         "- aiconfigurator-core has no vLLM 0.19.0 GEMM/attention data for the RTX PRO 6000 "
         "(its current vLLM data is 0.24.0), so the aic rows compare a newer vLLM's kernels with "
         "a 0.19.0 run.",
+        "- Asynchronous scheduling is modelled with zero host time (`docs/semantics.md`); "
+        "per-step host time appears only as the calibrated `timing.pass_overhead_us`.",
         "- Prefix caching: the RTX 4090 run had `enable_prefix_caching` on (vLLM's default); "
         "the request files carry no prompt contents or block hashes, so no prefix can be "
         "shared in the replay (ShareGPT single-turn prompts rarely share whole 16-token blocks).",
@@ -252,12 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=os.path.normpath(DEFAULT_DATA))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "accuracy.md"))
     parser.add_argument("--no-aic", action="store_true", help="skip timing.type=aic")
+    parser.add_argument("--no-calibration", action="store_true", help="skip the calibrated columns")
     args = parser.parse_args(argv)
     cases = []
     for gpu in sorted(os.listdir(os.path.join(args.data, "bench"))):
         for model_dir in sorted(os.listdir(os.path.join(args.data, "bench", gpu))):
             cases.append((gpu, model_dir))
-    results = [run_case(args.data, gpu, model_dir, use_aic=not args.no_aic) for gpu, model_dir in cases]
+    results = [
+        run_case(args.data, gpu, model_dir, use_aic=not args.no_aic, calibrate=not args.no_calibration)
+        for gpu, model_dir in cases
+    ]
     try:
         from importlib import metadata
 

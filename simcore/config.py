@@ -46,6 +46,8 @@ _POOL_DEFAULTS = {
     "max_prefill_tokens": None,
     "schedule_conservativeness": None,
     "prefix_caching": False,
+    # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md)
+    "async_scheduling": False,
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -136,11 +138,19 @@ DEFAULTS: dict[str, Any] = {
         "gpu": None,  # AIC system name, e.g. h200_sxm
         "backend": None,  # vllm | sglang | trtllm; null: engine.policy
         "backend_version": None,  # null: the database's current version
-        "tp": None,  # tensor parallelism of one rank; null: 1
+        "tp": None,  # tensor parallelism of one rank (aic; linear/table/aic: timing.allreduce); null: 1
         "memory_fraction": None,  # num_blocks: auto; null: 0.9 (see AIC_MEMORY_FRACTION)
         # table (per-operator profile; docs/timing.md)
         "profile": None,  # directory with dense.csv, attention.csv, per_sequence.csv
         "num_layers": None,  # null: num_layers of the profile's meta.yaml
+        # TP all-reduce (docs/timing.md); unset: none added (aic: the database's own)
+        "hidden_size": None,  # null: meta.yaml hidden_size (table), the model config (aic)
+        "dtype_bytes": 2,  # bytes per activation element (bf16)
+        "allreduce": {"latency_us": None, "bandwidth_gb_per_second": None, "curve": None},
+        # linear, table, aic: factors on the model's pass time and a per-pass overhead
+        "prefill_scale": 1.0,  # passes with a prefill entry
+        "decode_scale": 1.0,  # decode-only passes
+        "pass_overhead_us": 0.0,
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -175,8 +185,11 @@ POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 POLICIES = tuple(POLICY_DEFAULTS)
 TIMING_TYPES = ("fixed", "linear", "aic", "table")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
-AIC_KEYS = ("model", "gpu", "backend", "backend_version", "tp", "memory_fraction")
-TABLE_KEYS = ("profile", "num_layers")
+AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
+TABLE_KEYS = ("profile",)
+#: Timing types that can add a TP all-reduce term (timing.allreduce; for aic it
+#: replaces the database's own per-layer all-reduces).
+ALLREDUCE_TYPES = ("linear", "table", "aic")
 #: The coefficients of the two closed-form timing models.
 FIXED_KEYS = ("prefill_ms", "decode_ms")
 LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_token_ns")
@@ -370,6 +383,7 @@ class PoolConfig:
     max_prefill_tokens: int | None  # sglang
     schedule_conservativeness: float | None  # sglang
     prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
+    async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
 
     @property
     def num_ranks(self) -> int:
@@ -433,6 +447,22 @@ class TimingConfig:
     # table
     profile: str | None = None
     num_layers: int | None = None
+    # TP all-reduce (linear, table, aic): ring (latency + 2(n-1)/n x bytes / bandwidth)
+    # or a measured curve; both None: none added (aic: the database's own).
+    hidden_size: int | None = None
+    dtype_bytes: int = 2
+    allreduce_latency_us: float | None = None
+    allreduce_bandwidth_gb_per_second: float | None = None
+    allreduce_curve: str | None = None
+    # linear, table, aic: model time x scale (prefill passes / decode-only passes) + overhead
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
+    pass_overhead_us: float = 0.0
+
+    @property
+    def allreduce(self) -> bool:
+        """Whether timing.allreduce adds (or, for aic, replaces) the TP all-reduce time."""
+        return self.allreduce_bandwidth_gb_per_second is not None or self.allreduce_curve is not None
     # aic: the largest pass the tables must cover, from the engine pools (not user keys):
     # tokens per pass (budget + sequences), sequences per pass, tokens per sequence.
     pass_tokens_limit: int | None = None
@@ -715,6 +745,7 @@ def _pool(
         context_length=_optional_count(f"{prefix}.context_length", raw["context_length"]),
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
+        async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -770,7 +801,6 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
             gpu=_optional_str("timing.gpu", raw["gpu"]),
             backend=_choice("timing.backend", policy if raw["backend"] is None else raw["backend"], POLICIES),
             backend_version=_optional_str("timing.backend_version", version),
-            tp=1 if raw["tp"] is None else _count("timing.tp", raw["tp"]),
             memory_fraction=fraction,
         )
     if kind == "table":
@@ -794,6 +824,7 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
                 "the profiled count, not the model's)"
             )
         extra = dict(profile=profile, num_layers=num_layers)
+    extra.update(_pass_terms(raw, kind, extra))
     return TimingConfig(
         type=kind,
         **{
@@ -811,6 +842,74 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
     )
 
 
+def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """timing.tp, scales, overhead, the model dimensions and timing.allreduce.* (docs/timing.md)."""
+    for key in ("tp", "num_layers", "hidden_size"):
+        if raw[key] is not None and kind not in ALLREDUCE_TYPES:
+            raise ConfigError(
+                f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r} "
+                f"with timing.type={kind}"
+            )
+    ar = raw["allreduce"]
+    latency = _optional_number("timing.allreduce.latency_us", ar["latency_us"])
+    bandwidth = _optional_number(
+        "timing.allreduce.bandwidth_gb_per_second", ar["bandwidth_gb_per_second"], strict=True
+    )
+    curve = _optional_str("timing.allreduce.curve", ar["curve"])
+    out: dict[str, Any] = dict(
+        tp=1 if raw["tp"] is None else _count("timing.tp", raw["tp"]),
+        dtype_bytes=_count("timing.dtype_bytes", raw["dtype_bytes"]),
+        prefill_scale=_number("timing.prefill_scale", raw["prefill_scale"], strict=True),
+        decode_scale=_number("timing.decode_scale", raw["decode_scale"], strict=True),
+        pass_overhead_us=_number("timing.pass_overhead_us", raw["pass_overhead_us"]),
+    )
+    for key in ("prefill_scale", "decode_scale", "pass_overhead_us"):
+        if out[key] != DEFAULTS["timing"][key] and kind == "fixed":
+            raise ConfigError(f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r}")
+    if bandwidth is None and curve is None:
+        if latency is not None:
+            raise ConfigError(
+                "timing.allreduce.latency_us needs timing.allreduce.bandwidth_gb_per_second (ring model)"
+            )
+        if kind == "linear" and raw["num_layers"] is not None:
+            raise ConfigError("timing.num_layers is only used by timing.type=linear with timing.allreduce set")
+        return out
+    if curve is not None and (bandwidth is not None or latency is not None):
+        raise ConfigError(
+            "timing.allreduce.curve replaces the ring model: set it or "
+            "timing.allreduce.{latency_us,bandwidth_gb_per_second}, not both"
+        )
+    if kind not in ALLREDUCE_TYPES:
+        raise ConfigError(f"timing.allreduce is only used by timing.type=linear, table or aic, got {kind}")
+    if out["tp"] < 2:
+        raise ConfigError("timing.allreduce needs timing.tp >= 2 (one GPU does no all-reduce), got timing.tp=1")
+    if curve is not None and not os.path.isfile(curve):
+        raise ConfigError(f"timing.allreduce.curve must be an existing CSV file, got {curve!r}")
+    num_layers = extra.get("num_layers") or _optional_count("timing.num_layers", raw["num_layers"])
+    hidden = _optional_count("timing.hidden_size", raw["hidden_size"])
+    if kind == "table" and hidden is None:
+        from simcore.timing.profile import read_meta_count  # lazy: it imports this module
+
+        hidden = read_meta_count(extra["profile"], "hidden_size")
+    if kind == "aic" and (hidden is None or num_layers is None):
+        from simcore.timing import aic  # lazy: the optional extra
+
+        layers_cfg, hidden_cfg = aic.model_dimensions(raw["model"])
+        num_layers = num_layers or layers_cfg
+        hidden = hidden or hidden_cfg
+    for key, value in (("num_layers", num_layers), ("hidden_size", hidden)):
+        if value is None:
+            raise ConfigError(f"timing.{key} must be set for timing.allreduce with timing.type={kind}")
+    out.update(
+        num_layers=num_layers,
+        hidden_size=hidden,
+        allreduce_latency_us=0.0 if latency is None and curve is None else latency,
+        allreduce_bandwidth_gb_per_second=bandwidth,
+        allreduce_curve=curve,
+    )
+    return out
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -826,6 +925,18 @@ def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
         pass_sequences_limit=_next_pow2(max(p.max_sequences for p in pools)),
         context_limit=_next_pow2(max(p.sequence_limit for p in pools)),
     )
+
+
+def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
+    enabled = _flag(f"{prefix}.async_scheduling", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{prefix}.async_scheduling is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and prefix.endswith(".prefill"):
+        raise ConfigError(
+            f"{prefix}.async_scheduling: not modelled for a P/D prefill pool (its prompts hand off "
+            "instead of sampling); set it on engine.decode or engine.aggregated"
+        )
+    return enabled
 
 
 def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:

@@ -39,6 +39,8 @@ def random_scenario(
     policy: str = "vllm",
     long_outputs: bool = False,
     prefix_caching: bool = False,
+    allreduce: bool = False,
+    async_scheduling: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -50,6 +52,10 @@ def random_scenario(
     cache (SGLang's new_token_ratio decays and decodes retract).
     ``prefix_caching`` turns it on for the receiving pool, with prompts sharing
     prefixes through prefix-chained ``hash_ids`` or a synthetic shared prefix.
+    ``allreduce`` replaces the timing with a linear model plus its pass terms
+    (a TP all-reduce ring term, time scales, a per-pass overhead; drawn after everything else, so the rest of the scenario is the
+    one the seed gives without it).  ``async_scheduling`` turns on the vllm
+    policy's asynchronous scheduling on the aggregated or decode pool.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -137,6 +143,28 @@ def random_scenario(
         for _ in range(n):
             send_ns.append(t)
             t += rnd.choice([0, 0, 1, 250_000, 1_000_000, rnd.randint(0, 5_000_000)])
+    if allreduce:
+        config["timing"] = {
+            "type": "linear",
+            "base_ms": rnd.choice([0.0, 0.5, 1.25]),
+            "per_prefill_token_us": rnd.choice([0.0, 10.0, 33.3]),
+            "per_decode_seq_us": rnd.choice([0.0, 20.0, 7.7]),
+            "per_kv_token_ns": rnd.choice([0.0, 40.0, 123.4]),
+            "tp": rnd.choice([2, 4, 8]),
+            "num_layers": rnd.choice([1, 32, 64]),
+            "hidden_size": rnd.choice([1, 4096, 5120]),
+            "dtype_bytes": rnd.choice([1, 2]),
+            "allreduce": {
+                "latency_us": rnd.choice([None, 0.0, 20.0, 7.3]),
+                "bandwidth_gb_per_second": rnd.choice([16.0, 0.7, 450.0]),
+                "curve": None,
+            },
+            "prefill_scale": rnd.choice([1.0, 0.8, 1.37]),
+            "decode_scale": rnd.choice([1.0, 0.6, 2.5]),
+            "pass_overhead_us": rnd.choice([0.0, 0.0, 150.0, 33.3]),
+        }
+    if async_scheduling:
+        config["engine"]["decode" if disaggregated else "aggregated"]["async_scheduling"] = True
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 

@@ -19,6 +19,8 @@ NUM_PD_SCENARIOS = 300
 NUM_POLICY_SCENARIOS = 300  # per policy; a third of them disaggregated
 NUM_LONG_SCENARIOS = 100
 NUM_PREFIX_SCENARIOS = 300  # a third of them disaggregated
+NUM_ALLREDUCE_SCENARIOS = 200  # a third of them disaggregated
+NUM_ASYNC_SCENARIOS = 400  # a third of them disaggregated; a quarter with prefix caching
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -72,6 +74,21 @@ def test_long_output_sglang_matches_reference(seed):
 @pytest.mark.parametrize("seed", range(NUM_PREFIX_SCENARIOS))
 def test_prefix_caching_matches_reference(seed):
     compare_with_reference(random_scenario(seed, prefix_caching=True, disaggregated=seed % 3 == 2))
+
+
+@pytest.mark.parametrize("seed", range(NUM_ALLREDUCE_SCENARIOS))
+def test_allreduce_timing_matches_reference(seed):
+    compare_with_reference(random_scenario(seed, allreduce=True, disaggregated=seed % 3 == 2))
+
+
+@pytest.mark.parametrize("seed", range(NUM_ASYNC_SCENARIOS))
+def test_async_scheduling_matches_reference(seed):
+    compare_with_reference(
+        random_scenario(
+            seed, async_scheduling=True, disaggregated=seed % 3 == 2, prefix_caching=seed % 4 == 1,
+            allreduce=seed % 5 == 0, long_outputs=seed % 7 == 3,
+        )
+    )
 
 
 def compare_with_reference(scenario):

@@ -92,7 +92,7 @@ KERNEL_INPUTS = (
     "input_tokens", "output_tokens", "token_offset", "send_ns", "closed_loop", "concurrency",
     "think_ns", "recv_rank", "tok_server", "tok_service_ns", "num_tok_servers", "transfer_ns",
     "detok_mode", "detok_server", "detok_workers", "detok_params", "chunk_size", "worker_role",
-    "worker_first_rank", "worker_num_ranks", "num_decode_workers", "rank_max_batched_tokens",
+    "worker_first_rank", "worker_num_ranks", "num_decode_workers", "worker_async", "rank_max_batched_tokens",
     "rank_max_sequences", "rank_num_blocks", "rank_block_size", "rank_seq_limit", "rank_policy",
     "rank_chunk_tokens", "rank_max_prefill_tokens", "ratio_params", "rank_prefix_caching",
     "prefix_cache", "timing_model", "timing_params", "timing_table", "cap_ns",
@@ -399,6 +399,7 @@ def prepare(
         "worker_first_rank": topo["worker_first_rank"],
         "worker_num_ranks": topo["worker_num_ranks"],
         "num_decode_workers": pools[-1].replicas if cfg.engine.mode == "disaggregated" else 0,
+        "worker_async": topo["worker_async"],
         "rank_max_batched_tokens": topo["rank_max_batched_tokens"],
         "rank_max_sequences": topo["rank_max_sequences"],
         "rank_num_blocks": topo["rank_num_blocks"],
@@ -539,9 +540,10 @@ def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) 
 def _topology(pools, policy: str) -> dict[str, np.ndarray]:
     """Workers and ranks of the deployment as flat per-worker and per-rank arrays."""
     roles = [nb.ROLE_AGGREGATED] if len(pools) == 1 else [nb.ROLE_PREFILL, nb.ROLE_DECODE]
-    worker_role, worker_num_ranks, ranks = [], [], []
+    worker_role, worker_num_ranks, ranks, worker_async = [], [], [], []
     for role, pool in zip(roles, pools):
         worker_role += [role] * pool.replicas
+        worker_async += [pool.async_scheduling] * pool.replicas
         worker_num_ranks += [pool.attention_dp] * pool.replicas
         ranks += [pool] * pool.num_ranks
     worker_num_ranks = np.array(worker_num_ranks, dtype=np.int64)
@@ -565,6 +567,7 @@ def _topology(pools, policy: str) -> dict[str, np.ndarray]:
 
     return {
         "worker_role": np.array(worker_role, dtype=np.int64),
+        "worker_async": np.array(worker_async, dtype=np.bool_),
         "worker_first_rank": first_rank,
         "worker_num_ranks": worker_num_ranks,
         "rank_worker": np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks),

@@ -24,6 +24,11 @@ and the sends themselves in table order, (d) tokenizer jobs, engine arrivals
 in send order and KV-transfer ends in handoff order, until nothing is left at t; then (e) idle workers start passes.
 Receipts are known when their pass ends, so a closed-loop send is queued then,
 at ``receipt + think``, which is the same instant SPEC §2 gives it.
+
+Asynchronous scheduling (``worker_async``, docs/semantics.md): at (e) a worker
+whose pass started at t also builds the next pass, which (a) starts when the
+running one ends; scheduled tokens count as computed when built, and the
+tokens sampled by each of the two passes are marked in per-request slots.
 """
 
 from __future__ import annotations
@@ -162,6 +167,7 @@ def simulate_engine_nb(
     worker_first_rank,
     worker_num_ranks,
     num_decode_workers,
+    worker_async,
     rank_max_batched_tokens,
     rank_max_sequences,
     rank_num_blocks,
@@ -243,6 +249,9 @@ def simulate_engine_nb(
         Each worker's first global rank and number of attention-DP ranks.
     num_decode_workers : int
         Decode workers (the last ones); 0 when aggregated.
+    worker_async : ndarray(bool, ndim=1)
+        Asynchronous scheduling per worker (vllm policy; docs/semantics.md): the
+        next pass is built when a pass starts, from the state before its outputs.
     rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
         Per-rank scheduler limits and KV cache (blocks, tokens per block).
     rank_seq_limit : ndarray(int64, ndim=1)
@@ -342,9 +351,25 @@ def simulate_engine_nb(
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
+    pass_start = np.full(num_workers, -1, dtype=np.int64)
     max_ranks = worker_num_ranks.max()
     summary = np.zeros((max_ranks, 6), dtype=np.int64)
     rank_ms = np.zeros(max_ranks, dtype=np.float64)
+
+    # Asynchronous scheduling: a worker's pass on the GPU and the one queued
+    # behind it use sample slots run_slot[w] and 1 - run_slot[w]: per request,
+    # whether its chunk in that pass samples a token; ``planned`` counts emitted
+    # plus in-flight outputs (it is ``generated`` without async workers).
+    any_async = False
+    for w in range(num_workers):
+        any_async = any_async or worker_async[w]
+    sample_flag = np.zeros((2, n if any_async else 0), dtype=np.bool_)
+    run_slot = np.zeros(num_workers, dtype=np.int64)
+    queued = np.zeros(num_workers, dtype=np.bool_)
+    queued_ms = np.zeros(num_workers, dtype=np.float64)
+    queued_summary = np.zeros((num_workers if any_async else 0, max_ranks, 6), dtype=np.int64)
+    queued_rank_ms = np.zeros((num_workers if any_async else 0, max_ranks), dtype=np.float64)
+    planned = np.zeros(n, dtype=np.int64) if any_async else generated
 
     # Servers and the outputs of the pass being ended.
     tok_free = np.zeros(num_tok_servers, dtype=np.int64)
@@ -414,72 +439,79 @@ def simulate_engine_nb(
                 pass_end[w] = -1
                 progressed = True
                 hidden = worker_role[w] == ROLE_PREFILL
+                asynchronous = worker_async[w]
+                slot = run_slot[w]
                 num_out = 0
                 for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
                     keep = 0
                     for i in range(run_len[g]):
                         k = running[g, i]
                         leaves = False
-                        if sched_n[k] > 0:
+                        samples = False
+                        if sched_n[k] > 0:  # synchronous: the pass's tokens are computed now
                             computed[k] += sched_n[k]
                             sched_n[k] = 0
-                            if computed[k] == input_tokens[k] + generated[k]:
-                                if hidden:
-                                    # Prompt computed: hand off; the sampled token
-                                    # is not sent and the blocks stay held until
-                                    # the transfer ends (SPEC §6).
-                                    leaves = True
-                                    handoff_ns[k] = t
-                                    handoff_req[num_handoffs] = k
-                                    xfer_size = _heap_push_nb(
-                                        xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
-                                    )
-                                    rank_inflight[g] += 1
-                                    rank_inflight[_decode_rank_nb(
-                                        num_handoffs, first_decode_worker, num_decode_workers,
-                                        worker_first_rank, worker_num_ranks,
-                                    )] += 1
-                                    num_handoffs += 1
+                            samples = computed[k] == input_tokens[k] + generated[k]
+                        elif asynchronous:  # computed advanced when the pass was built
+                            samples = sample_flag[slot, k]
+                            sample_flag[slot, k] = False
+                        if samples:
+                            if hidden:
+                                # Prompt computed: hand off; the sampled token
+                                # is not sent and the blocks stay held until
+                                # the transfer ends (SPEC §6).
+                                leaves = True
+                                handoff_ns[k] = t
+                                handoff_req[num_handoffs] = k
+                                xfer_size = _heap_push_nb(
+                                    xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
+                                )
+                                rank_inflight[g] += 1
+                                rank_inflight[_decode_rank_nb(
+                                    num_handoffs, first_decode_worker, num_decode_workers,
+                                    worker_first_rank, worker_num_ranks,
+                                )] += 1
+                                num_handoffs += 1
+                            else:
+                                j = generated[k]
+                                generated[k] = j + 1
+                                tok = token_offset[k] + j
+                                if j == 0:
+                                    first_emit_ns[k] = t
+                                leaves = (
+                                    j + 1 == output_tokens[k]
+                                    or input_tokens[k] + j + 1 >= rank_seq_limit[g]
+                                )
+                                if bounded:
+                                    out_req[num_out] = k
+                                    tok = num_out
                                 else:
-                                    j = generated[k]
-                                    generated[k] = j + 1
-                                    tok = token_offset[k] + j
-                                    if j == 0:
-                                        first_emit_ns[k] = t
-                                    leaves = (
-                                        j + 1 == output_tokens[k]
-                                        or input_tokens[k] + j + 1 >= rank_seq_limit[g]
-                                    )
-                                    if bounded:
-                                        out_req[num_out] = k
-                                        tok = num_out
-                                    else:
-                                        token_emit_ns[tok] = t
-                                    if detok_mode == DETOK_OFF:
-                                        recv_target[tok] = t  # received as emitted
-                                        num_out += bounded  # bounded: streamed at the pass end
-                                        if leaves and closed_loop:
-                                            send_size = _heap_push_nb(
-                                                send_key, send_val, send_size, t + think_ns, 0
-                                            )
-                                    elif detok_mode == DETOK_IN_KERNEL:
-                                        srv = detok_server[k]
-                                        out_token[num_out] = tok
-                                        out_server[num_out] = srv
-                                        out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
-                                        num_out += 1
-                                        # The server's job so far (one job per server
-                                        # per pass unless chunked).
-                                        job_count[srv] += 1
-                                        job_firsts[srv] += j == 0
-                                        job_finals[srv] += leaves
-                                    else:
-                                        emit_log[num_emitted] = tok
-                                    num_emitted += 1
-                                    if leaves:
-                                        finish_ns[k] = t
-                                        progress[0] += 1
-                                        kv_release_nb(prefix_cache, g, k, held, blocks_used)
+                                    token_emit_ns[tok] = t
+                                if detok_mode == DETOK_OFF:
+                                    recv_target[tok] = t  # received as emitted
+                                    num_out += bounded  # bounded: streamed at the pass end
+                                    if leaves and closed_loop:
+                                        send_size = _heap_push_nb(
+                                            send_key, send_val, send_size, t + think_ns, 0
+                                        )
+                                elif detok_mode == DETOK_IN_KERNEL:
+                                    srv = detok_server[k]
+                                    out_token[num_out] = tok
+                                    out_server[num_out] = srv
+                                    out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
+                                    num_out += 1
+                                    # The server's job so far (one job per server
+                                    # per pass unless chunked).
+                                    job_count[srv] += 1
+                                    job_firsts[srv] += j == 0
+                                    job_finals[srv] += leaves
+                                else:
+                                    emit_log[num_emitted] = tok
+                                num_emitted += 1
+                                if leaves:
+                                    finish_ns[k] = t
+                                    progress[0] += 1
+                                    kv_release_nb(prefix_cache, g, k, held, blocks_used)
                         if not leaves:
                             running[g, keep] = k
                             keep += 1
@@ -518,6 +550,18 @@ def simulate_engine_nb(
                     )
                 if bounded and num_out > 0:
                     stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
+                if queued[w]:  # asynchronous: the pass built at this one's start runs now
+                    queued[w] = False
+                    run_slot[w] = 1 - slot
+                    pass_start[w] = t
+                    pass_end[w] = t + max(np.int64(1), np.int64(np.rint(queued_ms[w] * 1e6)))
+                    if record_passes:
+                        if pass_log_rows + worker_num_ranks[w] > pass_log.shape[0]:
+                            return PASS_LOG_FULL, pass_log_rows, num_emitted
+                        pass_log_rows = _log_pass_nb(
+                            pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
+                            queued_summary[w], queued_rank_ms[w],
+                        )
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -569,12 +613,18 @@ def simulate_engine_nb(
                     progress,
                 )
 
-        # (e) idle workers with work start passes, by worker index.
-        for w in range(num_workers):
-            if pass_end[w] >= 0:
+        # (e) idle workers with work start passes, by worker index; an
+        # asynchronous worker whose pass started at t then builds the next
+        # (the same worker again, before the next one).
+        w = 0
+        while w < num_workers:
+            queue = worker_async[w] and pass_end[w] >= 0 and pass_start[w] == t and not queued[w]
+            if pass_end[w] >= 0 and not queue:
+                w += 1
                 continue
             first_rank = worker_first_rank[w]
             num_dp = worker_num_ranks[w]
+            slot = 1 - run_slot[w] if queue else run_slot[w]
             while True:
                 any_batch = False
                 any_preempted = False
@@ -592,18 +642,21 @@ def simulate_engine_nb(
                         )
                     else:
                         preempted = build_vllm_batch_nb(
-                            g, t, input_tokens, output_tokens, generated, computed, held,
+                            g, t, input_tokens, output_tokens, planned, computed, held,
                             sched_n, running, run_len, blocks_used, wait_head,
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
                             rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
                             rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
                             worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                            cached_tokens,
+                            cached_tokens, worker_async[w],
                         )
                     batch_summary_nb(
                         summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
                         rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
                     )
+                    if worker_async[w]:
+                        _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
+                                    generated, planned, sample_flag, wait_head, wait_next)
                     if summary[r, 0] + summary[r, 3] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
@@ -629,30 +682,32 @@ def simulate_engine_nb(
                     if ms > worst_ms:
                         worst_ms = ms
                 if any_batch:
+                    if queue:  # it starts when the running pass ends
+                        queued[w] = True
+                        queued_ms[w] = worst_ms
+                        queued_summary[w, :num_dp] = summary[:num_dp]
+                        queued_rank_ms[w, :num_dp] = rank_ms[:num_dp]
+                        break
                     end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
                     pass_end[w] = end
+                    pass_start[w] = t
                     if record_passes:
                         if pass_log_rows + num_dp > pass_log.shape[0]:
                             return PASS_LOG_FULL, pass_log_rows, num_emitted
-                        for r in range(num_dp):
-                            row = pass_log_rows
-                            pass_log[row, PASS_WORKER] = w
-                            pass_log[row, PASS_RANK] = r
-                            pass_log[row, PASS_START] = t
-                            pass_log[row, PASS_END] = end
-                            for c in range(6):
-                                pass_log[row, PASS_NUM_PREFILL + c] = summary[r, c]
-                            pass_ms[row] = rank_ms[r]
-                            pass_log_rows += 1
+                        pass_log_rows = _log_pass_nb(
+                            pass_log, pass_ms, pass_log_rows, w, num_dp, t, end, summary, rank_ms
+                        )
                     break
                 if not any_preempted:
-                    # Nothing schedulable: the worker stays idle.
+                    # Nothing schedulable: the worker stays idle (or nothing is queued).
                     reset_ratio_if_idle_nb(
                         first_rank, num_dp, worker_role[w] == ROLE_DECODE, wait_head, rank_inflight,
                         rank_ratio, ratio_params,
                     )
                     break
                 # Only preemptions happened: try again at once (SPEC §5 (e)).
+            if queue or not (worker_async[w] and pass_end[w] >= 0):
+                w += 1
 
     return OK, pass_log_rows, num_emitted
 
@@ -681,6 +736,7 @@ def simulate_batch_nb(
     worker_first_rank,
     worker_num_ranks,
     num_decode_workers,
+    worker_async,
     rank_max_batched_tokens,
     rank_max_sequences,
     rank_num_blocks,
@@ -740,6 +796,8 @@ def simulate_batch_nb(
         (C, 4) ``[base_ms, per_output_us, first_output_us, final_output_us]``.
     worker_role, worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
         Shared topology, per worker.
+    worker_async : ndarray(bool, ndim=2)
+        (C, workers) asynchronous scheduling.
     rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit, rank_policy, rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=2)
         (C, ranks) scheduler limits (tokens, sequences, blocks, tokens per block).
     ratio_params : ndarray(float64, ndim=3)
@@ -799,6 +857,7 @@ def simulate_batch_nb(
             worker_first_rank,
             worker_num_ranks,
             num_decode_workers,
+            worker_async[c],
             rank_max_batched_tokens[c],
             rank_max_sequences[c],
             rank_num_blocks[c],
@@ -837,6 +896,51 @@ def simulate_batch_nb(
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+
+
+@njit(cache=True)
+def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_ms):
+    """Append one row per rank of worker w's pass (the caller checked the room); returns the row count."""
+    for r in range(num_dp):
+        pass_log[rows, PASS_WORKER] = w
+        pass_log[rows, PASS_RANK] = r
+        pass_log[rows, PASS_START] = start
+        pass_log[rows, PASS_END] = end
+        for c in range(6):
+            pass_log[rows, PASS_NUM_PREFILL + c] = summary[r, c]
+        pass_ms[rows] = rank_ms[r]
+        rows += 1
+    return rows
+
+
+@njit(cache=True)
+def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
+                sample_flag, wait_head, wait_next):
+    """Asynchronous scheduling: rank g's just-built batch goes into sample slot ``slot``.
+
+    The scheduled tokens count as computed at once (the next build follows them
+    without waiting for this pass); a chunk that reaches the request's known
+    tokens samples a token, planned until its pass ends.  After a preemption
+    every waiting request's in-flight output is dropped (a preempted request
+    recomputes and samples again after resumption; the others have none).
+    """
+    if preempted:
+        k = wait_head[g]
+        while k >= 0:
+            sample_flag[0, k] = False
+            sample_flag[1, k] = False
+            planned[k] = generated[k]
+            k = wait_next[k]
+    for i in range(run_len[g]):
+        k = running[g, i]
+        if sched_n[k] == 0:
+            continue
+        computed[k] += sched_n[k]
+        sched_n[k] = 0
+        samples = computed[k] == input_tokens[k] + planned[k]
+        sample_flag[slot, k] = samples
+        if samples:
+            planned[k] += 1
 
 
 @njit(cache=True)

@@ -97,10 +97,10 @@ def _grow_nb(tokens, held, block_size):
 
 @njit(cache=True)
 def build_vllm_batch_nb(
-    g, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
+    g, t, input_tokens, output_tokens, planned, computed, held, sched_n, running, run_len,
     blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens,
+    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens, asynchronous,
 ):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
@@ -108,7 +108,10 @@ def build_vllm_batch_nb(
     admitted only if its blocks to completion fit beside every running
     request's reservation to completion; then allocations never fail.  With
     ``caching`` (prefix caching, docs/prefix-caching.md) an admission first
-    reuses the request's longest resident prompt prefix.
+    reuses the request's longest resident prompt prefix.  Under asynchronous
+    scheduling (docs/semantics.md) ``planned`` also counts the output tokens in
+    flight and ``computed`` the tokens already scheduled; a running request
+    whose every output is planned is skipped.
 
     Parameters
     ----------
@@ -118,8 +121,9 @@ def build_vllm_batch_nb(
         Pass start, ns (stamped as a first admission).
     input_tokens, output_tokens : ndarray(int64, ndim=1)
         Per request, prompt and requested output lengths, tokens.
-    generated, computed : ndarray(int64, ndim=1)
-        Per request, tokens emitted and tokens whose KV is computed (before the pass).
+    planned, computed : ndarray(int64, ndim=1)
+        Per request, output tokens emitted (asynchronous scheduling: plus those in
+        flight) and tokens whose KV is computed or scheduled (before the pass).
     held : ndarray(int64, ndim=1)
         Per request, KV blocks held; updated.
     sched_n : ndarray(int64, ndim=1)
@@ -149,6 +153,8 @@ def build_vllm_batch_nb(
         The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
     cached_tokens : ndarray(int64, ndim=1)
         Per request prompt tokens reused at the first admission, tokens; set then.
+    asynchronous : bool
+        Asynchronous scheduling on this rank's worker (docs/semantics.md).
 
     Returns
     -------
@@ -164,7 +170,10 @@ def build_vllm_batch_nb(
     i = 0
     while i < run_len[g]:
         k = running[g, i]
-        n_tok = min(input_tokens[k] + generated[k] - computed[k], budget)
+        if asynchronous and (planned[k] >= output_tokens[k] or input_tokens[k] + planned[k] >= rank_seq_limit[g]):
+            i += 1  # its last token is in flight: it leaves when that pass ends
+            continue
+        n_tok = min(input_tokens[k] + planned[k] - computed[k], budget)
         if n_tok == 0:
             break
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
@@ -201,7 +210,7 @@ def build_vllm_batch_nb(
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
     while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         k = wait_head[g]
-        known = input_tokens[k] + generated[k]
+        known = input_tokens[k] + planned[k]
         hits = 0
         cached_hits = 0
         start = computed[k]  # 0, or input - 1 for a P/D decode entrant

@@ -51,7 +51,7 @@ from simcore.timing import nb
 PACKAGE = "aiconfigurator-core"
 EXTRA_HINT = "pip install 'replaysim[aic]' (aiconfigurator-core>=0.12,<0.13)"
 #: Bump when the table layout or the knots change (invalidates the disk cache).
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 #: The self-check refuses tables whose worst relative error over the random passes exceeds this.
 MAX_REL_ERROR = 0.01
 #: Random passes of the self-check.
@@ -59,6 +59,9 @@ NUM_CHECKS = 300
 #: Knots per octave of the decode-attention kv axis and of the context-attention s and p axes.
 KV_PER_OCTAVE = 16
 CTX_PER_OCTAVE = 12
+#: Name ending of the database's two all-reduces per layer (context_ar_1, generation_ar_2, ...;
+#: the embedding's ``*_embedding_ar`` is once per pass and stays).
+PER_LAYER_ALLREDUCE = ("_ar_1", "_ar_2")
 #: Relative chord error that makes the decode-attention rows bisect an interval.
 GA_REFINE_TOL = 2e-4
 #: Decode-attention rows exist for every batch up to this one (the database's
@@ -200,6 +203,35 @@ def _native_config(spec: AicSpec) -> dict:
 def _what(spec: AicSpec) -> str:
     version = spec.backend_version or "current"
     return f"timing.model={spec.model} timing.gpu={spec.gpu} timing.backend={spec.backend} ({version}) timing.tp={spec.tp}"
+
+
+def model_dimensions(model: str) -> tuple[int | None, int | None]:
+    """``(num_hidden_layers, hidden_size)`` of ``timing.model`` from its config.json: the one
+    bundled with aiconfigurator-core (``model_configs/<org>--<name>_config.json``) or a
+    local directory's; ``(None, None)`` when there is none.
+
+    Parameters
+    ----------
+    model : str
+        A bundled Hugging Face id or a local directory.
+
+    Returns
+    -------
+    (int or None, int or None)
+    """
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+    else:
+        import aiconfigurator_core
+
+        root = os.path.dirname(aiconfigurator_core.__file__)
+        path = os.path.join(root, "model_configs", model.replace("/", "--") + "_config.json")
+    if not os.path.isfile(path):
+        return None, None
+    with open(path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config = config.get("text_config", config)  # multimodal wrappers keep the LLM's inside
+    return config.get("num_hidden_layers"), config.get("hidden_size")
 
 
 def direct_model(spec: AicSpec):
@@ -379,9 +411,10 @@ def _refined_row(f, base: np.ndarray, tol: float = GA_REFINE_TOL) -> tuple[np.nd
     return knots, np.array([values[int(k)] for k in knots], dtype=np.float64)
 
 
-def _op_indices(handle) -> tuple[list[int], int, int, list[int], int]:
+def _op_indices(handle) -> tuple[list[int], int, int, list[int], int, list[int], list[int]]:
     """Indices of (non-attention non-logits context ops, context attention, context logits,
-    non-attention generation ops, generation attention) in the compiled op lists."""
+    non-attention generation ops, generation attention, and the per-layer all-reduces among
+    the context and among the generation ops) in the compiled op lists."""
 
     def names(evaluate) -> list[str]:
         out = []
@@ -406,7 +439,10 @@ def _op_indices(handle) -> tuple[list[int], int, int, list[int], int]:
         ) from None
     na = [i for i in range(len(ctx)) if i not in (ca, lg)]
     ng = [i for i in range(len(gen)) if i != ga]
-    return na, ca, lg, ng, ga
+    # the two all-reduces of every layer (after attention and after the MLP)
+    ar_ctx = [i for i in na if ctx[i].endswith(PER_LAYER_ALLREDUCE)]
+    ar_gen = [i for i in ng if gen[i].endswith(PER_LAYER_ALLREDUCE)]
+    return na, ca, lg, ng, ga, ar_ctx, ar_gen
 
 
 def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -441,17 +477,22 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
         raise
     except Exception as exc:
         raise ConfigError(f"aiconfigurator-core cannot model {_what(spec)}: {exc}") from None
-    na, ca, lg, ng, ga = _op_indices(handle)
+    na, ca, lg, ng, ga, ar_ctx, ar_gen = _op_indices(handle)
     ctx_ops = handle.evaluate_context_ops
     gen_ops = handle.evaluate_generation_ops
 
     def total(rows) -> float:
         return float(sum(r[1] for r in rows))
 
+    def zero_if_none(indices, evaluate, **kwargs) -> float:
+        return total(evaluate(indices, **kwargs)) if indices else 0.0
+
     with _quiet_stderr():
         na_tab = np.array([total(ctx_ops(na, batch_size=1, s=t)) for t in range(1, spec.tokens + 1)])
         lg_tab = np.array([total(ctx_ops([lg], batch_size=x, s=1)) for x in range(1, spec.sequences + 1)])
         ng_tab = np.array([total(gen_ops(ng, batch_size=b, s=1)) for b in range(1, spec.sequences + 1)])
+        arc_tab = np.array([zero_if_none(ar_ctx, ctx_ops, batch_size=1, s=t) for t in range(1, spec.tokens + 1)])
+        arg_tab = np.array([zero_if_none(ar_gen, gen_ops, batch_size=b, s=1) for b in range(1, spec.sequences + 1)])
         base = kv_knots(spec.context)
         b_knots = decode_batch_knots(spec.sequences)
         rows = [_refined_row(lambda k, b=int(b): total(gen_ops([ga], batch_size=b, s=k)), base) for b in b_knots]
@@ -467,7 +508,7 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
                 for n in n_knots
             ]
         )
-    pieces = [na_tab, lg_tab, ng_tab, ga_starts, ga_knots, ga_tab, n_knots, s_knots, p_knots, ca_tab, b_knots]
+    pieces = [na_tab, lg_tab, ng_tab, ga_starts, ga_knots, ga_tab, n_knots, s_knots, p_knots, ca_tab, b_knots, arc_tab, arg_tab]
     offsets = np.cumsum([0] + [p.size for p in pieces])
     params = np.zeros(nb.AIC_NUM_PARAMS, dtype=np.float64)
     params[nb.A_NA], params[nb.A_NA_N] = offsets[0], na_tab.size
@@ -480,6 +521,7 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
     params[nb.A_CA_S], params[nb.A_CA_S_N] = offsets[7], s_knots.size
     params[nb.A_CA_P], params[nb.A_CA_P_N] = offsets[8], p_knots.size
     params[nb.A_CA] = offsets[9]
+    params[nb.A_AR_CTX], params[nb.A_AR_GEN] = offsets[11], offsets[12]
     table = np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in pieces])
     return params, table
 

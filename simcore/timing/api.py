@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.config import TimingConfig
+from simcore.timing.allreduce import pass_terms_block
 from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_TABLE
 
 
@@ -30,23 +31,33 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
         ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE`` or ``TIMING_AIC``.
     params : ndarray(float64, ndim=1)
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms, per_prefill_token_us,
-        per_decode_seq_us, per_kv_token_ns]``; table/aic: offsets and sizes into ``table``.
+        per_decode_seq_us, per_kv_token_ns]``; table/aic: offsets and sizes into ``table``;
+        linear, table and aic are followed by the pass-terms block (``nb.R_*``: scales,
+        overhead, TP all-reduce).
     table : ndarray(float64, ndim=1)
         Flat lookup tables (empty for fixed and linear).
     """
     if cfg.type == "fixed":
         return TIMING_FIXED, np.array([cfg.prefill_ms, cfg.decode_ms], dtype=np.float64), NO_TABLE
     if cfg.type == "linear":
-        params = [cfg.base_ms, cfg.per_prefill_token_us, cfg.per_decode_seq_us, cfg.per_kv_token_ns]
-        return TIMING_LINEAR, np.array(params, dtype=np.float64), NO_TABLE
-    if cfg.type == "table":
+        model = TIMING_LINEAR
+        params = np.array([cfg.base_ms, cfg.per_prefill_token_us, cfg.per_decode_seq_us, cfg.per_kv_token_ns])
+        table = NO_TABLE
+    elif cfg.type == "table":
         from simcore.timing.profile import table_arrays
 
+        model = TIMING_TABLE
         params, table = table_arrays(cfg.profile, cfg.num_layers)
-        return TIMING_TABLE, params, table
-    if cfg.type == "aic":
+    elif cfg.type == "aic":
         from simcore.timing.aic import aic_arrays
 
+        model = TIMING_AIC
         params, table = aic_arrays(cfg)
-        return TIMING_AIC, params, table
-    raise ValueError(f"timing.type {cfg.type!r} has no kernel")  # config validation prevents this
+    else:
+        raise ValueError(f"timing.type {cfg.type!r} has no kernel")  # config validation prevents this
+    block, curve = pass_terms_block(cfg, table.shape[0])
+    return (
+        model,
+        np.concatenate([np.asarray(params, dtype=np.float64), block]),
+        np.concatenate([table, curve]) if curve.size else table,
+    )

@@ -68,7 +68,27 @@ A_CA_P = 14  # cached (prefix) tokens per request knots
 A_CA_P_N = 15
 A_CA = 16  # offset of the grid, C order [n, s, p]
 A_GA_B = 17  # offset of the batch knots of the decode-attention rows (ascending)
-AIC_NUM_PARAMS = 18
+A_AR_CTX = 18  # the database's per-layer all-reduces inside NA, at T tokens (A_NA_N knots), ms
+A_AR_GEN = 19  # the same inside NG, at batch B (A_NG_N knots), ms
+AIC_NUM_PARAMS = 20
+
+LINEAR_NUM_PARAMS = 4
+# Pass-terms block (linear, table, aic), stored right after the model's own
+# parameters (at LINEAR_NUM_PARAMS, TABLE_NUM_PARAMS or AIC_NUM_PARAMS): time
+# scales, a per-pass overhead and the TP all-reduce.  A params vector without
+# it gives the model's own time.
+R_PREFILL_SCALE = 0  # factor on the model time of a pass with a prefill entry
+R_DECODE_SCALE = 1  # factor on the model time of a decode-only pass
+R_OVERHEAD_US = 2  # added to every non-empty pass, us
+R_COUNT = 3  # all-reduces per pass (2 x layers); 0: none
+R_BYTES_PER_TOKEN = 4  # hidden_size x dtype_bytes
+R_GPUS = 5  # TP degree n
+R_LATENCY_US = 6  # ring: fixed cost per all-reduce, us
+R_BANDWIDTH = 7  # ring: link bandwidth, GB/s
+R_CURVE_N = 8  # measured curve: number of knots (0: ring)
+R_CURVE_X = 9  # offset of the curve's message sizes in ``table`` (bytes, ascending)
+R_CURVE_Y = 10  # offset of the curve's times (us)
+PASS_TERMS_NUM_PARAMS = 11
 
 
 @njit(cache=True)
@@ -105,19 +125,77 @@ def rank_time_ms_nb(
             ms += params[1]
         return ms
     if model == TIMING_TABLE:
-        return table_pass_ms_nb(
+        ms = table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
         )
+        return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
     if model == TIMING_AIC:
-        return aic_pass_ms_nb(
-            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+        # timing.allreduce replaces the database's own per-layer all-reduces
+        replaced = params.shape[0] >= AIC_NUM_PARAMS + PASS_TERMS_NUM_PARAMS and params[AIC_NUM_PARAMS + R_COUNT] != 0.0
+        ms = aic_pass_ms_nb(
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, replaced
         )
-    return (
+        return pass_terms_ms_nb(params, table, AIC_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
+    ms = (
         params[0]
         + params[1] * prefill_tokens / 1000
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
     )
+    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
+
+
+@njit(cache=True)
+def pass_terms_ms_nb(params, table, base, model_ms, num_prefill, tokens):
+    """A non-empty pass's time from its model time, ms: scaled, plus overhead and TP all-reduce.
+
+    ``model_ms x (R_PREFILL_SCALE if num_prefill > 0 else R_DECODE_SCALE)
+    + all-reduce + R_OVERHEAD_US / 1000``; the all-reduce is ``R_COUNT``
+    all-reduces of ``tokens x R_BYTES_PER_TOKEN`` bytes each: ring ``latency +
+    2 (n - 1) / n x bytes / bandwidth``, or the measured curve interpolated at
+    the message size (below its first knot: the first knot's time; beyond its
+    last: the last segment extended).  With the defaults (scales 1, no
+    overhead, no all-reduce) the model time is returned unchanged, bit for bit.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The model's parameters, the pass-terms block at ``base`` (``R_*``).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables (holds the curve).
+    base : int
+        Offset of the block in ``params``.
+    model_ms : float
+        The timing model's time of the pass, ms.
+    num_prefill : int
+        Prefill entries of the pass.
+    tokens : int
+        Tokens in the pass (prefill tokens + decodes).
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS:
+        return model_ms
+    scale = params[base + R_PREFILL_SCALE] if num_prefill > 0 else params[base + R_DECODE_SCALE]
+    ms = model_ms * scale
+    if params[base + R_COUNT] != 0.0:
+        size = tokens * params[base + R_BYTES_PER_TOKEN]
+        knots = int(params[base + R_CURVE_N])
+        if knots == 0:
+            n = params[base + R_GPUS]
+            one_us = params[base + R_LATENCY_US] + 2.0 * (n - 1.0) / n * size / (params[base + R_BANDWIDTH] * 1e3)
+        else:
+            xoff = int(params[base + R_CURVE_X])
+            yoff = int(params[base + R_CURVE_Y])
+            if size <= table[xoff]:
+                one_us = table[yoff]
+            else:
+                one_us = interp1_nb(table, xoff, yoff, knots, size)
+        ms += params[base + R_COUNT] * one_us / 1000.0
+    return ms + params[base + R_OVERHEAD_US] / 1000.0
 
 
 # ---------------------------------------------------------------- interpolation
@@ -513,7 +591,9 @@ def aic_ca_nb(params, table, batch, s, p):
 
 
 @njit(cache=True)
-def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens):
+def aic_pass_ms_nb(
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, without_allreduce
+):
     """Pass time from the AIC component tables, ms (aiconfigurator-core's FPM composition).
 
     With ``n = num_prefill``, ``P = prefill_tokens``, ``H = prefill_kv_tokens -
@@ -521,6 +601,8 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
     ``s = P // n``, ``p = H // n``:
     mixed ``NA[P + B] + LG[1] + CA(ceil(P / s), s, p) + GA(B, K)``;
     prefill-only ``NA[n s] + LG[n] + CA(n, s, p)``; decode-only ``NG[B] + GA(B, K)``.
+    ``without_allreduce``: ``NA`` and ``NG`` less the database's per-layer
+    all-reduces at the same knot (``timing.allreduce`` prices them instead).
 
     Parameters
     ----------
@@ -536,6 +618,8 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
         Decode entries.
     decode_kv_tokens : int
         Sum of ``computed + 1`` over decode entries, tokens.
+    without_allreduce : bool
+        Leave out the database's own per-layer all-reduces.
 
     Returns
     -------
@@ -552,20 +636,48 @@ def aic_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens
             k = (decode_kv_tokens - num_decode) // num_decode
             ctx_batch = (prefill_tokens + s - 1) // s
             return (
-                interp_int_nb(table, int(params[A_NA]), na_n, prefill_tokens + num_decode)
+                aic_context_ops_nb(params, table, prefill_tokens + num_decode, without_allreduce)
                 + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), 1)
                 + aic_ca_nb(params, table, ctx_batch, s, p)
                 + aic_ga_nb(params, table, num_decode, k)
             )
         return (
-            interp_int_nb(table, int(params[A_NA]), na_n, num_prefill * s)
+            aic_context_ops_nb(params, table, num_prefill * s, without_allreduce)
             + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), num_prefill)
             + aic_ca_nb(params, table, num_prefill, s, p)
         )
     k = (decode_kv_tokens - num_decode) // num_decode
-    return interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode) + aic_ga_nb(
-        params, table, num_decode, k
-    )
+    ng = interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode)
+    if without_allreduce:
+        ng -= interp_int_nb(table, int(params[A_AR_GEN]), int(params[A_NG_N]), num_decode)
+    return ng + aic_ga_nb(params, table, num_decode, k)
+
+
+@njit(cache=True)
+def aic_context_ops_nb(params, table, tokens, without_allreduce):
+    """``NA[tokens]``, less the database's per-layer all-reduces at ``tokens`` if asked, ms.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``A_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    tokens : int
+        The NA knot (tokens).
+    without_allreduce : bool
+        Subtract ``AR_CTX[tokens]``.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
+    na_n = int(params[A_NA_N])
+    ms = interp_int_nb(table, int(params[A_NA]), na_n, tokens)
+    if without_allreduce:
+        ms -= interp_int_nb(table, int(params[A_AR_CTX]), na_n, tokens)
+    return ms
 
 
 @njit(cache=True)

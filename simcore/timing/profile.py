@@ -291,16 +291,34 @@ def read_num_layers(path: str) -> int | None:
     int or None
         Decoder layers, >= 1; None when no ``meta.yaml`` sets it.
     """
+    return read_meta_count(path, "num_layers")
+
+
+def read_meta_count(path: str, key: str) -> int | None:
+    """A top-level integer ``key`` (>= 1) of ``meta.yaml`` in the profile directory or its parent.
+
+    Parameters
+    ----------
+    path : str
+        The profile directory.
+    key : str
+        ``num_layers`` or ``hidden_size``.
+
+    Returns
+    -------
+    int or None
+        The value; None when no ``meta.yaml`` sets it.
+    """
     import yaml
 
     for candidate in (os.path.join(path, META_FILE), os.path.join(os.path.dirname(os.path.normpath(path)), META_FILE)):
         if os.path.isfile(candidate):
             with open(candidate, encoding="utf-8") as handle:
                 meta = yaml.safe_load(handle) or {}
-            value = meta.get("num_layers") if isinstance(meta, dict) else None
+            value = meta.get(key) if isinstance(meta, dict) else None
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"{candidate}: num_layers must be an integer >= 1, got {value!r}")
+                    raise ConfigError(f"{candidate}: {key} must be an integer >= 1, got {value!r}")
                 return value
     return None
 

@@ -113,7 +113,12 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
 - Step 1 (running requests) has no hit lookup; its capacity check is the usual
   ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
 
-Not covered: the aic/table timing models.
+Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
+pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
+the all-reduce (``timing.allreduce``, ring model) being ``2 x num_layers``
+all-reduces of ``(prefill_tokens + num_decode) x hidden_size x dtype_bytes`` bytes,
+each ``latency_us + 2 (n - 1) / n x bytes / (bandwidth x 1e3)`` us.
+Not covered: the aic/table timing models and the measured all-reduce curve.
 """
 
 from __future__ import annotations
@@ -181,6 +186,9 @@ class Request:
         self.generated = 0
         self.held_blocks = 0
         self.num_preemptions = 0
+        # asynchronous scheduling (vLLM's AsyncScheduler, docs/semantics.md)
+        self.placeholders = 0         # outputs scheduled but not yet returned
+        self.epoch = 0                # +1 per preemption: older in-flight outputs are stale
         # prefix caching (docs/prefix-caching.md), on a rank whose pool caches
         self.idents = None            # identities of its complete prompt blocks (recv pool bs)
         self.blocks = []              # the Block objects it references, block order
@@ -249,6 +257,9 @@ class Pool:
         ctx = params.get("context_length")
         self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
         self.prefix_caching = bool(params.get("prefix_caching") or False)
+        self.async_scheduling = bool(params.get("async_scheduling") or False)
+        if self.async_scheduling and (policy != "vllm" or name == "prefill"):
+            raise ValueError(f"engine.{name}.async_scheduling: vllm policy, aggregated or decode pool only")
         if self.prefix_caching and policy != "vllm":
             raise ValueError(f"engine.{name}.prefix_caching is modelled for policy vllm only")
         if self.prefix_caching and name == "decode":
@@ -328,6 +339,7 @@ class Worker:
         self.tok_free = [0] * tok_servers      # tokenizer server free instants (SPEC §4)
         self.detok_free = [0] * detok_servers  # detokenizer server free instants (SPEC §7)
         self.current = None                    # Pass or None (idle)
+        self.queued = None                     # async: the Pass built when current started
 
     def has_work(self):
         return any(rank.has_work() for rank in self.ranks)
@@ -378,6 +390,19 @@ class ReferenceSim:
         self.t_per_prefill_token_us = float(timing["per_prefill_token_us"])
         self.t_per_decode_seq_us = float(timing["per_decode_seq_us"])
         self.t_per_kv_token_ns = float(timing["per_kv_token_ns"])
+        # Linear timing's pass terms: scales by pass kind, overhead, TP all-reduce
+        # (ring model only: 2 per layer).
+        self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
+        self.t_decode_scale = float(timing.get("decode_scale", 1.0))
+        self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
+        ring = timing.get("allreduce") or {}
+        self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
+        assert ring.get("curve") is None, "reference has no all-reduce curve"
+        if self.ar_bandwidth is not None:
+            self.ar_latency_us = float(ring.get("latency_us") or 0.0)
+            self.ar_gpus = int(timing["tp"])
+            self.ar_count = 2 * int(timing["num_layers"])
+            self.ar_bytes_per_token = int(timing["hidden_size"]) * int(timing["dtype_bytes"])
 
         tok = config["tokenization"]
         self.tok_workers = int(tok["workers"])
@@ -543,6 +568,11 @@ class ReferenceSim:
                     self.try_start(w, t)
                 else:
                     self.reset_ratio_when_idle(w)
+            # async scheduling: the step that launched a pass at t schedules the next one
+            # at once, before that pass's outputs (vllm/v1/engine/core.py, step_with_batch_queue)
+            if (w.pool.async_scheduling and w.current is not None and w.current.start_ns == t
+                    and w.queued is None and w.has_work()):
+                w.queued = self.build_pass(w, t)
 
     # ------------------------------------------------------------ client side
 
@@ -752,7 +782,13 @@ class ReferenceSim:
         i = 0
         while i < len(rank.running):
             req = rank.running[i]
-            n = min(req.known - req.computed, B)
+            # vLLM (AsyncScheduler): a request with outputs in flight whose every token is
+            # already scheduled (max_tokens or the length limit) is skipped
+            planned = req.generated + req.placeholders
+            if req.placeholders and (planned >= req.output_tokens or req.input_tokens + planned >= pool.L):
+                i += 1
+                continue
+            n = min(req.known + req.placeholders - req.computed, B)
             if n == 0:
                 break
             self_victim = False
@@ -760,6 +796,8 @@ class ReferenceSim:
                 victim = rank.running.pop()  # the LAST running request
                 self.release(pool, rank, victim)
                 victim.computed = 0
+                victim.placeholders = 0  # its in-flight output is dropped (vLLM 0.33)
+                victim.epoch += 1
                 victim.num_preemptions += 1
                 rank.waiting.appendleft(victim)  # FRONT of waiting
                 preempted = True
@@ -975,12 +1013,32 @@ class ReferenceSim:
               + self.t_per_prefill_token_us * s["prefill_tokens"] / 1000
               + self.t_per_decode_seq_us * s["num_decode"] / 1000
               + self.t_per_kv_token_ns * kv / 1e6)
+        ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
+        if self.ar_bandwidth is not None:
+            n = float(self.ar_gpus)
+            size = (s["prefill_tokens"] + s["num_decode"]) * float(self.ar_bytes_per_token)
+            one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
+            ms += self.ar_count * one_us / 1000.0
+        ms += self.t_overhead_us / 1000.0
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
         return ms
 
     def try_start(self, w, t):
         """SPEC §5 pass start on an idle worker with work (retried after preempt-only)."""
+        p = self.build_pass(w, t)
+        if p is not None:
+            self.start(w, p, t)
+
+    def start(self, w, p, t):
+        p.start_ns = t
+        p.end_ns = t + max(1, ms_to_ns(max(p.times_ms)))  # §0: max over ranks, converted once
+        w.current = p
+
+    def build_pass(self, w, t):
+        """Every rank's batch of worker w at t (None: all empty); preempt-only retries at once.
+        Under async scheduling the scheduled tokens count as computed at once and a chunk
+        that reaches the request's known tokens adds an output placeholder."""
         while True:
             batches, summaries, times, blocks = [], [], [], []
             any_preempted = False
@@ -992,17 +1050,24 @@ class ReferenceSim:
                         req.first_admit_ns = t  # first admission only (P/D: on prefill)
                         req.cached_tokens = req.hit_tokens  # 0 without prefix caching
                 s = self.summarize_batch(batch)
+                if w.pool.async_scheduling:
+                    entries = []
+                    for req, n, is_decode in batch:
+                        req.computed += n
+                        samples = req.computed == req.known + req.placeholders
+                        if samples:
+                            req.placeholders += 1
+                        entries.append((req, n, samples, req.epoch))
+                    batch = entries
                 batches.append(batch)
                 summaries.append(s)
                 times.append(self.rank_time_ms(s))
                 blocks.append(rank.used_blocks)
             if any(batches):
-                dur_ns = max(1, ms_to_ns(max(times)))  # §0: max over ranks, converted once
-                w.current = Pass(t, t + dur_ns, batches, summaries, times, blocks)
-                return
+                return Pass(None, None, batches, summaries, times, blocks)
             if not any_preempted:
                 self.reset_ratio_when_idle(w)
-                return  # all batches empty: the worker stays idle
+                return None  # all batches empty: the worker stays idle
             # only preemptions happened: try again at once
 
     @staticmethod
@@ -1018,21 +1083,29 @@ class ReferenceSim:
             rank.new_token_ratio = w.pool.ratio_init
 
     def end_pass(self, w, t):
-        """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization."""
+        """SPEC §5 pass end (§6 handoffs on a prefill worker), then §7 detokenization.
+        Under async scheduling the entries that sampled emit (in batch order, the running
+        order when the pass was built) unless preempted since; then the queued pass starts."""
         p = w.current
         w.current = None
         pool = w.pool
         hands_off = pool.name == "prefill"
         outputs = []  # (request, token_index), in rank then running order
         for rank, batch in zip(w.ranks, p.batches):
-            # the scheduled requests, in running order (sglang: not a prefix of running)
-            n_of = {id(req): n for req, n, _ in batch}
-            order = [(req, n_of[id(req)]) for req in rank.running if id(req) in n_of]
-            assert len(order) == len(batch)
+            if pool.async_scheduling:  # computed advanced when the pass was built
+                order = [(req, n) for req, n, samples, epoch in batch if samples and epoch == req.epoch]
+            else:
+                # the scheduled requests, in running order (sglang: not a prefix of running)
+                n_of = {id(req): n for req, n, _ in batch}
+                order = [(req, n_of[id(req)]) for req in rank.running if id(req) in n_of]
+                assert len(order) == len(batch)
             for req, n in order:
-                req.computed += n
-                if req.computed != req.known:
-                    continue
+                if pool.async_scheduling:
+                    req.placeholders -= 1
+                else:
+                    req.computed += n
+                    if req.computed != req.known:
+                        continue
                 if req.prompt_done_ns is None:
                     req.prompt_done_ns = t  # the prompt is computed (first time)
                 if hands_off:  # SPEC §6: hidden token, hand off, leave running
@@ -1062,6 +1135,9 @@ class ReferenceSim:
             rec["pool"] = pool.name
             self.pass_records.append(rec)
         self.make_detok_jobs(w, t, outputs)
+        if w.queued is not None:
+            self.start(w, w.queued, t)
+            w.queued = None
 
     def make_detok_jobs(self, w, t, outputs):
         if not outputs:

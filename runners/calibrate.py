@@ -1,0 +1,575 @@
+"""``replaysim-calibrate``: fit named simulator parameters to a measured serving run.
+
+    replaysim-calibrate MEASURED [KEY=VALUE ...] --fit KEY[=LOW:HIGH] [--fit ...]
+        [--fit-fraction 0.5] [--loss requests] [--out DIR] [--max-evals 2400] [--seed 0] [--format auto]
+
+The measured run gives the workload (send instants, prompt and output lengths)
+and the per-request latencies; the ``KEY=VALUE`` overrides describe the
+deployment, as for ``replaysim``.  The requests are ordered by send instant;
+the first ``--fit-fraction`` of them (default one half) are the fit part, the
+rest the held-out part.  Every candidate replays the whole workload; the loss
+is computed on the fit part only.  ``--loss requests`` (default): request by
+request least squares, the sum over TTFT, TPOT and E2E of ``sum_i (predicted_i
+- measured_i)^2 / sum_i measured_i^2``; ``--loss summary``: the sum over the
+three metrics of the squared relative errors of their mean and p90.  The optimiser is SciPy's
+differential evolution (derivative-free), each generation one
+``simcore.run_batch`` call over the whole population.
+
+Written to ``--out`` (atomically, only on success): ``calibrated.yaml``, a Hydra
+config of the deployment overrides plus the fitted values (``replaysim
+--config-dir DIR --config-name calibrated``), and ``calibration.json``: the
+fitted values, the loss, and per part (fit, held out) the measured, the
+uncalibrated and the calibrated metrics with their errors.
+
+Measured formats (``--format``, default: from the content):
+
+- ``jsonl``: one request per line with ``input_toks, output_toks,
+  arrival_time`` (s) and ``queued_ts, first_token_ts, last_token_ts`` (engine
+  clock, s), as LLMServingSim's vLLM runs; sends are ``arrival_time`` minus
+  the first, latencies start at ``queued_ts``.
+- ``vllm``: ``vllm bench serve --save-result --save-detailed`` JSON
+  (``vllm/benchmarks/serve.py``): ``input_lens``, ``output_lens``, ``ttfts``
+  (s), ``itls`` (s per chunk), ``start_times`` (perf_counter s, vLLM 0.15+),
+  ``errors``; E2E = ``latencies`` when saved (0.33+), else TTFT + sum(ITL);
+  failed requests (an error, or no output) are left out of the replay.
+
+Fitted keys must take real values (time scales, overheads, bandwidths, stage
+costs); an integer key fails at its first fractional candidate.
+
+Bad input (an unreadable file, a missing field, an unknown key, a bad bound)
+prints one line ``replaysim-calibrate: error: ...`` and exits with code 2,
+writing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+import simcore
+from simcore.config import ConfigError, dotted_keys, load_config
+
+#: Metrics compared (requests-table column, label).
+METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E"))
+STATS = ("mean", "p90")
+#: Search ranges of the parameters that have a natural one (others need KEY=LOW:HIGH).
+DEFAULT_BOUNDS = {
+    "timing.prefill_scale": (0.5, 2.0),
+    "timing.decode_scale": (0.5, 2.0),
+    "timing.pass_overhead_us": (0.0, 5000.0),
+    "timing.allreduce.latency_us": (0.0, 200.0),
+    "timing.allreduce.bandwidth_gb_per_second": (1.0, 400.0),
+    "tokenization.base_ms": (0.0, 50.0),
+    "tokenization.per_input_us": (0.0, 100.0),
+    "detokenization.base_ms": (0.0, 50.0),
+    "detokenization.per_output_us": (0.0, 500.0),
+}
+POPSIZE = 10  # scipy's multiplier: population = POPSIZE x parameters
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured run, requests ordered by send instant (ms from the first send)."""
+
+    request_id: list[str]
+    input_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+    send_ms: np.ndarray  # float64
+    latency: dict[str, np.ndarray]  # ttft_ms, tpot_ms (NaN with <= 1 output), e2el_ms
+    format: str
+    dropped: int  # failed requests left out
+
+    def requests_table(self) -> pa.Table:
+        return pa.table(
+            {
+                "request_id": self.request_id,
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "send_ms": self.send_ms,
+            }
+        )
+
+
+# ------------------------------------------------------------------ readers
+
+
+def read_measured(path: str, fmt: str = "auto") -> Measured:
+    """Read a measured run (see the module docstring for the formats).
+
+    Parameters
+    ----------
+    path : str
+        The file.
+    fmt : str
+        ``auto``, ``jsonl`` or ``vllm``.
+
+    Returns
+    -------
+    Measured
+
+    Raises
+    ------
+    ConfigError
+        Unreadable, malformed (``<file>:<line>``) or empty.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the measured run ({exc.strerror})") from None
+    if fmt == "auto":
+        fmt = "vllm" if text.lstrip().startswith("{") and '"ttfts"' in text else "jsonl"
+    if fmt == "vllm":
+        return _read_vllm(path, text)
+    if fmt == "jsonl":
+        return _read_jsonl(path, text)
+    raise ConfigError(f"--format must be auto, jsonl or vllm, got {fmt!r}")
+
+
+def _number(path: str, where: str, row: dict, key: str) -> float:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{path}:{where}: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _count(path: str, where: str, row: dict, key: str, minimum: int) -> int:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{path}:{where}: {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _read_jsonl(path: str, text: str) -> Measured:
+    rows = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{path}:{line_no}: not a JSON object") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{line_no}: not a JSON object")
+        where = str(line_no)
+        queued = _number(path, where, row, "queued_ts")
+        first = _number(path, where, row, "first_token_ts")
+        last = _number(path, where, row, "last_token_ts")
+        if not queued <= first <= last:
+            raise ConfigError(f"{path}:{line_no}: need queued_ts <= first_token_ts <= last_token_ts")
+        rows.append(
+            (
+                _number(path, where, row, "arrival_time"),
+                str(row.get("request_id", f"r{len(rows)}")),
+                _count(path, where, row, "input_toks", 1),
+                _count(path, where, row, "output_toks", 1),
+                queued,
+                first,
+                last,
+            )
+        )
+    if not rows:
+        raise ConfigError(f"{path}: no requests")
+    rows.sort(key=lambda r: r[0])  # stable: equal arrivals keep file order
+    arrival, ids, inputs, outputs, queued, first, last = (list(c) for c in zip(*rows))
+    first_s, last_s, queued_s = np.array(first), np.array(last), np.array(queued)
+    outputs = np.array(outputs, dtype=np.int64)
+    return Measured(
+        request_id=ids,
+        input_tokens=np.array(inputs, dtype=np.int64),
+        output_tokens=outputs,
+        send_ms=(np.array(arrival) - arrival[0]) * 1e3,
+        latency=_latencies((first_s - queued_s) * 1e3, (last_s - queued_s) * 1e3, outputs),
+        format="jsonl",
+        dropped=0,
+    )
+
+
+def _read_vllm(path: str, text: str) -> Measured:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: not valid JSON") from None
+    for key in ("input_lens", "output_lens", "ttfts", "itls"):
+        if not isinstance(doc.get(key), list):
+            raise ConfigError(f"{path}: {key} is missing (save with vllm bench serve --save-result --save-detailed)")
+    if not isinstance(doc.get("start_times"), list):
+        raise ConfigError(f"{path}: start_times is missing (saved by vLLM 0.15+): the sends cannot be replayed")
+    n = len(doc["input_lens"])
+    errors = doc.get("errors") or [""] * n
+    latencies = doc.get("latencies")
+    rows = []
+    dropped = 0
+    for i in range(n):
+        where = f"request {i}"
+        if errors[i] or not doc["output_lens"][i]:
+            dropped += 1
+            continue
+        row = {key: doc[key][i] for key in ("input_lens", "output_lens", "ttfts", "start_times")}
+        ttft = _number(path, where, row, "ttfts")
+        itls = doc["itls"][i]
+        if not isinstance(itls, list) or not all(isinstance(x, (int, float)) for x in itls):
+            raise ConfigError(f"{path}:{where}: itls must be a list of numbers")
+        e2e = ttft + math.fsum(itls) if latencies is None else _number(path, where, {"latencies": latencies[i]}, "latencies")
+        rows.append(
+            (
+                _number(path, where, row, "start_times"),
+                f"r{i}",
+                _count(path, where, row, "input_lens", 1),
+                _count(path, where, row, "output_lens", 1),
+                ttft,
+                e2e,
+            )
+        )
+    if not rows:
+        raise ConfigError(f"{path}: no successful requests")
+    rows.sort(key=lambda r: r[0])
+    start, ids, inputs, outputs, ttft, e2e = (list(c) for c in zip(*rows))
+    outputs = np.array(outputs, dtype=np.int64)
+    return Measured(
+        request_id=ids,
+        input_tokens=np.array(inputs, dtype=np.int64),
+        output_tokens=outputs,
+        send_ms=(np.array(start) - start[0]) * 1e3,
+        latency=_latencies(np.array(ttft) * 1e3, np.array(e2e) * 1e3, outputs),
+        format="vllm",
+        dropped=dropped,
+    )
+
+
+def _latencies(ttft_ms: np.ndarray, e2el_ms: np.ndarray, outputs: np.ndarray) -> dict[str, np.ndarray]:
+    """TPOT = (E2E - TTFT) / (output - 1), NaN for one output token (vllm bench serve)."""
+    many = outputs > 1
+    tpot = np.full(outputs.shape[0], np.nan)
+    tpot[many] = (e2el_ms[many] - ttft_ms[many]) / (outputs[many] - 1)
+    return {"ttft_ms": ttft_ms, "tpot_ms": tpot, "e2el_ms": e2el_ms}
+
+
+# ------------------------------------------------------------------ metrics and loss
+
+
+def part_metrics(latency: dict[str, np.ndarray], rows: slice) -> dict[str, float]:
+    """Mean and linear p90 of each metric over ``rows`` (NaNs, TPOT of 1-token requests, left out)."""
+    out = {}
+    for column, _ in METRICS:
+        values = latency[column][rows]
+        values = values[~np.isnan(values)]
+        for stat in STATS:
+            key = f"{stat}_{column}"
+            if values.size == 0:
+                out[key] = float("nan")
+            else:
+                out[key] = float(np.mean(values) if stat == "mean" else np.percentile(values, 90))
+    return out
+
+
+def request_loss(predicted: dict[str, np.ndarray], measured: dict[str, np.ndarray], rows: slice) -> float:
+    """Per metric ``sum (p - m)^2 / sum m^2`` over the requests measured (a request the
+    replay did not finish counts as predicted 0), summed over the metrics."""
+    total = 0.0
+    for column, _ in METRICS:
+        m = measured[column][rows]
+        known = ~np.isnan(m)
+        p = np.nan_to_num(predicted[column][rows][known], nan=0.0)
+        m = m[known]
+        if m.size:
+            total += float(np.sum((p - m) ** 2) / np.sum(m * m))
+    return total
+
+
+def loss_of(predicted: dict[str, float], measured: dict[str, float]) -> float:
+    """Sum of squared relative errors over the metrics both sides have."""
+    total = 0.0
+    for key, value in measured.items():
+        if math.isfinite(value) and value > 0 and math.isfinite(predicted[key]):
+            total += (predicted[key] / value - 1.0) ** 2
+    return total
+
+
+def errors_of(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, dict[str, float]]:
+    return {
+        key: {"measured": measured[key], "predicted": predicted[key], "error": predicted[key] / measured[key] - 1.0}
+        for key in measured
+    }
+
+
+def predicted_latency(result) -> dict[str, np.ndarray]:
+    """Per-request TTFT, TPOT, E2E (ms) of a run, NaN where the run gives none."""
+    table = result.requests
+    return {
+        column: np.asarray(table[column].to_numpy(zero_copy_only=False), dtype=np.float64)
+        for column, _ in METRICS
+    }
+
+
+# ------------------------------------------------------------------ overrides
+
+
+def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` tokens (YAML values, as on the replaysim command line) as a nested mapping."""
+    from omegaconf import OmegaConf
+
+    known = set(dotted_keys())
+    for token in tokens:
+        key = token.split("=", 1)[0]
+        if "=" not in token or key not in known:
+            raise ConfigError(f"override {token!r}: expected KEY=VALUE with a replaysim key")
+        if key.startswith(("workload.", "load.")) or key == "output.dir":
+            raise ConfigError(f"override {token!r}: the workload and load come from the measured run")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(list(tokens)))
+    except Exception as exc:  # omegaconf's grammar errors
+        raise ConfigError(f"overrides: {exc}") from None
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def parse_fit(specs: Sequence[str]) -> list[tuple[str, float, float]]:
+    """``KEY`` or ``KEY=LOW:HIGH`` -> (key, low, high)."""
+    out = []
+    known = set(dotted_keys())
+    for spec in specs:
+        key, _, bounds = spec.partition("=")
+        if key not in known:
+            raise ConfigError(f"--fit {spec!r}: {key!r} is not a replaysim key")
+        if any(key == k for k, _, _ in out):
+            raise ConfigError(f"--fit {spec!r}: {key} is fitted twice")
+        if bounds:
+            try:
+                low, high = (float(x) for x in bounds.split(":"))
+            except ValueError:
+                raise ConfigError(f"--fit {spec!r}: bounds must be LOW:HIGH numbers") from None
+        elif key in DEFAULT_BOUNDS:
+            low, high = DEFAULT_BOUNDS[key]
+        else:
+            raise ConfigError(f"--fit {spec!r}: {key} has no default range; give {key}=LOW:HIGH")
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ConfigError(f"--fit {spec!r}: need finite LOW < HIGH")
+        out.append((key, low, high))
+    if not out:
+        raise ConfigError("--fit: name at least one parameter to fit")
+    return out
+
+
+# ------------------------------------------------------------------ the fit
+
+
+@dataclass
+class Calibration:
+    values: dict[str, float]
+    loss: float
+    evaluations: int
+    generations: int
+    seconds: float
+    report: dict
+
+
+def calibrate(
+    measured: Measured,
+    overrides: dict[str, Any],
+    fit: list[tuple[str, float, float]],
+    *,
+    fit_fraction: float = 0.5,
+    loss: str = "requests",
+    max_evals: int = 2400,
+    seed: int = 0,
+) -> Calibration:
+    """Fit the parameters ``fit`` to the fit part of ``measured`` (see the module docstring).
+
+    Parameters
+    ----------
+    measured : Measured
+    overrides : dict
+        Nested deployment overrides (the workload and load are set here).
+    fit : list of (key, low, high)
+    fit_fraction : float
+        Share of the requests (by send instant) in the fit part, (0, 1]; 1: no held-out part.
+    loss : str
+        ``requests`` (request-by-request least squares) or ``summary`` (means and p90s).
+    max_evals : int
+        Upper bound on simulated candidates (the optimiser may stop earlier).
+    seed : int
+        The optimiser's seed (same inputs and seed: the same result).
+
+    Returns
+    -------
+    Calibration
+    """
+    from scipy.optimize import differential_evolution
+
+    if not 0 < fit_fraction <= 1:
+        raise ConfigError(f"--fit-fraction must be in (0, 1], got {fit_fraction!r}")
+    if loss not in ("requests", "summary"):
+        raise ConfigError(f"--loss must be requests or summary, got {loss!r}")
+    n = len(measured.request_id)
+    n_fit = max(1, int(math.floor(n * fit_fraction)))
+    parts = {"fit": slice(0, n_fit)}
+    if n_fit < n:
+        parts["held_out"] = slice(n_fit, n)
+    targets = {name: part_metrics(measured.latency, rows) for name, rows in parts.items()}
+    requests = measured.requests_table()
+    base = json.loads(json.dumps(overrides))
+    base.setdefault("load", {})["type"] = "trace"
+    base.setdefault("workload", {})["num_requests"] = n
+    load_config(base)  # a bad deployment fails before any fitting
+    for key, low, high in fit:
+        for value in (low, high):
+            trial = json.loads(json.dumps(base))
+            set_dotted(trial, key, value)
+            load_config(trial)
+
+    def configs_for(points: np.ndarray) -> list[dict]:
+        out = []
+        for x in points:
+            cfg = json.loads(json.dumps(base))
+            for (key, _, _), value in zip(fit, x):
+                set_dotted(cfg, key, float(value))
+            out.append(cfg)
+        return out
+
+    evaluations = 0
+    generations = 0
+
+    def population_loss(x: np.ndarray) -> np.ndarray:
+        nonlocal evaluations, generations
+        points = np.atleast_2d(x.T)  # scipy (vectorized): x is (parameters, candidates)
+        results = simcore.run_batch(configs_for(points), requests=requests)
+        evaluations += len(results)
+        generations += 1
+        if loss == "summary":
+            return np.array(
+                [loss_of(part_metrics(predicted_latency(r), parts["fit"]), targets["fit"]) for r in results]
+            )
+        return np.array([request_loss(predicted_latency(r), measured.latency, parts["fit"]) for r in results])
+
+    population = 1 << (POPSIZE * len(fit) - 1).bit_length()  # Sobol initialisation: a power of two
+    maxiter = max(1, max_evals // population - 1)  # the initial population is one generation more
+    start = time.perf_counter()
+    found = differential_evolution(
+        population_loss,
+        bounds=[(low, high) for _, low, high in fit],
+        popsize=POPSIZE,
+        maxiter=maxiter,
+        tol=1e-3,
+        seed=seed,
+        polish=False,
+        init="sobol",
+        updating="deferred",
+        vectorized=True,
+    )
+    seconds = time.perf_counter() - start
+    values = {key: float(v) for (key, _, _), v in zip(fit, found.x)}
+    best, initial = simcore.run_batch(configs_for(np.array([found.x]))[:1] + [base], requests=requests)
+    report = {}
+    for name, rows in parts.items():
+        report[name] = {
+            "requests": rows.stop - rows.start,
+            "calibrated": errors_of(part_metrics(predicted_latency(best), rows), targets[name]),
+            "uncalibrated": errors_of(part_metrics(predicted_latency(initial), rows), targets[name]),
+        }
+    return Calibration(values, float(found.fun), evaluations, generations, seconds, report)
+
+
+# ------------------------------------------------------------------ output
+
+
+def calibrated_yaml(overrides: dict[str, Any], values: dict[str, float]) -> str:
+    """A Hydra config: the app's ``config`` plus the deployment overrides and the fitted values."""
+    from omegaconf import OmegaConf
+
+    tree = json.loads(json.dumps(overrides))
+    for key, value in values.items():
+        set_dotted(tree, key, value)
+    body = OmegaConf.to_yaml(OmegaConf.create(tree)) if tree else ""
+    return (
+        "# Written by replaysim-calibrate; run it with\n"
+        "#   replaysim --config-dir <this directory> --config-name calibrated [overrides]\n"
+        "defaults:\n  - config\n  - _self_\n\n" + body
+    )
+
+
+def _write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="replaysim-calibrate", description=__doc__.split("\n\n")[0].split(": ", 1)[1]
+    )
+    parser.add_argument("measured", help="the measured run (JSONL per request, or vllm bench serve JSON)")
+    parser.add_argument("overrides", nargs="*", help="replaysim KEY=VALUE overrides of the deployment")
+    parser.add_argument("--fit", action="append", default=[], metavar="KEY[=LOW:HIGH]", help="a parameter to fit")
+    parser.add_argument("--fit-fraction", type=float, default=0.5, help="share of requests (by send) fitted")
+    parser.add_argument("--loss", default="requests", choices=("requests", "summary"), help="what the fit minimises")
+    parser.add_argument("--out", default="calibration", help="output directory")
+    parser.add_argument("--max-evals", type=int, default=2400, help="most simulated candidates")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"))
+    args = parser.parse_args(argv)
+    try:
+        if args.max_evals < 1:
+            raise ConfigError(f"--max-evals must be >= 1, got {args.max_evals}")
+        measured = read_measured(args.measured, args.format)
+        overrides = parse_overrides(args.overrides)
+        fit = parse_fit(args.fit)
+        result = calibrate(
+            measured, overrides, fit, fit_fraction=args.fit_fraction, loss=args.loss,
+            max_evals=args.max_evals, seed=args.seed,
+        )
+    except ConfigError as exc:
+        print(f"replaysim-calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    document = {
+        "measured": os.path.abspath(args.measured),
+        "format": measured.format,
+        "requests": len(measured.request_id),
+        "dropped_failed_requests": measured.dropped,
+        "fit_fraction": args.fit_fraction,
+        "loss_kind": args.loss,
+        "overrides": overrides,
+        "parameters": {key: {"value": result.values[key], "low": low, "high": high} for key, low, high in fit},
+        "loss": result.loss,
+        "evaluations": result.evaluations,
+        "generations": result.generations,
+        "seconds": result.seconds,
+        "seed": args.seed,
+        "errors": result.report,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    _write_atomic(os.path.join(args.out, "calibrated.yaml"), calibrated_yaml(overrides, result.values))
+    _write_atomic(os.path.join(args.out, "calibration.json"), json.dumps(document, indent=2) + "\n")
+    for key, value in result.values.items():
+        print(f"{key} = {value:.6g}")
+    for name, part in result.report.items():
+        cells = ", ".join(
+            f"{stat} {label} {100 * part['calibrated'][f'{stat}_{col}']['error']:+.1f}%"
+            for col, label in METRICS
+            for stat in ("mean",)
+        )
+        print(f"{name} ({part['requests']} requests): {cells}")
+    print(f"loss {result.loss:.4g}, {result.evaluations} candidates in {result.seconds:.1f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""replaysim-calibrate: recovering known parameters from a "measurement" made by replaysim
+itself (ground truth known by construction), the measured-run formats, the output files
+and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+import simcore
+from runners import calibrate as cal
+from simcore.config import load_config
+
+LINEAR = {"type": "linear", "base_ms": 2.0, "per_prefill_token_us": 20.0, "per_decode_seq_us": 50.0, "per_kv_token_ns": 10.0}
+DEPLOYMENT = {"engine": {"aggregated": {"max_sequences": 16, "max_batched_tokens": 512}}, "timing": LINEAR}
+
+
+def simulated_measurement(path, truth: dict, n: int = 120, seed: int = 3):
+    """Replay a random workload with ``truth`` set and write it as an LLMServingSim JSONL."""
+    rng = np.random.default_rng(seed)
+    send_ms = np.cumsum(rng.exponential(60.0, n))
+    send_ms -= send_ms[0]
+    requests = pa.table(
+        {
+            "request_id": [f"q{i}" for i in range(n)],
+            "input_tokens": rng.integers(50, 400, n),
+            "output_tokens": rng.integers(2, 60, n),
+            "send_ms": send_ms,
+        }
+    )
+    cfg = json.loads(json.dumps(DEPLOYMENT))
+    for key, value in truth.items():
+        cal.set_dotted(cfg, key, value)
+    cfg.update(load={"type": "trace"}, workload={"num_requests": n})
+    table = simcore.run(cfg, requests=requests).requests.to_pydict()
+    with open(path, "w") as handle:
+        for i in range(n):
+            t0 = 1000.0 + send_ms[i] / 1e3  # engine clock (s); arrival_time in another clock
+            handle.write(
+                json.dumps(
+                    {
+                        "request_id": table["request_id"][i],
+                        "input_toks": int(table["input_tokens"][i]),
+                        "output_toks": int(table["output_tokens"][i]),
+                        "arrival_time": 1.7e9 + send_ms[i] / 1e3,
+                        "queued_ts": t0,
+                        "first_token_ts": t0 + table["ttft_ms"][i] / 1e3,
+                        "last_token_ts": t0 + table["e2el_ms"][i] / 1e3,
+                    }
+                )
+                + "\n"
+            )
+    return table
+
+
+@pytest.mark.parametrize("loss", ["requests", "summary"])
+def test_recovers_known_parameters(tmp_path, loss):
+    truth = {"timing.prefill_scale": 1.3, "timing.decode_scale": 0.8}
+    path = tmp_path / "requests.jsonl"
+    simulated_measurement(path, truth)
+    measured = cal.read_measured(str(path))
+    fit = cal.parse_fit(list(truth))
+    result = cal.calibrate(measured, DEPLOYMENT, fit, loss=loss, max_evals=800, seed=1)
+    for key, value in truth.items():
+        assert result.values[key] == pytest.approx(value, rel=0.02), key
+    # the simulator fits its own output on both parts
+    for part in ("fit", "held_out"):
+        for key, row in result.report[part]["calibrated"].items():
+            assert abs(row["error"]) < 0.02, (part, key)
+    assert result.report["fit"]["requests"] == 60 and result.report["held_out"]["requests"] == 60
+
+
+def test_jsonl_reader_anchors_latencies_at_queued_ts(tmp_path):
+    path = tmp_path / "r.jsonl"
+    rows = [
+        {"request_id": 7, "input_toks": 10, "output_toks": 5, "arrival_time": 50.5, "queued_ts": 3.0, "first_token_ts": 3.25, "last_token_ts": 4.25},
+        {"request_id": 6, "input_toks": 4, "output_toks": 1, "arrival_time": 50.0, "queued_ts": 2.0, "first_token_ts": 2.5, "last_token_ts": 2.5},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = cal.read_measured(str(path))
+    assert m.request_id == ["6", "7"]  # ordered by arrival
+    np.testing.assert_array_equal(m.send_ms, [0.0, 500.0])
+    np.testing.assert_array_equal(m.latency["ttft_ms"], [500.0, 250.0])
+    np.testing.assert_array_equal(m.latency["e2el_ms"], [500.0, 1250.0])
+    assert math.isnan(m.latency["tpot_ms"][0]) and m.latency["tpot_ms"][1] == 1000.0 / 4
+
+
+def test_vllm_bench_json_reader(tmp_path):
+    doc = {
+        "input_lens": [10, 20, 30],
+        "output_lens": [3, 0, 2],
+        "ttfts": [0.1, 0.0, 0.2],
+        "itls": [[0.02, 0.03], [], [0.05]],
+        "start_times": [100.0, 100.5, 100.25],
+        "errors": ["", "timeout", ""],
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    m = cal.read_measured(str(path))
+    assert m.format == "vllm" and m.dropped == 1
+    np.testing.assert_array_equal(m.input_tokens, [10, 30])
+    np.testing.assert_array_equal(m.send_ms, [0.0, 250.0])
+    np.testing.assert_allclose(m.latency["e2el_ms"], [150.0, 250.0], rtol=1e-12)  # TTFT + sum(ITL)
+    np.testing.assert_allclose(m.latency["tpot_ms"], [25.0, 50.0], rtol=1e-12)
+
+
+def test_main_writes_a_config_replaysim_accepts(tmp_path, capsys):
+    path = tmp_path / "requests.jsonl"
+    simulated_measurement(path, {"timing.decode_scale": 1.2}, n=40)
+    out = tmp_path / "out"
+    code = cal.main(
+        [str(path), "engine.aggregated.max_sequences=16", "engine.aggregated.max_batched_tokens=512",
+         "timing.base_ms=2.0", "timing.per_prefill_token_us=20.0", "timing.per_decode_seq_us=50.0",
+         "timing.per_kv_token_ns=10.0", "--fit", "timing.decode_scale", "--max-evals", "60", "--out", str(out)]
+    )
+    assert code == 0
+    doc = json.loads((out / "calibration.json").read_text())
+    assert set(doc["errors"]) == {"fit", "held_out"} and doc["requests"] == 40
+    tree = yaml.safe_load((out / "calibrated.yaml").read_text())
+    assert tree.pop("defaults") == ["config", "_self_"]
+    cfg = load_config(tree)
+    assert cfg.timing.decode_scale == doc["parameters"]["timing.decode_scale"]["value"]
+    assert cfg.engine.aggregated.max_sequences == 16
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["MISSING", "--fit", "timing.decode_scale"], "cannot read"),
+        (["GOOD", "--fit", "timing.nope"], "timing.nope"),
+        (["GOOD", "--fit", "timing.base_ms"], "no default range"),
+        (["GOOD", "--fit", "timing.base_ms=3:1"], "LOW < HIGH"),
+        (["GOOD", "workload.num_requests=3", "--fit", "timing.decode_scale"], "workload"),
+        (["GOOD", "engine.aggregated.max_sequences=0", "--fit", "timing.decode_scale"], "engine.aggregated.max_sequences"),
+        (["GOOD", "--fit", "timing.decode_scale", "--fit-fraction", "0"], "--fit-fraction"),
+        (["BAD", "--fit", "timing.decode_scale"], "bad.jsonl:2"),
+        (["GOOD"], "--fit"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"input_toks": 5, "output_toks": 2, "arrival_time": 0.0, "queued_ts": 0.0, "first_token_ts": 0.1, "last_token_ts": 0.2}) + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + '{"input_toks": 5, "output_toks": 2}\n')
+    paths = {"GOOD": str(good), "BAD": str(bad), "MISSING": str(tmp_path / "missing.jsonl")}
+    out = tmp_path / "out"
+    code = cal.main([paths.get(a, a) for a in args] + ["--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("replaysim-calibrate: error:") and message in err[0]
+    assert not out.exists()
