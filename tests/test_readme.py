@@ -24,7 +24,7 @@ from tests.slurm_cluster import nodes_up
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PROGRAMS = {"replaysim": "runners.cli", "replaysim-analyze": "runners.analyze"}
+PROGRAMS = {"replaysim": "runners.cli", "replaysim-analyze": "runners.analyze", "replaysim-calibrate": "runners.calibrate"}
 #: Requests per run at most: enough for every metric, small enough for the suite.
 MAX_REQUESTS = 200
 
@@ -105,6 +105,9 @@ def expected_files(argv: list[str], cwd: Path) -> list[Path]:
     """The files the documented command promises (docs/results.md, docs/sweeps.md)."""
     if argv[0] == "replaysim-analyze":
         return [cwd / argv[1] / "analysis" / "table.csv"]
+    if argv[0] == "replaysim-calibrate":
+        out = cwd / argv[argv.index("--out") + 1]
+        return [out / "calibrated.yaml", out / "calibration.json"]
     if "-m" in argv:
         given = value_of(argv, "hydra.sweep.dir")
         sweeps = [cwd / given] if given is not None else list(cwd.glob("multirun/*/*"))
