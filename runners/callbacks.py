@@ -1,6 +1,6 @@
 """Hydra callback of a replaysim multirun: warm-up, progress, ``summary.parquet``.
 
-Registered in ``conf/config.yaml`` as ``hydra.callbacks.sweep``.  Hydra calls
+Registered in ``runners/conf/config.yaml`` as ``hydra.callbacks.sweep``.  Hydra calls
 ``on_multirun_start`` and ``on_multirun_end`` in the launching process, around
 all launchers (basic, joblib, submitit), so the sweep summary is written once,
 at the sweep root, after every job returned.

@@ -1,8 +1,9 @@
 """The ``replaysim`` command: Hydra overrides -> :func:`simcore.run` -> result files.
 
-Bad input (an unknown key, an invalid value, a bad request table) prints one
-line ``replaysim: error: ...`` on stderr and exits with code 2 before anything
-is written (SPEC §11).
+Bad input (an unknown key or preset, an override Hydra cannot compose, an
+invalid value, a bad request table) prints one line ``replaysim: error: ...`` on
+stderr and exits with code 2; nothing is written and the run directory Hydra
+made for the run is removed (SPEC §11, :mod:`runners.rundir`).
 
 Sweeps (``-m``, or in-job batch axes ``sweep.batch.<key>=[...]``) run through
 :mod:`runners.sweep`: in a multirun a failing point writes ``failure.json`` and
@@ -26,6 +27,8 @@ gc.disable()
 
 import atexit  # noqa: E402
 import difflib  # noqa: E402
+import functools  # noqa: E402
+import importlib.metadata  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -33,8 +36,12 @@ from pathlib import Path  # noqa: E402
 from typing import NoReturn, Sequence  # noqa: E402
 
 import hydra  # noqa: E402
-from hydra._internal.utils import get_args_parser  # noqa: E402
+from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
+from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.core.override_parser.types import Glob, Override  # noqa: E402
+from hydra.errors import CompactHydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import to_absolute_path  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -45,6 +52,7 @@ from runners import params  # noqa: E402
 from runners.export import vllm_bench_document  # noqa: E402
 from runners.progress import Progress  # noqa: E402
 from runners.report import format_summary  # noqa: E402
+from runners.rundir import remove_new_run_dir  # noqa: E402
 from runners.sweep import (  # noqa: E402
     VLLM_BENCH_FILE,
     Point,
@@ -59,13 +67,16 @@ from runners.sweep import (  # noqa: E402
     write_summary,
 )
 from runners.writer import write_results  # noqa: E402
+import simcore  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
 
 PROG = "replaysim"
-#: ``conf/`` at the repository top level, as an absolute path: with a relative
-#: ``config_path="../conf"`` Hydra looks for a package ``conf`` whenever the task
-#: module is imported by name (the console script) rather than run as ``__main__``.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: The Hydra configs, package data of :mod:`runners.conf` (Hydra's application
+#: packaging layout): ``config_path="conf"`` is relative to this module, so Hydra
+#: reads ``pkg://runners.conf`` from an installed wheel, an editable install or
+#: ``python -m runners.cli`` alike.
+CONFIG_PATH = "conf"
+CONFIG_DIR = Path(__file__).resolve().parent / CONFIG_PATH
 EXIT_BAD_INPUT = 2
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
 #: its results; :func:`main` then exits without the interpreter's teardown.
@@ -85,7 +96,8 @@ def fail(message: object) -> NoReturn:
     SystemExit
         Always, with code 2 (Hydra's ``run_and_report`` lets it through).
     """
-    text = " ".join(line.strip() for line in str(message).splitlines())
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    remove_new_run_dir()
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
 
@@ -117,9 +129,14 @@ def unknown_key_message(key: str) -> str | None:
     siblings = sorted({k[len(prefix):].split(".")[0] for k in leaves if k.startswith(prefix)})
     where = f"under {parent}" if parent else "at the top level"
     candidates = [k for k in (*leaves, *sections) if not key.startswith(f"{k}.")]
-    hint = difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)
-    guess = f"did you mean {hint[0]}? " if hint else ""
+    guess = _did_you_mean(key, candidates, cutoff=0.85)
     return f"{key} is not a known config key ({guess}known keys {where}: {', '.join(siblings)})"
+
+
+def _did_you_mean(word: str, candidates: Sequence[str], cutoff: float) -> str:
+    """``"did you mean <closest>? "``, or ``""`` when no candidate is that close."""
+    hint = difflib.get_close_matches(word, candidates, n=1, cutoff=cutoff)
+    return f"did you mean {hint[0]}? " if hint else ""
 
 
 def _runner_key_message(key: str) -> str | None:
@@ -138,8 +155,49 @@ def _runner_key_message(key: str) -> str | None:
     return f"{key} is not a known config key (known keys under {top}: {allowed})"
 
 
+#: Config groups of replaysim's own presets (``engine=pd_1p2d``): the directories of ``runners/conf``.
+APP_GROUPS = frozenset(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "__pycache__"))
+
+
+def group_options(group: str) -> list[str] | None:
+    """The options of the config group ``group`` (``hydra/launcher``, ``engine``), None if no such group.
+
+    Listed by Hydra's own config loader on replaysim's search path, so plugin
+    groups (joblib, submitit) are included.
+    """
+    loader = _config_loader()
+    if not loader.repository.group_exists(group):
+        return None
+    return loader.get_group_options(group)
+
+
+@functools.cache
+def _config_loader() -> ConfigLoaderImpl:
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(f"pkg://{__package__}.{CONFIG_PATH}"))
+
+
+def group_choice_message(override: Override, text: str) -> str | None:
+    """Why the config-group override ``text`` cannot be composed, or None if it can."""
+    group = override.key_or_group
+    if override.is_add() or override.is_force_add():
+        return f"{text}: {group} is a config group, chosen without '+': {group}=<option>"
+    if override.is_delete() or isinstance(override.value(), Glob):
+        return None
+    options = group_options(group)
+    if options is None:
+        groups = sorted(APP_GROUPS) + ["hydra/launcher"]
+        guess = _did_you_mean(group, groups, cutoff=0.6)
+        return f"{text}: {group} is not a config group ({guess}groups: {', '.join(groups)}, ...)"
+    chosen = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+    for choice in chosen:
+        if choice is not None and choice not in options:  # group=null drops the choice
+            guess = _did_you_mean(str(choice), options, cutoff=0.6)
+            return f"{text}: {choice} is not an option of {group} ({guess}options: {', '.join(options)})"
+    return None
+
+
 def check_overrides(argv: Sequence[str]) -> None:
-    """Reject an override of an unknown config key before Hydra sees it.
+    """Reject an override Hydra cannot parse, of an unknown config key or an unknown preset.
 
     Parameters
     ----------
@@ -148,19 +206,42 @@ def check_overrides(argv: Sequence[str]) -> None:
 
     Notes
     -----
-    Only ``key=value``, ``+key=value``, ``++key=value`` and ``~key`` overrides of
-    non-``hydra`` keys are checked; options, group overrides
-    (``hydra/launcher=joblib``) and overrides Hydra cannot parse are left to
-    Hydra, whose own composition errors exit with code 1.
+    ``key=value``, ``+key=value``, ``++key=value`` and ``~key`` overrides of
+    non-``hydra`` keys are checked against the config keys, group overrides
+    (``hydra/launcher=local``, ``engine=pd_1p2d``) against the group's options;
+    other ``hydra.*`` keys are left to Hydra.  With ``--shell-completion`` the
+    arguments (``install=bash``, ``query=bash``) are Hydra's own.
     """
-    overrides = get_args_parser().parse_args(list(argv)).overrides
-    for override in params.parse_overrides(overrides):
+    args = get_args_parser().parse_args(list(argv))
+    if args.shell_completion:
+        return
+    # Configs of the user's own (--config-dir, hydra.searchpath) may add options:
+    # Hydra checks group choices then (its errors also end in one line, see main).
+    own_search_path = args.config_dir is not None or args.config_path is not None or any(
+        text.lstrip("+~").startswith("hydra.searchpath") for text in args.overrides)
+    parser = OverridesParser.create()
+    for text in args.overrides:
+        try:
+            (override,) = parser.parse_overrides([text])
+        except CompactHydraException as exc:
+            fail(f"{text}: {str(exc).splitlines()[0]}")
         key = override.key_or_group
-        if override.is_hydra_override() or override.package is not None or "/" in key:
+        if "/" in key or key in APP_GROUPS:
+            message = None if own_search_path else group_choice_message(override, text)
+        elif override.is_hydra_override() or override.package is not None:
             continue
-        message = unknown_key_message(key)
+        else:
+            message = unknown_key_message(key)
         if message is not None:
             fail(message)
+
+
+def installed_version() -> str:
+    """replaysim's version, from the installed distribution's metadata."""
+    try:
+        return importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        return simcore.__version__
 
 
 def output_dir(config: SimConfig) -> Path:
@@ -241,7 +322,7 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
     write_summary(root)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
 def task(cfg: DictConfig) -> None:
     """Validate the composed config, simulate, write the results, print a summary.
 
@@ -259,7 +340,7 @@ def task(cfg: DictConfig) -> None:
     global _single_run_done
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    overrides = list(hydra_cfg.overrides.task)
+    overrides = OmegaConf.to_container(hydra_cfg.overrides.task)  # as typed: ${...} left unresolved
     mapping: dict = {}
     try:
         mapping = OmegaConf.to_container(cfg, resolve=True)
@@ -326,7 +407,7 @@ def _exit_without_teardown() -> None:
 
 
 def main() -> None:
-    """Console-script entry point: check override keys, then run the Hydra app.
+    """Console-script entry point: ``--version``, check the overrides, then run the Hydra app.
 
     Unless ``-m`` is given, the process runs without the cyclic garbage
     collector until it is known to be a sweep (:func:`task` for batch axes and
@@ -335,10 +416,25 @@ def main() -> None:
     teardown (:func:`_exit_without_teardown`); results, output and exit codes
     are those of a normal exit.
     """
-    check_overrides(sys.argv[1:])
-    if not get_args_parser().parse_args(sys.argv[1:]).multirun:
+    argv = sys.argv[1:]
+    if "--version" in argv:  # Hydra's parser would print Hydra's version
+        print(f"{PROG} {installed_version()}", flush=True)
+        return
+    check_overrides(argv)
+    if not get_args_parser().parse_args(argv).multirun:
         gc.disable()
-    task()
+    # Composition errors the check leaves to Hydra (``+key=1`` where key has a
+    # value, an unknown --config-name) then reach the except below instead of
+    # Hydra's multi-line report and exit 1; HYDRA_FULL_ERROR set by the user wins.
+    own_report = "HYDRA_FULL_ERROR" not in os.environ
+    if own_report:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        task()
+    except CompactHydraException as exc:
+        if not own_report:
+            raise
+        fail(str(exc).split("Config search path:")[0])  # the search path listing is Hydra's debugging aid
     if _single_run_done:
         _exit_without_teardown()
     gc.enable()

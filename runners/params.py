@@ -170,6 +170,20 @@ def override_keys(overrides: Iterable[str]) -> list[str]:
     return keys
 
 
+def group_choices(overrides: Iterable[str]) -> dict[str, str]:
+    """The preset choices among Hydra override strings: ``{"engine": "pd_1p2d"}`` for ``engine=pd_1p2d``.
+
+    A config section given a name is a config-group choice; its parameter
+    column holds that name rather than the section it composes.
+    """
+    choices = {}
+    for override in parse_overrides(overrides):
+        key, value = override.key_or_group, override.value()
+        if isinstance(value, str) and key not in dotted_keys() and is_config_key(key):
+            choices[key] = value
+    return choices
+
+
 def format_value(value: Any) -> str:
     """A value as it would be written in a Hydra override (``2.85``, ``null``, ``[50,99]``)."""
     if value is None:

@@ -188,10 +188,16 @@ class Point:
     keys: tuple[str, ...]
 
     def values(self, resolved: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Each parameter's effective value: from the merged config if valid, else as given."""
+        """Each parameter's effective value: from the merged config if valid, else as given.
+
+        A preset (``engine=pd_1p2d``) is given by its name.
+        """
         out = {}
+        choices = params.group_choices(self.overrides)
         for key in self.keys:
-            if resolved is not None:
+            if key in choices:
+                out[key] = choices[key]
+            elif resolved is not None:
                 out[key] = params.lookup(resolved, key)
             else:
                 out[key] = params.lookup(self.mapping, key, params.lookup(simcore.DEFAULTS, key))

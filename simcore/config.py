@@ -1,7 +1,7 @@
 """Run configuration: defaults, validation and frozen dataclasses.
 
 The configuration is a nested mapping with the same shape as the Hydra config
-(``conf/``).  :func:`load_config` merges a user mapping over :data:`DEFAULTS`,
+(``runners/conf/``).  :func:`load_config` merges a user mapping over :data:`DEFAULTS`,
 checks every value once, and returns a :class:`SimConfig` of frozen
 dataclasses.  Errors are :class:`ConfigError` naming the dotted field, the value
 and what is allowed.  This module never imports Hydra.

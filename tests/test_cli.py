@@ -1,20 +1,28 @@
-"""The ``replaysim`` command line: result files, output directory, bad input (SPEC §10-11)."""
+"""The ``replaysim`` command line: result files, output directory, bad input (SPEC §10-11),
+``--version``, shell completion, presets."""
 
 from __future__ import annotations
 
+import copy
+import importlib.metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
+from omegaconf import OmegaConf
 import pyarrow.parquet as pq
 import pytest
 
 import simcore
-from runners.cli import check_overrides
+from runners.cli import CONFIG_DIR, check_overrides
+from runners.sweep import RUNNER_DEFAULTS
+from runners import params
 from runners.writer import write_results
+from simcore.config import load_config
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, SCHEMA_VERSION, TOKENS_SCHEMA
 
 SMALL = [
@@ -26,12 +34,14 @@ SMALL = [
 RESULT_NAMES = ("summary.json", "requests.parquet", "passes.parquet", "tokens.parquet")
 
 
-def replaysim(tmp_path: Path, *args: str, script: bool = False) -> subprocess.CompletedProcess:
-    """Run the CLI in ``tmp_path`` with its Hydra run dir at ``tmp_path/run``."""
+def replaysim(tmp_path: Path, *args: str, script: bool = False, run_dir: bool = True,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI in ``tmp_path`` with its Hydra run dir at ``tmp_path/run`` (unless ``run_dir`` is false)."""
     command = [shutil.which("replaysim")] if script else [sys.executable, "-m", "runners.cli"]
+    run = [f"hydra.run.dir={tmp_path / 'run'}"] if run_dir else []
     return subprocess.run(
-        [*command, f"hydra.run.dir={tmp_path / 'run'}", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [*command, *run, *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -94,6 +104,15 @@ BAD_INPUT = {
     "fractional-workers": (["detokenization.workers=1.5"], None, ["detokenization.workers"]),
     "unknown-key": (["engine.aggregated.foo=1"], None, ["engine.aggregated.foo"]),
     "unknown-added-key": (["+foo=1"], None, ["foo is not a known config key"]),
+    "added-key-with-value": (["+engine.aggregated.replicas=2"], None, ["engine.aggregated.replicas=2"]),
+    "unparsable": (["load.concurrency=[1,2"], None, ["load.concurrency=[1,2"]),
+    "misspelled-launcher": (["hydra/launcher=lcoal"], None, ["lcoal is not an option of hydra/launcher", "local"]),
+    "misspelled-group": (["hydra/launchr=local"], None, ["hydra/launchr is not a config group", "hydra/launcher"]),
+    "unknown-preset": (["engine=pd_1p2x"], None, ["pd_1p2x is not an option of engine", "pd_1p2d"]),
+    "added-preset": (["+engine=sglang"], None, ["engine=<option>"]),
+    "unknown-sample": (["workload.source=mooncake", "workload.path=${sample:nope.jsonl}"], None,
+                       ["workload.path", "nope.jsonl", "mooncake_conversation_300.jsonl"]),
+    "missing-trace": (["workload=mooncake_sample", "workload.path=nope.jsonl"], None, ["workload.path", "nope.jsonl"]),
     "missing-column": ([TABLE, ALL_ROWS], "request_id,input_tokens\na,5\n", ["requests.csv", "output_tokens"]),
     "trace-without-send": (
         [TABLE, ALL_ROWS, "load.type=trace"], HEADER + "a,5,2\nb,6,3\n", ["load.type", "send_ms"]
@@ -116,6 +135,55 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, csv, expected):
         assert part in lines[0]
     assert "Traceback" not in done.stderr + done.stdout
     assert result_files(tmp_path) == []
+    assert not (tmp_path / "run").exists()  # the run dir Hydra made for the rejected run is gone
+
+
+@pytest.mark.parametrize("args", [["timing.base_ms=nan"], ["engine=nope"], ["-m", "hydra/launcher=lcoal"],
+                                  ["workload=mooncake_sample", "workload.path=nope.jsonl"]])
+def test_rejected_run_leaves_no_outputs_dir(tmp_path, args):
+    done = replaysim(tmp_path, *SMALL, *args, run_dir=False)
+    assert done.returncode == 2, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rejected_run_keeps_an_existing_run_dir(tmp_path):
+    (tmp_path / "outputs").mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    done = replaysim(tmp_path, *SMALL, "timing.base_ms=nan")
+    assert done.returncode == 2, done.stderr
+    assert (run / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "outputs").is_dir()
+
+
+def test_version():
+    done = subprocess.run([sys.executable, "-m", "runners.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"replaysim {importlib.metadata.version('replaysim')}\n"
+
+
+def test_shell_completion(tmp_path):
+    done = replaysim(tmp_path, "--shell-completion", "install=bash", run_dir=False)
+    assert done.returncode == 0, done.stderr
+    assert "complete -o nospace -o default -F hydra_bash_completion" in done.stdout
+    for line, expected in (("engine=", "engine=pd_1p2d"), ("hydra/launcher=lo", "hydra/launcher=local"),
+                           ("load.concur", "load.concurrency=")):
+        done = replaysim(tmp_path, "--shell-completion", "query=bash", run_dir=False,
+                         env={"COMP_LINE": f"replaysim {line}"})
+        assert done.returncode == 0, done.stderr
+        assert expected in done.stdout.split(), (line, done.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_the_presets(tmp_path):
+    done = replaysim(tmp_path, "--help", run_dir=False)
+    assert done.returncode == 0, done.stderr
+    groups = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("engine: ", "workload: ")))
+    assert groups == {
+        "engine": "attention_dp_2, h100, pd_1p2d, replicas_2, sglang, trtllm",
+        "workload": "azure_sample, chat, long_context, mooncake_sample",
+    }
 
 
 @pytest.mark.parametrize(
@@ -124,6 +192,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, csv, expected):
         ["-m", "hydra/launcher=basic", "hydra.run.dir=x", "++hydra.job.chdir=false"],
         ["--cfg", "job", "metrics.goodput.ttft_ms=5", "metrics.goodput=null", "~max_time_ms"],
         ["engine.aggregated.replicas=2,4", "metrics.percentiles=[50,99.9]"],
+        ["engine=pd_1p2d", "workload=mooncake_sample", "hydra/launcher=local"],
+        ["-m", "engine=h100,sglang", "workload=null", "hydra/launcher=glob(*)"],
+        ["--shell-completion", "install=bash"],
     ],
 )
 def test_known_overrides_pass_the_key_check(argv):
@@ -143,3 +214,83 @@ def test_write_results_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         write_results(result, tmp_path / "out")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def compose(*overrides: str) -> dict:
+    """The simulation config composed from ``runners/conf`` (runner keys and ``hydra`` left out)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)), resolve=True)
+    return {k: v for k, v in cfg.items() if k not in RUNNER_DEFAULTS}
+
+
+def with_changes(changes: dict[str, object]) -> dict:
+    expected = copy.deepcopy(simcore.DEFAULTS)
+    for key, value in changes.items():
+        params.assign(expected, key, value)
+    return expected
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "runners" / "samples"
+PRESETS = {
+    "engine=h100": {},
+    "engine=replicas_2": {"engine.aggregated.replicas": 2},
+    "engine=attention_dp_2": {"engine.aggregated.attention_dp": 2},
+    "engine=pd_1p2d": {"engine.mode": "disaggregated", "engine.prefill.replicas": 1, "engine.decode.replicas": 2,
+                       "engine.kv_transfer.bandwidth_gb_per_second": 25,
+                       "engine.kv_transfer.bytes_per_token": 131072},
+    "engine=sglang": {"engine.policy": "sglang"},
+    "engine=trtllm": {"engine.policy": "trtllm"},
+    "workload=mooncake_sample": {"workload.source": "mooncake", "workload.num_requests": None,
+                                 "workload.path": str(SAMPLES / "mooncake_conversation_300.jsonl")},
+    "workload=azure_sample": {"workload.source": "azure", "workload.num_requests": None,
+                              "workload.path": str(SAMPLES / "azure_conv_300.csv")},
+    "workload=chat": {"workload.input_dist": "lognormal", "workload.input_tokens": 1155, "workload.input_std": 1109,
+                      "workload.output_dist": "lognormal", "workload.output_tokens": 211, "workload.output_std": 163},
+    "workload=long_context": {"workload.input_dist": "lognormal", "workload.input_tokens": 12035,
+                              "workload.input_std": 15801, "workload.output_dist": "lognormal",
+                              "workload.output_tokens": 343, "workload.output_std": 250},
+}
+
+
+def test_default_composition_is_the_builtin_defaults():
+    assert compose() == simcore.DEFAULTS
+
+
+@pytest.mark.parametrize("override", PRESETS)
+def test_preset_sets_only_its_keys(override):
+    config = compose(override)
+    assert config == with_changes(PRESETS[override])
+    load_config(config)
+
+
+def test_presets_run_from_any_directory(tmp_path):
+    done = replaysim(tmp_path, "engine=pd_1p2d", "workload=mooncake_sample", "load.type=trace", "load.speedup=100",
+                     script=shutil.which("replaysim") is not None)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["num_requests"] == summary["completed"] == 300  # the sample's rows
+    assert summary["config"]["engine"]["mode"] == "disaggregated"
+
+
+def test_config_dir_adds_user_presets(tmp_path):
+    (tmp_path / "myconf" / "engine").mkdir(parents=True)
+    (tmp_path / "myconf" / "engine" / "mine.yaml").write_text("policy: sglang\n")
+    user = ["--config-dir", "myconf", f"hydra.run.dir={tmp_path / 'run'}", *SMALL]  # options before overrides
+    done = replaysim(tmp_path, *user, "engine=mine", run_dir=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["config"]["engine"]["policy"] == "sglang"
+    done = replaysim(tmp_path, *user, "engine=nope", run_dir=False)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("replaysim: error: ") and "engine/nope" in line and "mine" in line
+
+
+def test_sweep_over_presets_names_them(tmp_path):
+    done = replaysim(tmp_path, "-m", "engine=h100,pd_1p2d", *SMALL, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                     run_dir=False)
+    assert done.returncode == 0, done.stderr
+    summary = pl.read_parquet(tmp_path / "sweep" / "summary.parquet").sort("run_id")
+    assert summary["engine"].to_list() == ["h100", "pd_1p2d"]
+    assert pl.read_parquet(tmp_path / "sweep" / "1" / "requests.parquet")["engine"].unique().to_list() == ["pd_1p2d"]

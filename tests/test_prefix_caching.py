@@ -11,7 +11,7 @@ import pytest
 import simcore
 from simcore.config import ConfigError
 
-MOONCAKE = Path(__file__).parent / "data" / "mooncake_conversation_300.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[1] / "runners" / "samples" / "mooncake_conversation_300.jsonl"
 LINEAR = {"type": "linear", "base_ms": 1.0, "per_prefill_token_us": 10.0, "per_decode_seq_us": 0.0, "per_kv_token_ns": 0.0}
 
 

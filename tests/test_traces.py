@@ -18,7 +18,7 @@ import simcore.workload.traces as traces
 from simcore.config import ConfigError, load_config
 from simcore.workload.api import build_requests, send_instants_ns
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "runners" / "samples"
 MOONCAKE = DATA / "mooncake_conversation_300.jsonl"
 AZURE = DATA / "azure_conv_300.csv"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
