@@ -220,9 +220,9 @@ def gpu_count(config: SimConfig) -> int:
     return sum(pool.num_ranks for pool in config.engine.pools) * (config.timing.tp or 1)
 
 
-def check_point(config: SimConfig, options: CapacityOptions, where: str) -> None:
-    """Raise ConfigError if the capacity axis cannot drive ``config``'s load."""
-    load_type = config.load.type
+def check_axis(mapping: Mapping[str, Any], options: CapacityOptions, where: str) -> None:
+    """Raise ConfigError if the capacity axis cannot drive the load of the simcore ``mapping``."""
+    load_type = params.lookup(mapping, "load.type", params.lookup(simcore.DEFAULTS, "load.type"))
     if options.axis == "load.concurrency" and load_type != "closed_loop":
         raise ConfigError(f"capacity.axis=load.concurrency needs load.type=closed_loop, got {load_type} ({where})")
     if options.axis == "load.request_rate" and load_type in ("closed_loop", "trace"):
@@ -230,7 +230,6 @@ def check_point(config: SimConfig, options: CapacityOptions, where: str) -> None
             f"capacity.axis=load.request_rate needs an open-loop load.type (constant_rate, poisson, gamma), "
             f"got {load_type} ({where})"
         )
-    options.slo.check_config(config, where)
 
 
 class ProbeStore:
@@ -578,8 +577,9 @@ def validated_points(points: Sequence[Point], options: CapacityOptions) -> list[
     configs = []
     for point in points:
         try:
+            check_axis(point.mapping, options, point.run_id)
             config = load_config(point.mapping)
-            check_point(config, options, point.run_id)
+            options.slo.check_config(config, point.run_id)
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides)}): {exc}")
         configs.append(config)
@@ -666,6 +666,7 @@ def split_capacity(mapping: dict[str, Any]) -> tuple[CapacityOptions, RunnerOpti
         raise ConfigError(f"sweep.batch.{options.axis}: the capacity axis is searched, not a batch axis")
     if "seed" in runner.batch and options.seeds > 1:
         raise ConfigError("sweep.batch.seed: with capacity.seeds > 1 the seeds are capacity.seeds")
+    check_axis(sim, options, "the base config")
     params.assign(sim, options.axis, options.lo)  # the search sets the axis; lo makes the mapping valid
     return options, runner, sim
 
