@@ -477,9 +477,13 @@ def format_table(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
                      f"{r['gpus']:>4}  {_fmt(r[PER_GPU]):>10}  {_fmt(r[PER_USER]):>10}  {'*' if r['on_pareto'] else ''}")
     if len(shown) < len(rows):
         lines.append(f"... {len(rows) - len(shown)} more rows in {CAPACITY_FILE}")
-    for i, r in enumerate(rows):
-        if r["non_monotone"]:
-            lines.append(f"not monotone in {options.axis}: config {r['config_id']} ({labels[i]}): {r['non_monotone']}")
+    flagged = [i for i, r in enumerate(rows) if r["non_monotone"]]
+    if flagged:
+        lines.append(f"not monotone in {options.axis} (largest improvement with more load; column non_monotone):")
+    for i in flagged[: options.table_rows] if options.table_rows else flagged:
+        lines.append(f"  config {rows[i]['config_id']} ({labels[i]}): {rows[i]['non_monotone']}")
+    if options.table_rows and len(flagged) > options.table_rows:
+        lines.append(f"  ... {len(flagged) - options.table_rows} more in {CAPACITY_FILE}")
     lines.append(f"Output directory: {out_dir}")
     return "\n".join(line.rstrip() for line in lines)
 
@@ -497,26 +501,30 @@ def plot_writers(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
     """Writers (for :func:`write_atomic`) of the Pareto plot and the capacity-per-configuration plot."""
     plt = _pyplot()
     labels = config_labels(capacity, keys)
-    data = capacity.select(["capacity", PER_GPU, PER_USER, "on_pareto"]).to_pylist()
+    data = capacity.select(["config_id", "capacity", PER_GPU, PER_USER, "on_pareto"]).to_pylist()
     slo = ", ".join(f"{k} {'≥' if k == GOODPUT_FRACTION else '≤'} {v:g}" for k, v in options.slo.limits.items())
 
     def pareto_png(path: Path) -> None:
-        feasible = [(r[PER_USER], r[PER_GPU], r["on_pareto"], label) for r, label in zip(data, labels)
-                    if r["capacity"] is not None and r[PER_GPU] is not None and r[PER_USER] is not None]
-        fig, ax = plt.subplots(figsize=(8, 5.5))
-        ax.scatter([f[0] for f in feasible], [f[1] for f in feasible], s=14, color="0.6",
+        feasible = [r for r in data if r["capacity"] is not None and r[PER_GPU] is not None and r[PER_USER] is not None]
+        front = sorted((r for r in feasible if r["on_pareto"]), key=lambda r: r[PER_USER])
+        fig, ax = plt.subplots(figsize=(11, 5.5))
+        ax.scatter([r[PER_USER] for r in feasible], [r[PER_GPU] for r in feasible], s=14, color="0.6",
                    label="configuration at its capacity")
-        front = sorted((f for f in feasible if f[2]), key=lambda f: f[0])
-        ax.plot([f[0] for f in front], [f[1] for f in front], "o-", color="C3", label="Pareto front")
-        if len(front) <= 12:
-            for x, y, _, label in front:
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.plot([r[PER_USER] for r in front], [r[PER_GPU] for r in front], "o-", color="C3", label="Pareto front")
+        listed = front[:25]  # ids on the plot, their parameters beside it
+        for r in listed:
+            ax.annotate(f"{r['config_id']}", (r[PER_USER], r[PER_GPU]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+        key = "\n".join(f"{r['config_id']}: {labels[r['config_id']]}" for r in listed)
+        if len(front) > len(listed):
+            key += f"\n... {len(front) - len(listed)} more in {PARETO_FILE}"
+        fig.text(0.64, 0.88, f"front (config_id: parameters)\n{key}", fontsize=7, va="top", family="monospace")
         ax.set_xlabel("output tokens/s per user (1000 / mean TPOT)")
         ax.set_ylabel("output tokens/s per GPU")
         ax.set_title(f"Capacity along {options.axis} under {slo}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.subplots_adjust(left=0.07, right=0.62, bottom=0.1, top=0.92)
         fig.savefig(path, dpi=120, format="png")
         plt.close(fig)
 

@@ -218,17 +218,29 @@ class Bracket:
         return next((p for p in self.probes if p.value == self.lo), None) if self.capacity is not None else None
 
     def non_monotone(self, slo: Slo) -> list[str]:
-        """Where an SLO metric improves as the axis grows, one text per metric and pair of probes."""
+        """Each SLO metric that improves somewhere as the axis grows: its largest improvement, as text.
+
+        Latencies should not fall, nor the goodput share rise, with more load;
+        where they do between two probes, bisection may have stepped over a
+        band where the SLO holds again.
+        """
         probes = sorted(self.probes, key=lambda p: p.value)
         notes = []
         for key in slo.limits:
-            higher_is_better = key == GOODPUT_FRACTION
+            sign = -1.0 if key == GOODPUT_FRACTION else 1.0
+            worst = None
             for a, b in zip(probes, probes[1:]):
                 va, vb = a.judged[key], b.judged[key]
-                if va is None or vb is None:
+                if va is None or vb is None or sign * (vb - va) >= 0:
                     continue
-                if (vb > va) if higher_is_better else (vb < va):
-                    notes.append(f"{key} {va:.6g} at {a.value:g} -> {vb:.6g} at {b.value:g}")
+                drop = abs(vb - va) / abs(va) if va else math.inf
+                if worst is None or drop > worst[0]:
+                    worst = (drop, a, b)
+            if worst is not None:
+                drop, a, b = worst
+                verb = "rises" if sign < 0 else "falls"
+                notes.append(f"{key} {verb} {drop:.2%} from {a.value:g} to {b.value:g} "
+                             f"({a.judged[key]:.6g} -> {b.judged[key]:.6g})")
         return notes
 
 

@@ -154,8 +154,13 @@ def test_non_monotone_metric_is_reported():
     slo = parse_slo({"p99_ttft_ms": 50}, 1.0)
     bracket = Bracket(1.0, None, 0.01, False, 5)
     bracket.probes = [Probe(1.0, True, {"p99_ttft_ms": 30.0}, {}), Probe(2.0, True, {"p99_ttft_ms": 20.0}, {}),
+                      Probe(3.0, True, {"p99_ttft_ms": 25.0}, {}), Probe(3.5, True, {"p99_ttft_ms": 24.0}, {}),
                       Probe(4.0, False, {"p99_ttft_ms": 60.0}, {})]
-    assert bracket.non_monotone(slo) == ["p99_ttft_ms 30 at 1 -> 20 at 2"]
+    # drops: 30 -> 20 (a third) and 25 -> 24 (4%); the largest is reported
+    assert bracket.non_monotone(slo) == ["p99_ttft_ms falls 33.33% from 1 to 2 (30 -> 20)"]
+    rising = Slo({"goodput_fraction": 0.5}, 1.0)
+    bracket.probes = [Probe(1.0, True, {"goodput_fraction": 0.8}, {}), Probe(2.0, True, {"goodput_fraction": 0.9}, {})]
+    assert bracket.non_monotone(rising) == ["goodput_fraction rises 12.50% from 1 to 2 (0.8 -> 0.9)"]
 
 
 def test_slo_judged_at_the_seed_quantile():
