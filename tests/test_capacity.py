@@ -276,3 +276,12 @@ def test_command_writes_tables_and_plots_and_resumes(tmp_path):
     assert second.returncode == 0, second.stderr
     assert f"{probes.num_rows} probe runs reused" in second.stdout  # one seed per probe
     assert pq.read_table(out / cap.CAPACITY_FILE).equals(table)
+
+
+def test_seeds_are_judged_at_their_quantile(tmp_path):
+    config = mapping({"type": "poisson"}, {"axis": "load.request_rate", "tolerance": 0.05, "seeds": 3,
+                                            "seed_quantile": 1.0, "slo": {"p99_ttft_ms": 30.0}}, seed=7)
+    (row,) = search(config, tmp_path)[0].to_pylist()
+    worst = max(p99_ttft({**config, "seed": seed}, "load.request_rate", row["capacity"]) for seed in (7, 8, 9))
+    assert row["slo_p99_ttft_ms"] == worst <= 30.0
+    assert row["p99_ttft_ms"] == p99_ttft(config, "load.request_rate", row["capacity"])  # the configured seed's run

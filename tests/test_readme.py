@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PROGRAMS = {"replaysim": "runners.cli", "replaysim-analyze": "runners.analyze"}
+PROGRAMS = {"replaysim": "runners.cli", "replaysim-analyze": "runners.analyze", "replaysim-capacity": "runners.capacity"}
 #: Requests per run at most: enough for every metric, small enough for the suite.
 MAX_REQUESTS = 200
 
@@ -78,6 +78,8 @@ def skip_reason(argv: list[str]) -> str | None:
     """Why a documented command cannot run here, or None."""
     if "timing.type=aic" in argv and importlib.util.find_spec("aiconfigurator_core") is None:
         return "needs the optional extra aic (pip install -e '.[aic]'), not installed"
+    if "capacity.search=optuna" in argv and importlib.util.find_spec("optuna") is None:
+        return "needs the optional extra capacity (pip install -e '.[capacity]'), not installed"
     if any("../shared" in arg for arg in argv) and not SHARED.is_dir():
         return f"needs the project's shared data beside the checkout ({SHARED})"
     if "hydra/launcher=slurm" in argv and shutil.which("sbatch") is None:
@@ -103,6 +105,8 @@ def expected_files(argv: list[str], cwd: Path) -> list[Path]:
     """The files the documented command promises (docs/results.md, docs/sweeps.md)."""
     if argv[0] == "replaysim-analyze":
         return [cwd / argv[1] / "analysis" / "table.csv"]
+    if argv[0] == "replaysim-capacity":
+        return [cwd / value_of(argv, "output.dir") / name for name in ("capacity.parquet", "pareto.parquet")]
     if "-m" in argv:
         given = value_of(argv, "hydra.sweep.dir")
         sweeps = [cwd / given] if given is not None else list(cwd.glob("multirun/*/*"))
