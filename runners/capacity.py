@@ -197,11 +197,8 @@ def check_overrides(argv: Sequence[str]) -> None:
         except CompactHydraException as exc:
             fail(f"{text}: {str(exc).splitlines()[0]}")
         key = override.key_or_group
-        if key == "capacity" or key.startswith("capacity."):
-            name = key.removeprefix("capacity").removeprefix(".")
-            top = name.split(".")[0]
-            message = None if top in ("", *CAPACITY_DEFAULTS) and (top == "slo" or "." not in name) else (
-                f"{key} is not a known config key (known keys under capacity: {', '.join(CAPACITY_DEFAULTS)})")
+        if key.split(".")[0] == "capacity":
+            message = _capacity_key_message(key)
         elif "/" in key or key in cli.APP_GROUPS:
             message = cli.group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:
@@ -210,6 +207,14 @@ def check_overrides(argv: Sequence[str]) -> None:
             message = cli.unknown_key_message(key)
         if message is not None:
             fail(message)
+
+
+def _capacity_key_message(key: str) -> str | None:
+    """Why ``key`` is not a ``capacity`` key, or None (``capacity.slo.<any>`` is checked later)."""
+    parts = key.split(".")
+    if len(parts) == 1 or (parts[1] in CAPACITY_DEFAULTS and (len(parts) == 2 or parts[1] == "slo")):
+        return None
+    return f"{key} is not a known config key (known keys under capacity: {', '.join(CAPACITY_DEFAULTS)})"
 
 
 # ---------------------------------------------------------------- configurations and probes
@@ -239,13 +244,21 @@ class ProbeStore:
     into the same directory reuses every run a former, perhaps interrupted,
     search finished.  The simulation is deterministic, so a stored summary is
     the one a new run would give.
+
+    Parameters
+    ----------
+    out_dir : Path or None
+        The search's output directory; None keeps the runs in memory only.
+    reuse : bool
+        Read the runs stored there (False: remove them).
     """
 
-    def __init__(self, out_dir: Path, reuse: bool):
-        self.dir = out_dir / PROBES_DIR
+    def __init__(self, out_dir: Path | None, reuse: bool = True):
+        self.dir = None if out_dir is None else out_dir / PROBES_DIR
         self.summaries: dict[str, dict] = {}
         self.reused = 0
-        if not self.dir.is_dir():
+        self.written: list[Path] = []
+        if self.dir is None or not self.dir.is_dir():
             return
         for path in sorted(self.dir.glob("step-*.parquet")):
             if not reuse:
@@ -261,14 +274,22 @@ class ProbeStore:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def add(self, summaries: Mapping[str, dict]) -> None:
-        if not summaries:
-            return
         self.summaries.update(summaries)
+        if not summaries or self.dir is None:
+            return
         table = pa.table({
             "key": pa.array(list(summaries), type=pa.string()),
             "summary": pa.array([json.dumps(s, allow_nan=True) for s in summaries.values()], type=pa.string()),
         })
-        write_atomic(self.dir, [(f"step-{uuid.uuid4().hex}.parquet", parquet_file(table))])
+        self.written += write_atomic(self.dir, [(f"step-{uuid.uuid4().hex}.parquet", parquet_file(table))])
+
+    def discard_written(self) -> None:
+        """Remove the files this store wrote (a search that ends on bad input leaves no file)."""
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        if self.dir is not None and self.dir.is_dir() and not any(self.dir.iterdir()):
+            self.dir.rmdir()
+        self.written.clear()
 
 
 def probe_config(base: Mapping[str, Any], axis: str, value: float, seed: int) -> SimConfig:
@@ -679,15 +700,15 @@ def split_capacity(mapping: dict[str, Any]) -> tuple[CapacityOptions, RunnerOpti
     return options, runner, sim
 
 
-def run_capacity(
+def _search(
     sim: Mapping[str, Any],
     overrides: Sequence[str],
     runner: RunnerOptions,
     options: CapacityOptions,
     out_dir: Path,
-) -> pa.Table:
-    """Search, write the result files into ``out_dir``, print the table; returns ``capacity.parquet``'s table."""
-    store = ProbeStore(out_dir, reuse=not runner.force)
+    store: ProbeStore,
+) -> tuple[list[Found], tuple[str, ...]]:
+    """The configurations searched (grid or optuna) with their bisections, and the parameter keys."""
     if options.search == "grid":
         points = job_points(out_dir, out_dir.name, sim, overrides, runner)
         found = grid_search(points, options, store)
@@ -703,6 +724,27 @@ def run_capacity(
         seed = load_config(sim).seed
         found = optuna_search(make_point, runner.batch, options, store, seed)
         keys = make_point({k: v[0] for k, v in runner.batch.items()}).keys
+    return found, keys
+
+
+def run_capacity(
+    sim: Mapping[str, Any],
+    overrides: Sequence[str],
+    runner: RunnerOptions,
+    options: CapacityOptions,
+    out_dir: Path,
+) -> pa.Table:
+    """Search, write the result files into ``out_dir``, print the table; returns ``capacity.parquet``'s table.
+
+    A bad trace or timing found while simulating exits 2 and removes the probe
+    runs this invocation stored.
+    """
+    store = ProbeStore(out_dir, reuse=not runner.force)
+    try:
+        found, keys = _search(sim, overrides, runner, options, out_dir, store)
+    except ConfigError as exc:
+        store.discard_written()
+        fail(exc)
     keys = tuple(k for k in keys if k != options.axis)
     capacity = capacity_table(found, options, keys)
     writers = [
@@ -735,10 +777,7 @@ def task(cfg: DictConfig) -> None:
         fail(exc)
     out = params.lookup(sim, "output.dir")
     out_dir = Path(to_absolute_path(out)) if out else Path(hydra_cfg.runtime.output_dir)
-    try:
-        run_capacity(sim, overrides, runner, options, out_dir)
-    except ConfigError as exc:  # a bad trace or request table, found when simulated
-        fail(exc)
+    run_capacity(sim, overrides, runner, options, out_dir)
 
 
 def main() -> None:

@@ -285,3 +285,22 @@ def test_seeds_are_judged_at_their_quantile(tmp_path):
     worst = max(p99_ttft({**config, "seed": seed}, "load.request_rate", row["capacity"]) for seed in (7, 8, 9))
     assert row["slo_p99_ttft_ms"] == worst <= 30.0
     assert row["p99_ttft_ms"] == p99_ttft(config, "load.request_rate", row["capacity"])  # the configured seed's run
+
+
+def test_bad_input_found_while_simulating_removes_the_stored_runs(tmp_path, monkeypatch):
+    calls = []
+    run_batch = simcore.run_batch
+
+    def failing_second_step(configs):
+        calls.append(len(configs))
+        if len(calls) == 2:
+            raise simcore.ConfigError("timing.type=table gave a negative pass time")
+        return run_batch(configs)
+
+    monkeypatch.setattr(cap.simcore, "run_batch", failing_second_step)
+    config = mapping({"type": "constant_rate"}, {"axis": "load.request_rate", "slo": {"p99_ttft_ms": 10.5}})
+    with pytest.raises(SystemExit) as exit_info:
+        search(config, tmp_path / "out")
+    assert exit_info.value.code == 2
+    assert len(calls) == 2
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
