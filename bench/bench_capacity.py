@@ -18,8 +18,10 @@ here) and the single-configuration kernel (``simulate_engine_nb``); the rest —
 validation, workload generation, padding, request tables, summaries, SLO
 judgement — is outside it.
 
-Prints a CSV (configs, probes, runs, steps, seconds, ms_per_probe,
-kernel_seconds, outside_kernel_share), then the figure on the last line.
+Prints a CSV (configs, probes, runs, steps, seconds, cpu_seconds (of the
+process, all threads: on a shared machine the wall time also holds waits for a
+core), ms_per_probe, kernel_seconds, outside_kernel_share), then the figure on
+the last line.
 
 Usage: python bench/bench_capacity.py [--configs 100]
 """
@@ -102,15 +104,15 @@ def main() -> None:
     search(grid(2))  # warm-up: compile or load the kernels
     clock = KernelClock()
     mappings = grid(args.configs)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     brackets, store, steps = search(mappings)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     probes = sum(len(b.probes) for b in brackets)
     runs = len(store.summaries)
     outside = 1.0 - clock.seconds / seconds
     statuses = {s: sum(b.status == s for b in brackets) for s in {b.status for b in brackets}}
-    print("configs,probes,runs,steps,seconds,ms_per_probe,kernel_seconds,outside_kernel_share")
-    print(f"{args.configs},{probes},{runs},{steps},{seconds:.2f},{1000 * seconds / probes:.2f},"
+    print("configs,probes,runs,steps,seconds,cpu_seconds,ms_per_probe,kernel_seconds,outside_kernel_share")
+    print(f"{args.configs},{probes},{runs},{steps},{seconds:.2f},{cpu_seconds:.2f},{1000 * seconds / probes:.2f},"
           f"{clock.seconds:.2f},{outside:.3f}")
     capacities = [b.capacity for b in brackets if b.capacity is not None]
     print(f"# statuses {statuses}; capacity {min(capacities):.3g}..{max(capacities):.3g} req/s")

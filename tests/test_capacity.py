@@ -249,9 +249,13 @@ BUSY_ARGS = ("timing.type=fixed", "timing.prefill_ms=10", f"workload.num_request
     (("capacity.bogus=1", "capacity.slo.p99_ttft_ms=20"), "capacity.bogus"),
     (("capacity.axis=load.concurrency", "capacity.slo.p99_ttft_ms=20"), "load.type=closed_loop"),
     (("capacity.slo.p99_ttft_ms=20", "sweep.batch.engine.aggregated.replicas=[1,0]"), "engine.aggregated.replicas"),
+    (("capacity.slo.p99_ttft_ms=20", "sweep.batch.load.request_rate=[1,2]"), "sweep.batch.load.request_rate"),
+    (("-m", "capacity.slo.p99_ttft_ms=20"), "-m"),
+    (("capacity.slo.p99_ttft_ms=20", "capacity.hi=0.5"), "capacity.hi"),
 ])
 def test_bad_input_exits_2_with_one_line_and_no_output(tmp_path, args, field):
-    done = command(*BUSY_ARGS, *args, "output.dir=out", cwd=tmp_path)
+    flags = [a for a in args if a.startswith("-")]  # Hydra's flags come before the overrides
+    done = command(*flags, *BUSY_ARGS, *(a for a in args if a not in flags), "output.dir=out", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("replaysim-capacity: error:")
     assert field in done.stderr
