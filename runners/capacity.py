@@ -384,6 +384,19 @@ class Found:
     bracket: Bracket
 
 
+def rates_at_capacity(found: Found) -> tuple[float | None, float | None]:
+    """Output tokens/s per GPU and per user at the capacity (None: no capacity or no TPOT).
+
+    Per user is ``1000 / mean_tpot_ms``, the decode rate one stream sees.
+    """
+    probe = found.bracket.at_capacity()
+    if probe is None:
+        return None, None
+    throughput, tpot = probe.summary.get("output_throughput"), probe.summary.get("mean_tpot_ms")
+    per_gpu = None if throughput is None else throughput / gpu_count(found.config)
+    return per_gpu, (None if tpot is None or tpot <= 0 else 1000.0 / tpot)
+
+
 def _metric_column(values: list) -> pa.Array:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
@@ -394,8 +407,7 @@ def _metric_column(values: list) -> pa.Array:
 def capacity_table(found: Sequence[Found], options: CapacityOptions, keys: Sequence[str]) -> pa.Table:
     """One row per configuration: parameters, capacity, GPUs, per-GPU and per-user rates, summary at capacity.
 
-    ``output_tokens_per_s_per_user`` is ``1000 / mean_tpot_ms``, the decode
-    rate one client sees; ``slo_<key>`` the SLO metric judged over the seeds.
+    ``slo_<key>`` is the SLO metric judged over the seeds.
     """
     columns: dict[str, pa.Array] = {"config_id": pa.array(range(len(found)), type=pa.int64())}
     fields = [pa.field("config_id", pa.int64())]
@@ -407,11 +419,8 @@ def capacity_table(found: Sequence[Found], options: CapacityOptions, keys: Seque
     at = [f.bracket.at_capacity() for f in found]
     summaries = [p.summary if p is not None else {} for p in at]
     gpus = [gpu_count(f.config) for f in found]
-    tpot = [s.get("mean_tpot_ms") for s in summaries]
-    out_tps = [s.get("output_throughput") for s in summaries]
-    per_gpu = [None if t is None else t / g for t, g in zip(out_tps, gpus)]
-    per_user = [None if t is None or t <= 0 else 1000.0 / t for t in tpot]
-    feasible = [i for i, (p, x, y) in enumerate(zip(at, per_gpu, per_user)) if None not in (p, x, y)]
+    per_gpu, per_user = zip(*(rates_at_capacity(f) for f in found)) if found else ((), ())
+    feasible = [i for i, (x, y) in enumerate(zip(per_gpu, per_user)) if x is not None and y is not None]
     on_front = np.zeros(len(found), dtype=bool)
     if feasible:
         on_front[feasible] = pareto_mask([per_user[i] for i in feasible], [per_gpu[i] for i in feasible])
@@ -602,7 +611,13 @@ class StepBar:
 
 
 def validated_points(points: Sequence[Point], options: CapacityOptions) -> list[SimConfig]:
-    """Each point's config, checked for the capacity search; the first bad one exits 2."""
+    """Each point's config, checked for the capacity search.
+
+    Raises
+    ------
+    ConfigError
+        The first bad point, named by its overrides.
+    """
     configs = []
     for point in points:
         try:
@@ -610,7 +625,7 @@ def validated_points(points: Sequence[Point], options: CapacityOptions) -> list[
             config = load_config(point.mapping)
             options.slo.check_config(config, point.run_id)
         except ValueError as exc:
-            fail(f"{point.run_id} ({' '.join(point.overrides)}): {exc}")
+            raise ConfigError(f"{point.run_id} ({' '.join(point.overrides)}): {exc}") from exc
         configs.append(config)
     return configs
 
@@ -661,26 +676,16 @@ def optuna_search(
             brackets = bisect_all([(p.mapping, c) for p, c in zip(points, configs)], options, store)
             found.update({c: Found(p, cfg, b) for c, p, cfg, b in zip(new, points, configs, brackets)})
             for trial, combo in zip(trials, combos):
-                row = _objectives(found[combo])
-                if row is None:
+                per_gpu, per_user = rates_at_capacity(found[combo])
+                if per_gpu is None or per_user is None:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 else:
-                    study.tell(trial, list(row))
+                    study.tell(trial, [per_gpu, per_user])
             told += len(trials)
             bar(told, options.trials)
     finally:
         bar.close()
     return list(found.values())
-
-
-def _objectives(found: Found) -> tuple[float, float] | None:
-    probe = found.bracket.at_capacity()
-    if probe is None:
-        return None
-    tps, tpot = probe.summary.get("output_throughput"), probe.summary.get("mean_tpot_ms")
-    if tps is None or tpot is None or tpot <= 0:
-        return None
-    return tps / gpu_count(found.config), 1000.0 / tpot
 
 
 # ---------------------------------------------------------------- the command
@@ -736,8 +741,8 @@ def run_capacity(
 ) -> pa.Table:
     """Search, write the result files into ``out_dir``, print the table; returns ``capacity.parquet``'s table.
 
-    A bad trace or timing found while simulating exits 2 and removes the probe
-    runs this invocation stored.
+    Bad input (a bad point, or a bad trace or timing found while simulating)
+    exits 2 and removes the probe runs this invocation stored.
     """
     store = ProbeStore(out_dir, reuse=not runner.force)
     try:
