@@ -49,7 +49,7 @@ from runners.capacity_search import (
     pareto_mask,
     parse_slo,
 )
-from runners.progress import interactive
+from runners.progress import Progress, interactive
 from runners.rundir import remove_new_run_dir
 from runners.sweep import Point, RunnerOptions, job_points, split_options
 from runners.writer import parquet_file, write_atomic
@@ -590,21 +590,15 @@ class StepBar:
             from tqdm import tqdm
         except ImportError:
             tqdm = None
-        if tqdm is not None:
+        self._tqdm = tqdm is not None
+        if self._tqdm:
             self._bar = tqdm(total=total, desc="capacity", unit="config", disable=not interactive())
         else:
-            from runners.progress import Progress
-
             self._bar = Progress(total, "capacity")
-        self._tqdm = tqdm is not None
 
     def __call__(self, done: int, total: int) -> None:
-        if self._tqdm:
-            self._bar.total = total
-            self._bar.update(done - self._bar.n)
-        else:
-            self._bar.total = total
-            self._bar.update(done)
+        self._bar.total = total
+        self._bar.update(done - self._bar.n if self._tqdm else done)  # tqdm takes increments
 
     def close(self) -> None:
         self._bar.close()
