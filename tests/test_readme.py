@@ -24,7 +24,12 @@ from tests.slurm_cluster import nodes_up
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PROGRAMS = {"replaysim": "runners.cli", "replaysim-analyze": "runners.analyze", "replaysim-calibrate": "runners.calibrate"}
+PROGRAMS = {
+    "replaysim": "runners.cli",
+    "replaysim-analyze": "runners.analyze",
+    "replaysim-calibrate": "runners.calibrate",
+    "replaysim-capacity": "runners.capacity",
+}
 #: Requests per run at most: enough for every metric, small enough for the suite.
 MAX_REQUESTS = 200
 
@@ -80,6 +85,8 @@ def skip_reason(argv: list[str]) -> str | None:
     """Why a documented command cannot run here, or None."""
     if "timing.type=aic" in argv and importlib.util.find_spec("aiconfigurator_core") is None:
         return "needs the optional extra aic (pip install -e '.[aic]'), not installed"
+    if "capacity.search=optuna" in argv and importlib.util.find_spec("optuna") is None:
+        return "needs the optional extra capacity (pip install -e '.[capacity]'), not installed"
     if any("../shared" in arg for arg in argv) and not SHARED.is_dir():
         return f"needs the project's shared data beside the checkout ({SHARED})"
     if "hydra/launcher=slurm" in argv and not nodes_up():
@@ -108,6 +115,8 @@ def expected_files(argv: list[str], cwd: Path) -> list[Path]:
     if argv[0] == "replaysim-calibrate":
         out = cwd / argv[argv.index("--out") + 1]
         return [out / "calibrated.yaml", out / "calibration.json"]
+    if argv[0] == "replaysim-capacity":
+        return [cwd / value_of(argv, "output.dir") / name for name in ("capacity.parquet", "pareto.parquet")]
     if "-m" in argv:
         given = value_of(argv, "hydra.sweep.dir")
         sweeps = [cwd / given] if given is not None else list(cwd.glob("multirun/*/*"))
