@@ -37,9 +37,9 @@ from hydra.errors import CompactHydraException
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from tqdm import tqdm
 
 from runners import cli, params
-from runners.analyze import labels_for
 from runners.capacity_search import (
     AXES,
     GOODPUT_FRACTION,
@@ -49,7 +49,7 @@ from runners.capacity_search import (
     pareto_mask,
     parse_slo,
 )
-from runners.progress import Progress, interactive
+from runners.progress import interactive
 from runners.rundir import remove_new_run_dir
 from runners.sweep import Point, RunnerOptions, job_points, split_options
 from runners.writer import parquet_file, write_atomic
@@ -477,6 +477,12 @@ def probes_table(found: Sequence[Found], options: CapacityOptions) -> pa.Table:
 # ---------------------------------------------------------------- terminal and plots
 
 
+def labels_for(keys: Sequence[str]) -> dict[str, str]:
+    """Short labels: the last part of each key, or the whole key when that is ambiguous."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: (short if last.count(short) == 1 else key) for key, short in zip(keys, last)}
+
+
 def config_labels(capacity: pa.Table, keys: Sequence[str]) -> list[str]:
     """``policy=vllm replicas=2 ...`` per row: the parameters that vary between rows."""
     varying = [k for k in keys if len(set(map(str, capacity.column(k).to_pylist()))) > 1]
@@ -583,22 +589,14 @@ def plot_writers(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
 
 
 class StepBar:
-    """Configurations finished out of the total, drawn by tqdm when installed, else :class:`runners.progress.Progress`."""
+    """Configurations finished out of the total, a tqdm bar on a terminal."""
 
     def __init__(self, total: int):
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            tqdm = None
-        self._tqdm = tqdm is not None
-        if self._tqdm:
-            self._bar = tqdm(total=total, desc="capacity", unit="config", disable=not interactive())
-        else:
-            self._bar = Progress(total, "capacity")
+        self._bar = tqdm(total=total, desc="capacity", unit="config", disable=not interactive())
 
     def __call__(self, done: int, total: int) -> None:
         self._bar.total = total
-        self._bar.update(done - self._bar.n if self._tqdm else done)  # tqdm takes increments
+        self._bar.update(done - self._bar.n)  # tqdm takes increments
 
     def close(self) -> None:
         self._bar.close()
