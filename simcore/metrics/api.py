@@ -1,6 +1,6 @@
 """Per-request table, token and pass tables, and the run summary (SPEC §10).
 
-Every metric is defined once in :data:`DISTRIBUTIONS` and ``docs/metrics.md``.
+Every distribution is declared once in :mod:`simcore.metrics.registry` and ``docs/metrics.md``.
 Statistics follow ``vllm bench serve``: ``numpy.percentile`` with linear
 interpolation, population std (ddof = 0), and null (None) for an empty
 distribution.
@@ -14,6 +14,7 @@ import pyarrow as pa
 from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine import nb
 from simcore.engine.api import EngineRun
+from simcore.metrics.registry import DISTRIBUTIONS, ITL, STATISTICS, Distribution, percentile_key, summary_key
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
 from simcore.units import NOT_YET
@@ -26,10 +27,6 @@ POOL_NAMES = ("aggregated", "prefill", "decode")  # indexed by the kernel's ROLE
 SATURATION_DEPARTURE_SHARE = 0.9
 #: Sends the second half of the sending window needs for a saturation verdict.
 SATURATION_MIN_SENDS = 50
-
-#: Summary distributions: name -> per-request column (itl is pooled per token).
-DISTRIBUTIONS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": None, "e2el": "e2el_ms"}
-
 
 def _span_ms(end_ns: np.ndarray, start_ns: np.ndarray) -> np.ndarray:
     """``(end - start) / 1e6`` where both instants happened, else NaN."""
@@ -122,9 +119,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "first_token_emit_ms": _instant_ms(run.first_emit_ns),
         "first_token_ms": _instant_ms(cols.first_recv_ns),
         "last_token_ms": _instant_ms(cols.last_recv_ns),
-        "ttft_ms": cols.ttft_ms,
-        "tpot_ms": cols.tpot_ms,
-        "e2el_ms": cols.e2el_ms,
+        **{metric.column: getattr(cols, metric.column) for metric in DISTRIBUTIONS if metric.column},
         "transfer_start_ms": _instant_ms(run.prompt_done_ns if run.disaggregated else np.full_like(run.send_ns, NOT_YET)),
         "transfer_end_ms": _instant_ms(run.transfer_end_ns),
         **cols.stages,
@@ -216,23 +211,7 @@ def passes_table(run: EngineRun) -> pa.Table:
     return conform(table, PASSES_SCHEMA)
 
 
-def percentile_key(p: float) -> str:
-    """``p99`` for an integral percentile, ``p99.9`` otherwise (SPEC §10).
-
-    Parameters
-    ----------
-    p : float
-        Percentile, 0..100.
-
-    Returns
-    -------
-    str
-        The key prefix of the summary field.
-    """
-    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
-
-
-def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
+def distribution_stats(metric: Distribution, values: np.ndarray, percentiles) -> dict:
     """mean/median/std/min/max and percentiles of one metric, None when empty.
 
     ``values`` is a scratch array: the order statistics partition it in place
@@ -240,8 +219,8 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
 
     Parameters
     ----------
-    name : str
-        Metric name (``ttft``, ``tpot``, ``e2el``).
+    metric : Distribution
+        A per-request metric of the registry (``TTFT``, ``TPOT``, ``E2EL``).
     values : ndarray(float64, ndim=1)
         The metric's values, ms, without NaN; reordered in place.
     percentiles : sequence of float
@@ -254,12 +233,12 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
         ``min_<name>_ms``, ``max_<name>_ms`` and ``p<q>_<name>_ms``, ms.
     """
     if values.size == 0:
-        return _stats_dict(name, percentiles, None)
+        return _stats_dict(metric, percentiles, None)
     mean, std = float(np.mean(values)), float(np.std(values))
     low, high = float(np.min(values)), float(np.max(values))
     # One call: numpy partitions once for the median and every percentile.
     points = np.percentile(values, [50, *percentiles], overwrite_input=True)
-    return _stats_dict(name, percentiles, (mean, std, low, high, points))
+    return _stats_dict(metric, percentiles, (mean, std, low, high, points))
 
 
 def itl_stats(cols: RequestColumns, percentiles) -> dict:
@@ -283,7 +262,7 @@ def itl_stats(cols: RequestColumns, percentiles) -> dict:
     """
     moments = itl_moments(cols.receipts, cols.completed)
     if moments is None:
-        return _stats_dict("itl", percentiles, None)
+        return _stats_dict(ITL, percentiles, None)
     count, mean, std, low, high = moments
     sketch = cols.receipts.itl_sketch
     if sketch is None:
@@ -293,13 +272,13 @@ def itl_stats(cols: RequestColumns, percentiles) -> dict:
         )
     else:
         points = sketch_percentiles(sketch, [50, *percentiles], low, high)
-    return _stats_dict("itl", percentiles, (mean, std, low, high, points))
+    return _stats_dict(ITL, percentiles, (mean, std, low, high, points))
 
 
-def _stats_dict(name: str, percentiles, stats) -> dict:
+def _stats_dict(metric: Distribution, percentiles, stats) -> dict:
     """Summary keys of one distribution from ``(mean, std, min, max, [median, *points])`` or None."""
-    keys = [f"{key}_{name}_ms" for key in ("mean", "median", "std", "min", "max")]
-    keys += [f"{percentile_key(p)}_{name}_ms" for p in percentiles]
+    keys = [summary_key(statistic, metric) for statistic in STATISTICS]
+    keys += [summary_key(percentile_key(p), metric) for p in percentiles]
     if stats is None:
         return dict.fromkeys(keys)
     mean, std, low, high, points = stats
@@ -353,13 +332,13 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         "request_goodput": _goodput(cols, metrics.goodput, per_second),
         "prefix_cache_hit_rate": _hit_rate(run, input_tokens),
     }
-    for name, column in DISTRIBUTIONS.items():
-        if column is None:
+    for metric in DISTRIBUTIONS:
+        if metric.column is None:  # pooled over token gaps
             summary.update(itl_stats(cols, metrics.percentiles))
             continue
-        values = getattr(cols, column)
+        values = getattr(cols, metric.column)
         values = values[done & ~np.isnan(values)]  # tpot exists from 2 tokens on
-        summary.update(distribution_stats(name, values, metrics.percentiles))
+        summary.update(distribution_stats(metric, values, metrics.percentiles))
     for stage in TTFT_STAGES:
         values = cols.stages[stage][done]
         summary[f"mean_{stage}"] = float(np.mean(values)) if values.size else None
