@@ -88,7 +88,19 @@ def percentile_key(p: float) -> str:
 
 
 def summary_key(statistic: str, metric: Distribution) -> str:
-    """``mean_ttft_ms``: the summary key of one statistic (or ``p<P>`` prefix) of ``metric``."""
+    """The summary key of one statistic of a distribution, ``mean_ttft_ms``.
+
+    Parameters
+    ----------
+    statistic : str
+        One of :data:`STATISTICS` or a percentile prefix (``p99``).
+    metric : Distribution
+
+    Returns
+    -------
+    str
+        ``<statistic>_<name>_<unit>``.
+    """
     return f"{statistic}_{metric.name}_{metric.unit}"
 
 
@@ -96,8 +108,18 @@ _PERCENTILE_KEY = re.compile(rf"^(p\d+(?:\.\d+)?)_{TTFT.name}_{TTFT.unit}$")
 
 
 def percentile_names(summary: Mapping[str, Any]) -> list[str]:
-    """The percentile key prefixes in ``summary`` (``p50``, ``p99.9``), in the configured order.
+    """The percentile key prefixes of a summary, in the configured order.
 
     Every distribution reports the same percentiles; TTFT's keys are read.
+
+    Parameters
+    ----------
+    summary : mapping
+        A run summary (``simcore.Result.summary``).
+
+    Returns
+    -------
+    list of str
+        ``p50``, ``p99.9``, ...
     """
     return [m.group(1) for m in map(_PERCENTILE_KEY.match, summary) if m]
