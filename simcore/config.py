@@ -17,15 +17,13 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from simcore import bounds
+from simcore.errors import ConfigError, InstantOverflow
+from simcore.timing import aic
+from simcore.timing.profile import read_num_layers
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
 
-
-class ConfigError(ValueError):
-    """A configuration value or an input file is invalid (exit code 2)."""
-
-
-class InstantOverflow(ConfigError):
-    """A duration or instant whose ns count an int64 cannot hold (simcore.units)."""
+__all__ = ["ConfigError", "InstantOverflow"]  # re-exported: raised and caught as simcore.config.ConfigError
 
 
 # Linear timing coefficients for an H100-class GPU serving an 8B dense model:
@@ -725,8 +723,6 @@ def _auto_num_blocks(
     prefix: str, raw: Mapping[str, Any], defaults: Mapping[str, Any], timing: TimingConfig, block_size: int
 ) -> int:
     """``num_blocks: auto``: the KV blocks aiconfigurator-core's memory model gives one rank."""
-    from simcore.timing import aic  # lazy: the optional extra
-
     def pick(key: str) -> Any:
         return defaults[key] if raw[key] is None else raw[key]
 
@@ -772,8 +768,6 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
                 "timing.profile must be set for timing.type=table (a directory holding dense.csv, "
                 "attention.csv and per_sequence.csv; see docs/timing.md)"
             )
-        from simcore.timing.profile import read_num_layers  # lazy: it imports this module
-
         profile = _optional_str("timing.profile", raw["profile"])
         if not os.path.isdir(profile):
             raise ConfigError(f"timing.profile must be an existing directory, got {profile!r}")
@@ -877,8 +871,6 @@ def _check_combinations(cfg: SimConfig) -> None:
     if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
         raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
     _check_key_scopes(cfg)
-    from simcore import bounds  # lazy: simcore.bounds imports this module
-
     bounds.check_run(cfg, bounds.configured_size(cfg))
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow as pa
 
 from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
-from simcore.engine import nb
+from simcore import enums
 from simcore.engine.api import EngineRun
+from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import DISTRIBUTIONS, ITL, STATISTICS, Distribution, percentile_key, summary_key
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
@@ -21,7 +22,6 @@ from simcore.units import NOT_YET
 
 COMPLETED, REJECTED, INCOMPLETE = 0, 1, 2
 STATUS_NAMES = ("completed", "rejected", "incomplete")
-POOL_NAMES = ("aggregated", "prefill", "decode")  # indexed by the kernel's ROLE_* codes
 
 #: ``saturated`` when requests leave at less than this share of their arrival rate.
 SATURATION_DEPARTURE_SHARE = 0.9
@@ -191,21 +191,21 @@ def passes_table(run: EngineRun) -> pa.Table:
         (tokens), ``rank_time_ms`` and ``blocks_in_use`` (blocks).
     """
     log = run.pass_log
-    roles = run.worker_role[log[:, nb.PASS_WORKER]].astype(np.int8)
+    roles = run.worker_role[log[:, enums.PASS_WORKER]].astype(np.int8)
     table = pa.table(
         {
             "pool": pa.DictionaryArray.from_arrays(pa.array(roles, type=pa.int8()), pa.array(POOL_NAMES)),
-            "worker": log[:, nb.PASS_WORKER],
-            "rank": log[:, nb.PASS_RANK],
-            "start_ms": log[:, nb.PASS_START] / 1e6,
-            "end_ms": log[:, nb.PASS_END] / 1e6,
-            "num_prefill": log[:, nb.PASS_NUM_PREFILL],
-            "prefill_tokens": log[:, nb.PASS_PREFILL_TOKENS],
-            "prefill_kv_tokens": log[:, nb.PASS_PREFILL_KV_TOKENS],
-            "num_decode": log[:, nb.PASS_NUM_DECODE],
-            "decode_kv_tokens": log[:, nb.PASS_DECODE_KV_TOKENS],
+            "worker": log[:, enums.PASS_WORKER],
+            "rank": log[:, enums.PASS_RANK],
+            "start_ms": log[:, enums.PASS_START] / 1e6,
+            "end_ms": log[:, enums.PASS_END] / 1e6,
+            "num_prefill": log[:, enums.PASS_NUM_PREFILL],
+            "prefill_tokens": log[:, enums.PASS_PREFILL_TOKENS],
+            "prefill_kv_tokens": log[:, enums.PASS_PREFILL_KV_TOKENS],
+            "num_decode": log[:, enums.PASS_NUM_DECODE],
+            "decode_kv_tokens": log[:, enums.PASS_DECODE_KV_TOKENS],
             "rank_time_ms": run.pass_ms,
-            "blocks_in_use": log[:, nb.PASS_BLOCKS_IN_USE],
+            "blocks_in_use": log[:, enums.PASS_BLOCKS_IN_USE],
         }
     )
     return conform(table, PASSES_SCHEMA)

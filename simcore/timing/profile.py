@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simcore.config import ConfigError
+from simcore.errors import ConfigError
 from simcore.timing import nb
 from simcore.values import integral
 
