@@ -828,23 +828,13 @@ def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
 
 
 def _check_combinations(cfg: SimConfig) -> None:
+    _check_key_scopes(cfg)
     w, ld = cfg.workload, cfg.load
-    engine = cfg.engine
-    unused = [name for name in ("aggregated", "prefill", "decode") if name not in POOLS[engine.mode]]
-    if engine.mode == "aggregated":
-        unused.append("kv_transfer")
-    for name in unused:
-        default = DEFAULTS["engine"][name]
-        for key, value in cfg.resolved["engine"][name].items():
-            if value != default[key]:
-                raise ConfigError(
-                    f"engine.{name}.{key} is not used with engine.mode={engine.mode}, got {value!r}"
-                )
     if cfg.output.mode == "bounded" and cfg.output.tokens:
         raise ConfigError(
             "output.tokens=true needs output.mode=detailed: the bounded mode keeps no per-token instants"
         )
-    transfer = engine.kv_transfer
+    transfer = cfg.engine.kv_transfer
     if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None):
         raise ConfigError(
             "engine.kv_transfer.bandwidth_gb_per_second and engine.kv_transfer.bytes_per_token "
@@ -870,7 +860,6 @@ def _check_combinations(cfg: SimConfig) -> None:
                 )
     if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
         raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
-    _check_key_scopes(cfg)
     bounds.check_run(cfg, bounds.configured_size(cfg))
 
 
@@ -898,12 +887,27 @@ def _setting(section: str, key: str) -> Callable[[SimConfig], str]:
     return lambda cfg: f"{section}.{key}={cfg.resolved[section][key]}"
 
 
+def _section(tree: Mapping[str, Any], section: str) -> Mapping[str, Any]:
+    """The mapping at a dotted section (``engine.prefill``)."""
+    for part in section.split("."):
+        tree = tree[part]
+    return tree
+
+
 def _auto_pools(cfg: SimConfig) -> list[str]:
     return [name for name in POOLS[cfg.engine.mode] if cfg.resolved["engine"][name]["num_blocks"] == AUTO_BLOCKS]
 
 
+#: The engine sections each mode reads (kv_transfer: the P/D hand-off).
+_SECTION_MODE = {pool: mode for mode, pools in POOLS.items() for pool in pools} | {"kv_transfer": "disaggregated"}
+
 #: Which key applies when: every such rule, read in this order by :func:`_check_key_scopes`.
 KEY_SCOPES = (
+    *(
+        KeyScope(f"engine.{name}", tuple(DEFAULTS["engine"][name]), lambda cfg, mode=mode: cfg.engine.mode == mode,
+                 f"engine.mode={mode}", _setting("engine", "mode"))
+        for name, mode in _SECTION_MODE.items()
+    ),
     KeyScope("timing", AIC_KEYS, lambda cfg: cfg.timing.type == "aic", "timing.type=aic", _setting("timing", "type")),
     KeyScope("timing", TABLE_KEYS, lambda cfg: cfg.timing.type == "table", "timing.type=table",
              _setting("timing", "type")),
@@ -954,8 +958,8 @@ def _check_key_scopes(cfg: SimConfig) -> None:
         if scope.applies(cfg):
             continue
         for key in scope.keys:
-            value = cfg.resolved[scope.section][key]
-            if value != DEFAULTS[scope.section][key]:
+            value = _section(cfg.resolved, scope.section)[key]
+            if value != _section(DEFAULTS, scope.section)[key]:
                 needs = scope.needs.format(pool=POOLS[cfg.engine.mode][0])  # the receiving pool
                 raise ConfigError(
                     f"{scope.section}.{key} {scope.phrase} {needs}, got {_shown(value)} with {scope.given(cfg)}"
