@@ -172,9 +172,9 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
             }
         )
     percentiles = percentile_names(summary)
-    for metric in DISTRIBUTIONS:  # vLLM's keys are the summary's (``metric.vllm`` = ``metric.name``)
+    for metric in DISTRIBUTIONS:
         for stat in ("mean", "median", "std", *percentiles):
-            document[summary_key(stat, metric)] = summary.get(summary_key(stat, metric))
+            document[f"{stat}_{metric.vllm}_{metric.unit}"] = summary.get(summary_key(stat, metric))
     return document
 
 

@@ -18,12 +18,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from simcore import bounds
-from simcore.errors import ConfigError, InstantOverflow
+from simcore.errors import ConfigError, InstantOverflow  # noqa: F401  raised and caught as simcore.config.*
 from simcore.timing import aic
 from simcore.timing.profile import read_num_layers
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
-
-__all__ = ["ConfigError", "InstantOverflow"]  # re-exported: raised and caught as simcore.config.ConfigError
 
 
 # Linear timing coefficients for an H100-class GPU serving an 8B dense model:
