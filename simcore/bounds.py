@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simcore.errors import ConfigError
+from simcore.units import INT64_MAX, MAX_INSTANT_MS, MAX_INSTANT_NS
 
 if TYPE_CHECKING:  # annotations only: simcore.config imports this module
     from simcore.config import SimConfig
-from simcore.units import INT64_MAX, MAX_INSTANT_MS, MAX_INSTANT_NS
 
 #: Bytes held per request over the kernel's inputs, state and outputs, the
 #: request table and the result tables (about 60 eight-byte columns, rounded up).

@@ -2,7 +2,7 @@
 
 Contract: every function is ``@njit(cache=True)`` and takes flat, contiguous
 numpy arrays and scalars only.  Instants and services are int64 ns.  Results go
-into caller-allocated ``out`` arrays, except from the scalar cost rule.
+into caller-allocated ``out`` arrays; the job cost rule returns its value.
 """
 
 from __future__ import annotations

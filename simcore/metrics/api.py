@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore import enums
+from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import DISTRIBUTIONS, ITL, STATISTICS, Distribution, percentile_key, summary_key
@@ -27,6 +27,7 @@ STATUS_NAMES = ("completed", "rejected", "incomplete")
 SATURATION_DEPARTURE_SHARE = 0.9
 #: Sends the second half of the sending window needs for a saturation verdict.
 SATURATION_MIN_SENDS = 50
+
 
 def _span_ms(end_ns: np.ndarray, start_ns: np.ndarray) -> np.ndarray:
     """``(end - start) / 1e6`` where both instants happened, else NaN."""
