@@ -29,13 +29,15 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from runners.sweep import SWEEP_SUMMARY, point_files, summary_table
+from simcore.metrics.registry import DISTRIBUTIONS, percentile_key, summary_key
 from simcore.schema import TTFT_STAGES
 
 PROG = "replaysim-analyze"
 #: Load axes, in order of preference, that run along a knee curve.
 LOAD_AXES = ("load.concurrency", "load.request_rate", "load.speedup")
 #: Request-level distributions recomputed from requests.parquet (itl needs per-token data).
-REQUEST_METRICS = ("ttft", "tpot", "e2el")
+#: The distributions with one value per request (a request-table column).
+REQUEST_METRICS = tuple(metric for metric in DISTRIBUTIONS if metric.column)
 HEADLINE = ("request_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_e2el_ms")
 _PERCENTILE = re.compile(r"^p(\d+(?:\.\d+)?)_ttft_ms$")
 
@@ -84,10 +86,6 @@ def percentiles_of(summary: pl.DataFrame) -> list[float]:
     return sorted(found)
 
 
-def _pkey(p: float) -> str:
-    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
-
-
 def request_stats(requests: pl.LazyFrame, percentiles: Sequence[float]) -> pl.DataFrame:
     """Per-run latency statistics computed in polars, with the simulator's conventions.
 
@@ -111,16 +109,17 @@ def request_stats(requests: pl.LazyFrame, percentiles: Sequence[float]) -> pl.Da
     """
     exprs = []
     for metric in REQUEST_METRICS:
-        col = pl.col(f"{metric}_ms").drop_nulls()
+        col = pl.col(metric.column).drop_nulls()
         exprs += [
-            col.mean().alias(f"mean_{metric}_ms"),
-            col.quantile(0.5, interpolation="linear").alias(f"median_{metric}_ms"),
-            col.std(ddof=0).alias(f"std_{metric}_ms"),
-            col.min().alias(f"min_{metric}_ms"),
-            col.max().alias(f"max_{metric}_ms"),
+            col.mean().alias(summary_key("mean", metric)),
+            col.quantile(0.5, interpolation="linear").alias(summary_key("median", metric)),
+            col.std(ddof=0).alias(summary_key("std", metric)),
+            col.min().alias(summary_key("min", metric)),
+            col.max().alias(summary_key("max", metric)),
         ]
         exprs += [
-            col.quantile(p / 100.0, interpolation="linear").alias(f"{_pkey(p)}_{metric}_ms") for p in percentiles
+            col.quantile(p / 100.0, interpolation="linear").alias(summary_key(percentile_key(p), metric))
+            for p in percentiles
         ]
     return (
         requests.filter(pl.col("status").cast(pl.String) == "completed")

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import simcore
+from simcore.metrics.registry import DISTRIBUTIONS, ITL, TPOT, percentile_names, summary_key
 
 VLLM_BENCH_FILE = "vllm_bench.json"
 AIPERF_JSON_FILE = "profile_export_aiperf.json"
@@ -36,8 +37,6 @@ EXPORT_FILES = (VLLM_BENCH_FILE, AIPERF_JSON_FILE, AIPERF_CSV_FILE)
 MS_PER_S = 1000.0
 #: Per-request arrays, written only with ``export.detailed=true`` (vLLM's ``--save-detailed``).
 DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "errors")
-#: Distribution metrics, in vLLM's order (``--percentile-metrics ttft,tpot,itl,e2el``).
-METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 def _float_column(table: pa.Table, name: str) -> np.ndarray:
@@ -172,12 +171,10 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
                 "errors": ["" if s == "completed" else s for s in status.tolist()],
             }
         )
-    for metric in METRICS:
-        for stat in ("mean", "median", "std"):
-            document[f"{stat}_{metric}_ms"] = summary.get(f"{stat}_{metric}_ms")
-        for key, value in summary.items():
-            if key.startswith("p") and key.endswith(f"_{metric}_ms") and key[1:].split("_", 1)[0].replace(".", "", 1).isdigit():
-                document[key] = value
+    percentiles = percentile_names(summary)
+    for metric in DISTRIBUTIONS:
+        for stat in ("mean", "median", "std", *percentiles):
+            document[f"{stat}_{metric.vllm}_{metric.unit}"] = summary.get(summary_key(stat, metric))
     return document
 
 
@@ -187,13 +184,14 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
 AIPERF_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 #: Its CSV column order (``STAT_KEYS``).
 AIPERF_CSV_STATS = ("avg", "min", "max", *(f"p{p}" for p in AIPERF_PERCENTILES), "std")
+_DISTRIBUTION_TAGS = {metric.aiperf: (metric.aiperf_header, metric.unit) for metric in DISTRIBUTIONS}
 #: tag -> (header, display unit), in the order of aiperf's ``JsonExportData`` fields.
 AIPERF_METRICS = {
     "request_throughput": ("Request Throughput", "requests/sec"),
-    "request_latency": ("Request Latency", "ms"),
+    "request_latency": _DISTRIBUTION_TAGS["request_latency"],
     "request_count": ("Request Count", "requests"),
-    "time_to_first_token": ("Time to First Token", "ms"),
-    "inter_token_latency": ("Inter Token Latency", "ms"),
+    "time_to_first_token": _DISTRIBUTION_TAGS["time_to_first_token"],
+    "inter_token_latency": _DISTRIBUTION_TAGS["inter_token_latency"],
     "output_token_throughput": ("Output Token Throughput", "tokens/sec"),
     "output_token_throughput_per_user": ("Output Token Throughput Per User", "tokens/sec/user"),
     "output_sequence_length": ("Output Sequence Length", "tokens"),
@@ -203,7 +201,7 @@ AIPERF_METRICS = {
     "output_token_count": ("Output Token Count", "tokens"),
     "min_request_timestamp": ("Minimum Request Timestamp", "ns"),
     "max_response_timestamp": ("Maximum Response Timestamp", "ns"),
-    "inter_chunk_latency": ("Inter Chunk Latency", "ms"),
+    "inter_chunk_latency": _DISTRIBUTION_TAGS["inter_chunk_latency"],
     "total_output_tokens": ("Total Output Tokens", "tokens"),
     "benchmark_duration": ("Benchmark Duration", "sec"),
     "total_isl": ("Total Input Sequence Length", "tokens"),
@@ -236,13 +234,14 @@ def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | N
     if tokens is not None:
         status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
         owner, gaps = _gaps_s(requests, tokens)
-        return _record_block("ms", gaps[status[owner] == "completed"] * MS_PER_S)
-    block: dict[str, Any] = {"unit": "ms"}
-    if summary.get("mean_itl_ms") is None:
+        return _record_block(ITL.unit, gaps[status[owner] == "completed"] * MS_PER_S)
+    block: dict[str, Any] = {"unit": ITL.unit}
+    if summary.get(summary_key("mean", ITL)) is None:
         return block
-    block["avg"] = summary["mean_itl_ms"]
-    block.update({f"p{p}": summary[f"p{p}_itl_ms"] for p in AIPERF_PERCENTILES if f"p{p}_itl_ms" in summary})
-    block.update(min=summary["min_itl_ms"], max=summary["max_itl_ms"], std=summary["std_itl_ms"])
+    block["avg"] = summary[summary_key("mean", ITL)]
+    points = {f"p{p}": summary_key(f"p{p}", ITL) for p in AIPERF_PERCENTILES}
+    block.update({point: summary[key] for point, key in points.items() if key in summary})
+    block.update({stat: summary[summary_key(stat, ITL)] for stat in ("min", "max", "std")})
     return block
 
 
@@ -281,16 +280,17 @@ def aiperf_document(result: simcore.Result, tokens: pa.Table | None) -> dict[str
         values = requests.column(name).to_numpy(zero_copy_only=False)[done]
         return values[~np.isnan(values)] if values.dtype.kind == "f" else values
 
-    tpot = column("tpot_ms")
     blocks: dict[str, dict[str, Any]] = {
-        "request_latency": _record_block("ms", column("e2el_ms")),
-        "time_to_first_token": _record_block("ms", column("ttft_ms")),
-        "inter_token_latency": _record_block("ms", tpot),
+        metric.aiperf: _record_block(metric.unit, column(metric.column)) if metric.column
+        else _itl_block(summary, requests, tokens)
+        for metric in DISTRIBUTIONS
+    }
+    tpot = column(TPOT.column)
+    blocks |= {
         "output_token_throughput_per_user": _record_block("tokens/sec/user", MS_PER_S / tpot[tpot > 0]),
         "output_sequence_length": _record_block("tokens", column("generated_tokens")),
         "input_sequence_length": _record_block("tokens", column("input_tokens")),
         "output_token_count": _record_block("tokens", column("generated_tokens")),
-        "inter_chunk_latency": _itl_block(summary, requests, tokens),
         "request_count": {"unit": "requests", "avg": summary["completed"]},
     }
     derived = {

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from simcore.metrics.registry import DISTRIBUTIONS, percentile_names, summary_key
 from simcore.schema import TTFT_STAGES
 
 LABEL = 28
 CELL = 10
-METRICS = ("ttft", "tpot", "itl", "e2el")
-#: ``p99_ttft_ms`` -> ``p99``: the percentiles the run was configured with.
-_PERCENTILE_KEY = re.compile(r"^(p\d+(?:\.\d+)?)_ttft_ms$")
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -21,11 +18,6 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 
 def _row(label: str, *values: str) -> str:
     return f"{label:<{LABEL}}" + "".join(f"{v:>{CELL}}" for v in values)
-
-
-def percentile_names(summary: Mapping[str, Any]) -> list[str]:
-    """The percentile key prefixes in ``summary`` (``p50``, ``p99.9``), in the configured order."""
-    return [m.group(1) for m in map(_PERCENTILE_KEY.match, summary) if m]
 
 
 def _rejected(get) -> str:
@@ -83,9 +75,9 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
         _row("Output throughput (tok/s)", _fmt(get("output_throughput"))),
         _row("Latency (ms)", "mean", *percentiles),
     ]
-    for name in METRICS:
-        points = (_fmt(get(f"{p}_{name}_ms")) for p in percentiles)
-        lines.append(_row(f"  {name.upper()}", _fmt(get(f"mean_{name}_ms")), *points))
+    for metric in DISTRIBUTIONS:
+        points = (_fmt(get(summary_key(p, metric))) for p in percentiles)
+        lines.append(_row(f"  {metric.label}", _fmt(get(summary_key("mean", metric))), *points))
     lines.append(_row("TTFT stages, mean (ms)"))
     for stage in TTFT_STAGES:
         lines.append(_row(f"  {stage.removesuffix('_ms')}", _fmt(get(f"mean_{stage}"), ".3f")))

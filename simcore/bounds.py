@@ -26,11 +26,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simcore.config import ConfigError, SimConfig
+from simcore.errors import ConfigError
 from simcore.units import INT64_MAX, MAX_INSTANT_MS, MAX_INSTANT_NS
+
+if TYPE_CHECKING:  # annotations only: simcore.config imports this module
+    from simcore.config import SimConfig
 
 #: Bytes held per request over the kernel's inputs, state and outputs, the
 #: request table and the result tables (about 60 eight-byte columns, rounded up).

@@ -13,19 +13,15 @@ import copy
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from simcore import bounds
+from simcore.errors import ConfigError, InstantOverflow  # noqa: F401  raised and caught as simcore.config.*
+from simcore.timing import aic
+from simcore.timing.profile import read_num_layers
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
-
-
-class ConfigError(ValueError):
-    """A configuration value or an input file is invalid (exit code 2)."""
-
-
-class InstantOverflow(ConfigError):
-    """A duration or instant whose ns count an int64 cannot hold (simcore.units)."""
 
 
 # Linear timing coefficients for an H100-class GPU serving an 8B dense model:
@@ -756,8 +752,6 @@ def _auto_num_blocks(
     prefix: str, raw: Mapping[str, Any], defaults: Mapping[str, Any], timing: TimingConfig, block_size: int
 ) -> int:
     """``num_blocks: auto``: the KV blocks aiconfigurator-core's memory model gives one rank."""
-    from simcore.timing import aic  # lazy: the optional extra
-
     def pick(key: str) -> Any:
         return defaults[key] if raw[key] is None else raw[key]
 
@@ -772,13 +766,6 @@ def _auto_num_blocks(
 
 def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
     kind = _choice("timing.type", raw["type"], TIMING_TYPES)
-    for keys, owner in ((AIC_KEYS, "aic"), (TABLE_KEYS, "table")):
-        for key in keys:
-            if raw[key] is not None and kind != owner:
-                raise ConfigError(
-                    f"timing.{key} is only used by timing.type={owner}, got {raw[key]!r} "
-                    f"with timing.type={kind}"
-                )
     extra: dict[str, Any] = {}
     if kind == "aic":
         for key, example in (("model", "meta-llama/Meta-Llama-3.1-8B"), ("gpu", "h200_sxm")):
@@ -809,8 +796,6 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
                 "timing.profile must be set for timing.type=table (a directory holding dense.csv, "
                 "attention.csv and per_sequence.csv; see docs/timing.md)"
             )
-        from simcore.timing.profile import read_num_layers  # lazy: it imports this module
-
         profile = _optional_str("timing.profile", raw["profile"])
         if not os.path.isdir(profile):
             raise ConfigError(f"timing.profile must be an existing directory, got {profile!r}")
@@ -952,23 +937,13 @@ def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
 
 
 def _check_combinations(cfg: SimConfig) -> None:
+    _check_key_scopes(cfg)
     w, ld = cfg.workload, cfg.load
-    engine = cfg.engine
-    unused = [name for name in ("aggregated", "prefill", "decode") if name not in POOLS[engine.mode]]
-    if engine.mode == "aggregated":
-        unused.append("kv_transfer")
-    for name in unused:
-        default = DEFAULTS["engine"][name]
-        for key, value in cfg.resolved["engine"][name].items():
-            if value != default[key]:
-                raise ConfigError(
-                    f"engine.{name}.{key} is not used with engine.mode={engine.mode}, got {value!r}"
-                )
     if cfg.output.mode == "bounded" and cfg.output.tokens:
         raise ConfigError(
             "output.tokens=true needs output.mode=detailed: the bounded mode keeps no per-token instants"
         )
-    transfer = engine.kv_transfer
+    transfer = cfg.engine.kv_transfer
     if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None):
         raise ConfigError(
             "engine.kv_transfer.bandwidth_gb_per_second and engine.kv_transfer.bytes_per_token "
@@ -976,19 +951,6 @@ def _check_combinations(cfg: SimConfig) -> None:
         )
     if w.source in FILE_SOURCES and w.path is None:
         raise ConfigError(f"workload.path must be set when workload.source={w.source}")
-    if w.source == "synthetic" and w.path is not None:
-        raise ConfigError(
-            f"workload.path is only read when workload.source is table, mooncake or azure, "
-            f"got {w.path!r} with workload.source=synthetic"
-        )
-    for key in TRACE_KEYS:
-        value = cfg.resolved["workload"][key]
-        sources = ("mooncake",) if key == "block_size" else TRACE_SOURCES
-        if value != DEFAULTS["workload"][key] and w.source not in sources:
-            raise ConfigError(
-                f"workload.{key} is only used by workload.source={' or '.join(sources)}, "
-                f"got {value!r} with workload.source={w.source}"
-            )
     if w.source == "synthetic" and w.num_requests is None:
         raise ConfigError("workload.num_requests must be set for workload.source=synthetic")
     for column in ("input", "output"):
@@ -998,11 +960,6 @@ def _check_combinations(cfg: SimConfig) -> None:
             raise ConfigError(
                 f"workload.{column}_std must be > 0 for workload.{column}_dist={dist}, got 0"
             )
-        if dist not in ("normal", "lognormal") and std != 0:
-            raise ConfigError(
-                f"workload.{column}_std is only used by normal/lognormal lengths, got {std!r} "
-                f"with workload.{column}_dist={dist}"
-            )
         if dist == "uniform":
             low = math.floor(getattr(w, f"{column}_tokens") * w.range_ratio)
             if low < 1:
@@ -1010,65 +967,109 @@ def _check_combinations(cfg: SimConfig) -> None:
                     f"workload.range_ratio={w.range_ratio!r} gives a lower bound of {low} "
                     f"for workload.{column}_tokens; it must give at least 1"
                 )
-    if w.prefix_tokens and w.source != "synthetic":
-        raise ConfigError(
-            f"workload.prefix_tokens is only used by workload.source=synthetic (traces carry "
-            f"hash_ids), got {w.prefix_tokens} with workload.source={w.source}"
-        )
     if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
         raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
-    if ld.type not in OPEN_LOOP_GENERATED and ld.request_rate is not None:
-        raise ConfigError(
-            f"load.request_rate is only used by constant_rate, poisson and gamma loads, "
-            f"got {ld.request_rate!r} with load.type={ld.type}"
-        )
-    if ld.type != "gamma" and ld.burstiness != 1.0:
-        raise ConfigError(
-            f"load.burstiness is only used by load.type=gamma, got {ld.burstiness!r} "
-            f"with load.type={ld.type}"
-        )
-    if ld.type != "closed_loop" and ld.think_time_ms != 0.0:
-        raise ConfigError(
-            f"load.think_time_ms is only used by load.type=closed_loop, got "
-            f"{ld.think_time_ms!r} with load.type={ld.type}"
-        )
-    if ld.type != "trace" and ld.speedup != 1.0:
-        raise ConfigError(
-            f"load.speedup is only used by load.type=trace, got {ld.speedup!r} "
-            f"with load.type={ld.type}"
-        )
-    _check_unused_keys(cfg)
-    from simcore import bounds  # lazy: simcore.bounds imports this module
-
     bounds.check_run(cfg, bounds.configured_size(cfg))
 
 
-def _check_unused_keys(cfg: SimConfig) -> None:
-    """A key that has no effect in the chosen configuration is an error, not silently ignored.
+@dataclass(frozen=True)
+class KeyScope:
+    """Keys that take effect only where ``applies``; set elsewhere, they are an error.
 
-    A key counts as set when its value differs from its default: the command
-    line passes every key, so a default value given explicitly cannot be told
-    apart and is accepted (docs/semantics.md).
+    ``needs`` says where they apply (``{pool}``: the receiving pool) and
+    ``given`` what the configuration has instead, for the message
+    ``<key> <phrase> <needs>, got <value> with <given>``.
     """
-    w, t = cfg.workload, cfg.timing
-    auto = [name for name in POOLS[cfg.engine.mode] if cfg.resolved["engine"][name]["num_blocks"] == AUTO_BLOCKS]
-    rules = (
-        ("load", ("concurrency",), cfg.load.closed_loop, "load.type=closed_loop", f"load.type={cfg.load.type}"),
-        ("workload", SYNTHETIC_KEYS, w.source == "synthetic", "workload.source=synthetic",
-         f"workload.source={w.source}"),
-        ("workload", ("range_ratio",), "uniform" in (w.input_dist, w.output_dist),
-         "a uniform workload.input_dist or output_dist", f"{w.input_dist}/{w.output_dist} lengths"),
-        ("timing", FIXED_KEYS, t.type == "fixed", "timing.type=fixed", f"timing.type={t.type}"),
-        ("timing", LINEAR_KEYS, t.type == "linear", "timing.type=linear", f"timing.type={t.type}"),
-        ("workload", ("prefix_tokens",), cfg.engine.pools[0].prefix_caching,
-         f"engine.{POOLS[cfg.engine.mode][0]}.prefix_caching=true", "prefix caching off"),
-        ("timing", ("memory_fraction",), bool(auto), "engine.<pool>.num_blocks=auto", "no pool's num_blocks=auto"),
-    )
-    for section, keys, used, needs, given in rules:
-        for key in keys:
-            value = cfg.resolved[section][key]
-            if not used and value != DEFAULTS[section][key]:
+
+    section: str
+    keys: tuple[str, ...]
+    applies: Callable[[SimConfig], bool]
+    needs: str
+    given: Callable[[SimConfig], str]
+    phrase: str = "is only used by"
+
+
+_NO_EFFECT = "has no effect here: it is only used with"
+
+
+def _setting(section: str, key: str) -> Callable[[SimConfig], str]:
+    return lambda cfg: f"{section}.{key}={cfg.resolved[section][key]}"
+
+
+def _section(tree: Mapping[str, Any], section: str) -> Mapping[str, Any]:
+    """The mapping at a dotted section (``engine.prefill``)."""
+    for part in section.split("."):
+        tree = tree[part]
+    return tree
+
+
+def _auto_pools(cfg: SimConfig) -> list[str]:
+    return [name for name in POOLS[cfg.engine.mode] if cfg.resolved["engine"][name]["num_blocks"] == AUTO_BLOCKS]
+
+
+#: The engine sections each mode reads (kv_transfer: the P/D hand-off).
+_SECTION_MODE = {pool: mode for mode, pools in POOLS.items() for pool in pools} | {"kv_transfer": "disaggregated"}
+
+#: Which key applies when: every such rule, read in this order by :func:`_check_key_scopes`.
+KEY_SCOPES = (
+    *(
+        KeyScope(f"engine.{name}", tuple(DEFAULTS["engine"][name]), lambda cfg, mode=mode: cfg.engine.mode == mode,
+                 f"engine.mode={mode}", _setting("engine", "mode"))
+        for name, mode in _SECTION_MODE.items()
+    ),
+    KeyScope("timing", AIC_KEYS, lambda cfg: cfg.timing.type == "aic", "timing.type=aic", _setting("timing", "type")),
+    KeyScope("timing", TABLE_KEYS, lambda cfg: cfg.timing.type == "table", "timing.type=table",
+             _setting("timing", "type")),
+    KeyScope("workload", ("path",), lambda cfg: cfg.workload.source in FILE_SOURCES,
+             "workload.source=table, mooncake or azure", _setting("workload", "source")),
+    KeyScope("workload", ("block_size",), lambda cfg: cfg.workload.source == "mooncake", "workload.source=mooncake",
+             _setting("workload", "source")),
+    KeyScope("workload", tuple(k for k in TRACE_KEYS if k != "block_size"),
+             lambda cfg: cfg.workload.source in TRACE_SOURCES, "workload.source=mooncake or azure",
+             _setting("workload", "source")),
+    *(
+        KeyScope("workload", (f"{column}_std",),
+                 lambda cfg, column=column: getattr(cfg.workload, f"{column}_dist") in ("normal", "lognormal"),
+                 "normal/lognormal lengths", _setting("workload", f"{column}_dist"))
+        for column in ("input", "output")
+    ),
+    KeyScope("workload", ("prefix_tokens",), lambda cfg: cfg.workload.source == "synthetic",
+             "workload.source=synthetic (traces carry hash_ids)", _setting("workload", "source")),
+    KeyScope("load", ("request_rate",), lambda cfg: cfg.load.type in OPEN_LOOP_GENERATED,
+             "constant_rate, poisson and gamma loads", _setting("load", "type")),
+    KeyScope("load", ("burstiness",), lambda cfg: cfg.load.type == "gamma", "load.type=gamma", _setting("load", "type")),
+    KeyScope("load", ("think_time_ms",), lambda cfg: cfg.load.type == "closed_loop", "load.type=closed_loop",
+             _setting("load", "type")),
+    KeyScope("load", ("speedup",), lambda cfg: cfg.load.type == "trace", "load.type=trace", _setting("load", "type")),
+    # Keys the command line always passes: set means different from the default
+    # (a default given explicitly cannot be told apart; docs/semantics.md).
+    KeyScope("load", ("concurrency",), lambda cfg: cfg.load.closed_loop, "load.type=closed_loop",
+             _setting("load", "type"), _NO_EFFECT),
+    KeyScope("workload", SYNTHETIC_KEYS, lambda cfg: cfg.workload.source == "synthetic", "workload.source=synthetic",
+             _setting("workload", "source"), _NO_EFFECT),
+    KeyScope("workload", ("range_ratio",), lambda cfg: "uniform" in (cfg.workload.input_dist, cfg.workload.output_dist),
+             "a uniform workload.input_dist or output_dist",
+             lambda cfg: f"{cfg.workload.input_dist}/{cfg.workload.output_dist} lengths", _NO_EFFECT),
+    KeyScope("timing", FIXED_KEYS, lambda cfg: cfg.timing.type == "fixed", "timing.type=fixed",
+             _setting("timing", "type"), _NO_EFFECT),
+    KeyScope("timing", LINEAR_KEYS, lambda cfg: cfg.timing.type == "linear", "timing.type=linear",
+             _setting("timing", "type"), _NO_EFFECT),
+    KeyScope("workload", ("prefix_tokens",), lambda cfg: cfg.engine.pools[0].prefix_caching,
+             "engine.{pool}.prefix_caching=true", lambda cfg: "prefix caching off", _NO_EFFECT),
+    KeyScope("timing", ("memory_fraction",), lambda cfg: bool(_auto_pools(cfg)), "engine.<pool>.num_blocks=auto",
+             lambda cfg: "no pool's num_blocks=auto", _NO_EFFECT),
+)
+
+
+def _check_key_scopes(cfg: SimConfig) -> None:
+    """A key set (different from its default) where it has no effect is an error, not silently ignored."""
+    for scope in KEY_SCOPES:
+        if scope.applies(cfg):
+            continue
+        for key in scope.keys:
+            value = _section(cfg.resolved, scope.section)[key]
+            if value != _section(DEFAULTS, scope.section)[key]:
+                needs = scope.needs.format(pool=POOLS[cfg.engine.mode][0])  # the receiving pool
                 raise ConfigError(
-                    f"{section}.{key} has no effect here: it is only used with {needs}, "
-                    f"got {_shown(value)} with {given}"
+                    f"{scope.section}.{key} {scope.phrase} {needs}, got {_shown(value)} with {scope.given(cfg)}"
                 )

@@ -26,7 +26,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def kernel_modules(root: Path = PACKAGE_DIR) -> list[Path]:
-    """The modules that hold numba kernels (``nb.py``, ``*_nb.py``), in a fixed order.
+    """The modules that hold numba kernels (``nb.py``, ``*_nb.py``) or constants they freeze (``enums.py``), in a fixed order.
 
     Parameters
     ----------
@@ -37,7 +37,7 @@ def kernel_modules(root: Path = PACKAGE_DIR) -> list[Path]:
     -------
     list of Path
     """
-    return sorted(root.rglob("*nb.py"))
+    return sorted([*root.rglob("*nb.py"), root / "enums.py"])
 
 
 def fingerprint(root: Path = PACKAGE_DIR) -> str:

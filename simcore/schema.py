@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from simcore.metrics.registry import DISTRIBUTIONS
+
 SCHEMA_VERSION = "1"
 
 
@@ -53,9 +55,7 @@ REQUESTS_SCHEMA = _schema(
         _field("first_token_emit_ms", pa.float64(), "ms", "end of the pass that emitted its first token"),
         _field("first_token_ms", pa.float64(), "ms", "instant the client received the first token"),
         _field("last_token_ms", pa.float64(), "ms", "instant the client received its last token (by the cap)"),
-        _field("ttft_ms", pa.float64(), "ms", "first_token - send"),
-        _field("tpot_ms", pa.float64(), "ms", "(last - first token) / (generated - 1), completed with >= 2 tokens"),
-        _field("e2el_ms", pa.float64(), "ms", "last token - send, completed requests"),
+        *(_field(m.column, pa.float64(), m.unit, m.formula) for m in DISTRIBUTIONS if m.column),
         _field("transfer_start_ms", pa.float64(), "ms", "P/D: KV transfer start (end of the prefill pass that computed the prompt)"),
         _field("transfer_end_ms", pa.float64(), "ms", "P/D: KV transfer end (the request enters its decode rank)"),
         _field("tokenization_ms", pa.float64(), "ms", "TTFT stage: send -> engine arrival"),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simcore.errors import InstantOverflow
+
 NS_PER_MS = 1_000_000
 
 #: Sentinel for "did not happen" in int64 ns arrays.
@@ -72,8 +74,6 @@ def ms_array_to_ns(ms: np.ndarray, field: str = "an instant or duration") -> np.
 
 
 def _overflow(field: str, ms: float):
-    from simcore.config import InstantOverflow  # lazy: simcore.config imports this module
-
     return InstantOverflow(
         f"{field} of {ms!r} ms cannot be represented as int64 ns (simulated instants must stay "
         f"below {MAX_INSTANT_MS:.4g} ms, about 146 years)"

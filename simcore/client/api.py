@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from simcore.client import nb
 from simcore.client.nb import fnv1a64_mod_nb
 from simcore.config import DetokenizationConfig, TokenizationConfig
 from simcore.units import ms_array_to_ns
@@ -107,14 +108,7 @@ def detokenization_service_ns(
     ndarray(int64, ndim=1)
         Service of each job, ns.
     """
-    base_ms, per_output_us, first_output_us, final_output_us = params
-    ms = (
-        base_ms
-        + per_output_us * k.astype(np.float64) / 1000
-        + first_output_us * n_first.astype(np.float64) / 1000
-        + final_output_us * n_final.astype(np.float64) / 1000
-    )
-    return ms_array_to_ns(ms)
+    return ms_array_to_ns(nb.detokenization_job_ms_nb(params, k, n_first, n_final))
 
 
 def detokenize_after_run(

@@ -2,7 +2,7 @@
 
 Contract: every function is ``@njit(cache=True)`` and takes flat, contiguous
 numpy arrays and scalars only.  Instants and services are int64 ns.  Results go
-into caller-allocated ``out`` arrays.
+into caller-allocated ``out`` arrays; the job cost rule returns its value.
 """
 
 from __future__ import annotations
@@ -35,3 +35,27 @@ def fnv1a64_mod_nb(data, offsets, modulus, out):
         for j in range(offsets[i], offsets[i + 1]):
             h = (h ^ np.uint64(data[j])) * FNV_PRIME  # uint64 arithmetic wraps mod 2**64
         out[i] = np.int64(h % mod)
+
+
+@njit(cache=True)
+def detokenization_job_ms_nb(params, k, n_first, n_final):
+    """Service of a detokenizer job of ``k`` outputs, ms (SPEC §7), evaluated left to right.
+
+    The one statement of the job cost; it takes scalars (one job) or equal-shape
+    int64 arrays (many jobs, elementwise, the same float64 operations).
+
+    Parameters
+    ----------
+    params : ndarray(float64, shape (4,))
+        ``[base_ms, per_output_us, first_output_us, final_output_us]``.
+    k : int or ndarray(int64)
+        Outputs (tokens) in the job.
+    n_first, n_final : int or ndarray(int64)
+        Outputs that are a request's first token / its finishing token.
+
+    Returns
+    -------
+    float or ndarray(float64)
+        ms (rounded to ns by the caller).
+    """
+    return params[0] + params[1] * k / 1000 + params[2] * n_first / 1000 + params[3] * n_final / 1000

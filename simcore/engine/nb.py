@@ -47,6 +47,11 @@ from simcore.scheduler.nb import (
     build_vllm_batch_nb,
     wait_push_back_nb,
 )
+from simcore.enums import (  # noqa: F401  shared with the metrics stage
+    ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
+    PASS_NUM_PREFILL, PASS_PREFILL_TOKENS, PASS_PREFILL_KV_TOKENS, PASS_NUM_DECODE,
+    PASS_DECODE_KV_TOKENS, PASS_BLOCKS_IN_USE, PASS_LOG_COLUMNS,
+)
 from simcore.timing.nb import rank_time_ms_nb
 
 OK = 0
@@ -57,28 +62,12 @@ DETOK_OFF = 0
 DETOK_IN_KERNEL = 1
 DETOK_DEFERRED = 2
 
-ROLE_AGGREGATED = 0
-ROLE_PREFILL = 1
-ROLE_DECODE = 2
-
 NO_CAP = np.iinfo(np.int64).max
 
 # Flags of a pass output for the detokenizer's per-job costs.
 OUT_FIRST = 1  # the request's first token
 OUT_FINAL = 2  # the token that finished the request
 
-# Columns of the int64 pass log (one row per rank per pass).
-PASS_WORKER = 0
-PASS_RANK = 1
-PASS_START = 2
-PASS_END = 3
-PASS_NUM_PREFILL = 4
-PASS_PREFILL_TOKENS = 5
-PASS_PREFILL_KV_TOKENS = 6
-PASS_NUM_DECODE = 7
-PASS_DECODE_KV_TOKENS = 8
-PASS_BLOCKS_IN_USE = 9
-PASS_LOG_COLUMNS = 10
 
 
 # ------------------------------------------------------------------ min-heaps

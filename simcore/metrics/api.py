@@ -1,6 +1,6 @@
 """Per-request table, token and pass tables, and the run summary (SPEC §10).
 
-Every metric is defined once in :data:`DISTRIBUTIONS` and ``docs/metrics.md``.
+Every distribution is declared once in :mod:`simcore.metrics.registry` and ``docs/metrics.md``.
 Statistics follow ``vllm bench serve``: ``numpy.percentile`` with linear
 interpolation, population std (ddof = 0), and null (None) for an empty
 distribution.
@@ -11,24 +11,22 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from simcore import enums
 from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
-from simcore.engine import nb
 from simcore.engine.api import EngineRun
+from simcore.enums import POOL_NAMES
+from simcore.metrics.registry import DISTRIBUTIONS, ITL, STATISTICS, Distribution, percentile_key, summary_key
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
 from simcore.units import NOT_YET
 
 COMPLETED, REJECTED, INCOMPLETE = 0, 1, 2
 STATUS_NAMES = ("completed", "rejected", "incomplete")
-POOL_NAMES = ("aggregated", "prefill", "decode")  # indexed by the kernel's ROLE_* codes
 
 #: ``saturated`` when requests leave at less than this share of their arrival rate.
 SATURATION_DEPARTURE_SHARE = 0.9
 #: Sends the second half of the sending window needs for a saturation verdict.
 SATURATION_MIN_SENDS = 50
-
-#: Summary distributions: name -> per-request column (itl is pooled per token).
-DISTRIBUTIONS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": None, "e2el": "e2el_ms"}
 
 
 def _span_ms(end_ns: np.ndarray, start_ns: np.ndarray) -> np.ndarray:
@@ -122,9 +120,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "first_token_emit_ms": _instant_ms(run.first_emit_ns),
         "first_token_ms": _instant_ms(cols.first_recv_ns),
         "last_token_ms": _instant_ms(cols.last_recv_ns),
-        "ttft_ms": cols.ttft_ms,
-        "tpot_ms": cols.tpot_ms,
-        "e2el_ms": cols.e2el_ms,
+        **{metric.column: getattr(cols, metric.column) for metric in DISTRIBUTIONS if metric.column},
         "transfer_start_ms": _instant_ms(run.prompt_done_ns if run.disaggregated else np.full_like(run.send_ns, NOT_YET)),
         "transfer_end_ms": _instant_ms(run.transfer_end_ns),
         **cols.stages,
@@ -196,43 +192,27 @@ def passes_table(run: EngineRun) -> pa.Table:
         (tokens), ``rank_time_ms`` and ``blocks_in_use`` (blocks).
     """
     log = run.pass_log
-    roles = run.worker_role[log[:, nb.PASS_WORKER]].astype(np.int8)
+    roles = run.worker_role[log[:, enums.PASS_WORKER]].astype(np.int8)
     table = pa.table(
         {
             "pool": pa.DictionaryArray.from_arrays(pa.array(roles, type=pa.int8()), pa.array(POOL_NAMES)),
-            "worker": log[:, nb.PASS_WORKER],
-            "rank": log[:, nb.PASS_RANK],
-            "start_ms": log[:, nb.PASS_START] / 1e6,
-            "end_ms": log[:, nb.PASS_END] / 1e6,
-            "num_prefill": log[:, nb.PASS_NUM_PREFILL],
-            "prefill_tokens": log[:, nb.PASS_PREFILL_TOKENS],
-            "prefill_kv_tokens": log[:, nb.PASS_PREFILL_KV_TOKENS],
-            "num_decode": log[:, nb.PASS_NUM_DECODE],
-            "decode_kv_tokens": log[:, nb.PASS_DECODE_KV_TOKENS],
+            "worker": log[:, enums.PASS_WORKER],
+            "rank": log[:, enums.PASS_RANK],
+            "start_ms": log[:, enums.PASS_START] / 1e6,
+            "end_ms": log[:, enums.PASS_END] / 1e6,
+            "num_prefill": log[:, enums.PASS_NUM_PREFILL],
+            "prefill_tokens": log[:, enums.PASS_PREFILL_TOKENS],
+            "prefill_kv_tokens": log[:, enums.PASS_PREFILL_KV_TOKENS],
+            "num_decode": log[:, enums.PASS_NUM_DECODE],
+            "decode_kv_tokens": log[:, enums.PASS_DECODE_KV_TOKENS],
             "rank_time_ms": run.pass_ms,
-            "blocks_in_use": log[:, nb.PASS_BLOCKS_IN_USE],
+            "blocks_in_use": log[:, enums.PASS_BLOCKS_IN_USE],
         }
     )
     return conform(table, PASSES_SCHEMA)
 
 
-def percentile_key(p: float) -> str:
-    """``p99`` for an integral percentile, ``p99.9`` otherwise (SPEC §10).
-
-    Parameters
-    ----------
-    p : float
-        Percentile, 0..100.
-
-    Returns
-    -------
-    str
-        The key prefix of the summary field.
-    """
-    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
-
-
-def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
+def distribution_stats(metric: Distribution, values: np.ndarray, percentiles) -> dict:
     """mean/median/std/min/max and percentiles of one metric, None when empty.
 
     ``values`` is a scratch array: the order statistics partition it in place
@@ -240,8 +220,8 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
 
     Parameters
     ----------
-    name : str
-        Metric name (``ttft``, ``tpot``, ``e2el``).
+    metric : Distribution
+        A per-request metric of the registry (``TTFT``, ``TPOT``, ``E2EL``).
     values : ndarray(float64, ndim=1)
         The metric's values, ms, without NaN; reordered in place.
     percentiles : sequence of float
@@ -254,12 +234,12 @@ def distribution_stats(name: str, values: np.ndarray, percentiles) -> dict:
         ``min_<name>_ms``, ``max_<name>_ms`` and ``p<q>_<name>_ms``, ms.
     """
     if values.size == 0:
-        return _stats_dict(name, percentiles, None)
+        return _stats_dict(metric, percentiles, None)
     mean, std = float(np.mean(values)), float(np.std(values))
     low, high = float(np.min(values)), float(np.max(values))
     # One call: numpy partitions once for the median and every percentile.
     points = np.percentile(values, [50, *percentiles], overwrite_input=True)
-    return _stats_dict(name, percentiles, (mean, std, low, high, points))
+    return _stats_dict(metric, percentiles, (mean, std, low, high, points))
 
 
 def itl_stats(cols: RequestColumns, percentiles) -> dict:
@@ -283,7 +263,7 @@ def itl_stats(cols: RequestColumns, percentiles) -> dict:
     """
     moments = itl_moments(cols.receipts, cols.completed)
     if moments is None:
-        return _stats_dict("itl", percentiles, None)
+        return _stats_dict(ITL, percentiles, None)
     count, mean, std, low, high = moments
     sketch = cols.receipts.itl_sketch
     if sketch is None:
@@ -293,13 +273,13 @@ def itl_stats(cols: RequestColumns, percentiles) -> dict:
         )
     else:
         points = sketch_percentiles(sketch, [50, *percentiles], low, high)
-    return _stats_dict("itl", percentiles, (mean, std, low, high, points))
+    return _stats_dict(ITL, percentiles, (mean, std, low, high, points))
 
 
-def _stats_dict(name: str, percentiles, stats) -> dict:
+def _stats_dict(metric: Distribution, percentiles, stats) -> dict:
     """Summary keys of one distribution from ``(mean, std, min, max, [median, *points])`` or None."""
-    keys = [f"{key}_{name}_ms" for key in ("mean", "median", "std", "min", "max")]
-    keys += [f"{percentile_key(p)}_{name}_ms" for p in percentiles]
+    keys = [summary_key(statistic, metric) for statistic in STATISTICS]
+    keys += [summary_key(percentile_key(p), metric) for p in percentiles]
     if stats is None:
         return dict.fromkeys(keys)
     mean, std, low, high, points = stats
@@ -353,13 +333,13 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         "request_goodput": _goodput(cols, metrics.goodput, per_second),
         "prefix_cache_hit_rate": _hit_rate(run, input_tokens),
     }
-    for name, column in DISTRIBUTIONS.items():
-        if column is None:
+    for metric in DISTRIBUTIONS:
+        if metric.column is None:  # pooled over token gaps
             summary.update(itl_stats(cols, metrics.percentiles))
             continue
-        values = getattr(cols, column)
+        values = getattr(cols, metric.column)
         values = values[done & ~np.isnan(values)]  # tpot exists from 2 tokens on
-        summary.update(distribution_stats(name, values, metrics.percentiles))
+        summary.update(distribution_stats(metric, values, metrics.percentiles))
     for stage in TTFT_STAGES:
         values = cols.stages[stage][done]
         summary[f"mean_{stage}"] = float(np.mean(values)) if values.size else None

@@ -42,11 +42,15 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simcore.config import ConfigError, TimingConfig
+from simcore.errors import ConfigError
 from simcore.timing import nb
+
+if TYPE_CHECKING:  # annotations only: simcore.config imports this module
+    from simcore.config import TimingConfig
 
 PACKAGE = "aiconfigurator-core"
 EXTRA_HINT = "pip install 'replaysim[aic]' (aiconfigurator-core>=0.12,<0.13)"

@@ -26,8 +26,13 @@ import csv
 
 import numpy as np
 
-from simcore.config import ConfigError, TimingConfig
+from typing import TYPE_CHECKING
+
+from simcore.errors import ConfigError
 from simcore.timing import nb
+
+if TYPE_CHECKING:  # annotations only: simcore.config imports the timing models
+    from simcore.config import TimingConfig
 
 VIDUR_TIME = "time_stats.all_reduce.median"
 VIDUR_ELEMENT_BYTES = 2  # float16 elements

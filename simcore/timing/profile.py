@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simcore.config import ConfigError
+from simcore.errors import ConfigError
 from simcore.timing import nb
+from simcore.values import integral
 
 DENSE_FILE = "dense.csv"
 SEQUENCE_FILE = "per_sequence.csv"
@@ -97,9 +98,10 @@ def _int(path: str, line: int, name: str, text: str, minimum: int) -> int:
         value = float(text)
     except ValueError:
         raise _fail(path, line, f"{name} must be an integer >= {minimum}, got {text!r}") from None
-    if not math.isfinite(value) or value != int(value) or value < minimum:
+    number = integral(value)
+    if number is None or number < minimum:
         raise _fail(path, line, f"{name} must be an integer >= {minimum}, got {text!r}")
-    return int(value)
+    return number
 
 
 def _time(path: str, line: int, text: str) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,55 +22,11 @@ import pyarrow.parquet as pq
 
 from simcore.config import TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
+from simcore.values import integral
+from simcore.workload.table import RequestTable, default_ids, first_duplicate
+from simcore.workload.traces import read_trace
 
 REQUIRED_COLUMNS = ("request_id", "input_tokens", "output_tokens")
-
-
-@dataclass(frozen=True)
-class RequestTable:
-    """The requests of one run.
-
-    Attributes
-    ----------
-    request_id : pyarrow.StringArray
-        Unique ids (default ``"r{index}"``).
-    input_tokens, output_tokens : ndarray(int64, ndim=1)
-        Prompt and requested output lengths, tokens, >= 1.
-    send_ms : ndarray(float64, ndim=1) or None
-        Trace send instants, ms, non-decreasing (None without such a column).
-    hash_ids : pyarrow.ListArray (list<int64>) or None
-        Per-request prompt block hashes of a Mooncake trace, one list per row
-        (blocks of ``workload.block_size`` tokens); None for other sources.
-    num_dropped : int
-        Trace rows dropped as unreplayable (``workload.drop_invalid=true``);
-        the summary's ``dropped_requests``.
-    """
-
-    request_id: pa.Array
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
-    send_ms: np.ndarray | None = None
-    hash_ids: pa.ListArray | None = None
-    num_dropped: int = 0
-
-    def __len__(self) -> int:
-        return self.input_tokens.shape[0]
-
-
-def default_ids(n: int) -> pa.Array:
-    """The default request ids ``r0 .. r{n-1}``.
-
-    Parameters
-    ----------
-    n : int
-        Number of requests.
-
-    Returns
-    -------
-    pyarrow.StringArray
-        ``n`` ids.
-    """
-    return pa.array([f"r{i}" for i in range(n)], type=pa.string())
 
 
 def synthetic_lengths(
@@ -221,9 +176,10 @@ def _parse_field(file: Path, line: int, name: str, value: str):
     except ValueError:
         raise ConfigError(f"{file}:{line}: {name} must be a number, got {value!r}") from None
     if name in ("input_tokens", "output_tokens"):
-        if not number.is_integer():
+        length = integral(number)
+        if length is None:
             raise ConfigError(f"{file}:{line}: {name} must be an integer, got {value!r}")
-        return int(number)
+        return length
     return number
 
 
@@ -286,14 +242,11 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
         ids = table.column("request_id").combine_chunks().cast(pa.string())
         if ids.null_count:
             raise ConfigError(f"{origin}: request_id has a missing value at {_row(origin, _first_null(ids))}")
-        counts = pc.value_counts(ids)
-        dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-        if len(dup):
-            first = dup[0]["values"].as_py()
-            where = int(pc.index(ids, first).as_py())
-            second = where + 1 + int(pc.index(ids.slice(where + 1), first).as_py())
+        duplicate = first_duplicate(ids)
+        if duplicate is not None:
+            where, second = duplicate
             raise ConfigError(
-                f"{origin}: duplicate request_id {first!r} at {_row(origin, second)} "
+                f"{origin}: duplicate request_id {ids[where].as_py()!r} at {_row(origin, second)} "
                 f"(first at {_row(origin, where)})"
             )
     else:
@@ -351,7 +304,6 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
         table = read_table_file(cfg.workload.path)
         return table_requests(table, cfg.workload.path, cfg.workload.num_requests)
     if cfg.workload.source in TRACE_SOURCES:
-        from simcore.workload.traces import read_trace  # traces.py imports this module
 
         return read_trace(cfg.workload, send_times=cfg.load.type == "trace")
     return synthetic_requests(cfg.workload, rng)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +49,8 @@ import pyarrow.json as pa_json
 
 from simcore.config import ConfigError, WorkloadConfig
 from simcore.units import NS_PER_MS, ms_to_ns
-from simcore.workload.api import RequestTable, default_ids
+from simcore.values import integral
+from simcore.workload.table import RequestTable, default_ids, first_duplicate
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -232,13 +232,11 @@ def _check_order(trace: _Trace) -> None:
 
 
 def _check_unique(path: str, ids: pa.Array, lines: np.ndarray) -> None:
-    counts = pc.value_counts(ids)
-    dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-    if len(dup):
-        value = dup[0]["values"].as_py()
-        where = np.flatnonzero(pc.equal(ids, value).to_numpy(zero_copy_only=False))
+    duplicate = first_duplicate(ids)
+    if duplicate is not None:
+        first, second = duplicate
         raise ConfigError(
-            f"{path}:{lines[where[1]]}: duplicate request_id {value!r} (first at line {lines[where[0]]})"
+            f"{path}:{lines[second]}: duplicate request_id {ids[first].as_py()!r} (first at line {lines[first]})"
         )
 
 
@@ -325,10 +323,9 @@ def _json_value(name: str, kind: pa.DataType, value: Any) -> tuple[Any, str | No
     if value is None:
         return None, None
     if kind == pa.int64():  # a length; an integral float (12.0) is accepted
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            value = int(value)
-        if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
-            return value, None
+        length = integral(value)
+        if length is not None and _INT64_MIN <= length <= _INT64_MAX:
+            return length, None
         return None, f"{name} must be an integer >= 1, got {_show(value)}"
     if kind == pa.float64():  # a timestamp, ms
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -515,9 +512,7 @@ def _parse_count(text: str) -> int | None:
     if re.fullmatch(r"[+-]?\d+", text):
         return int(text)
     if _NUMBER_TEXT.fullmatch(text):
-        value = float(text)
-        if math.isfinite(value) and value.is_integer():
-            return int(value)
+        return integral(float(text))
     return None
 
 

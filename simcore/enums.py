@@ -1,0 +1,26 @@
+"""Codes shared by the engine kernel and the stages after it, below both.
+
+The engine kernel writes them (``simcore.engine.nb`` imports them from here)
+and ``simcore.metrics`` reads them, so neither stage imports the other for
+them.  numba freezes these globals into the compiled kernels, so this module
+is part of the kernel cache's fingerprint (``simcore.jit_cache``).
+"""
+
+# Worker roles (``worker_role``), and the pool names they index.
+ROLE_AGGREGATED = 0
+ROLE_PREFILL = 1
+ROLE_DECODE = 2
+POOL_NAMES = ("aggregated", "prefill", "decode")
+
+# Columns of the int64 pass log (one row per rank per pass).
+PASS_WORKER = 0
+PASS_RANK = 1
+PASS_START = 2
+PASS_END = 3
+PASS_NUM_PREFILL = 4
+PASS_PREFILL_TOKENS = 5
+PASS_PREFILL_KV_TOKENS = 6
+PASS_NUM_DECODE = 7
+PASS_DECODE_KV_TOKENS = 8
+PASS_BLOCKS_IN_USE = 9
+PASS_LOG_COLUMNS = 10

@@ -1,0 +1,125 @@
+"""The latency distributions of a run, each declared once (SPEC §10, ``docs/metrics.md``).
+
+The summary keys (``<stat>_<name>_<unit>``), the request-table fields of the
+per-request metrics, the terminal report and the ``vllm bench serve`` and
+aiperf exports all read this table.  The module imports nothing of the
+simulator, so every stage and runner may use it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One latency distribution of the summary.
+
+    ``column`` is the request-table field holding one value per request, or
+    None for a metric pooled over token gaps (ITL).  ``depends`` names the
+    request-table instants the formula reads.
+    """
+
+    name: str
+    label: str
+    unit: str
+    formula: str
+    depends: tuple[str, ...]
+    column: str | None
+    vllm: str
+    aiperf: str
+    aiperf_header: str
+
+
+TTFT = Distribution(
+    name="ttft", label="TTFT", unit="ms",
+    formula="first_token - send",
+    depends=("send_ms", "first_token_ms"),
+    column="ttft_ms", vllm="ttft",
+    aiperf="time_to_first_token", aiperf_header="Time to First Token",
+)
+TPOT = Distribution(
+    name="tpot", label="TPOT", unit="ms",
+    formula="(last - first token) / (generated - 1), completed with >= 2 tokens",
+    depends=("first_token_ms", "last_token_ms", "generated_tokens"),
+    column="tpot_ms", vllm="tpot",
+    # aiperf's inter-token latency is the per-request average: replaysim's TPOT.
+    aiperf="inter_token_latency", aiperf_header="Inter Token Latency",
+)
+ITL = Distribution(
+    name="itl", label="ITL", unit="ms",
+    formula="gaps between consecutive receipts of a completed request, pooled",
+    depends=("received_ms",),
+    column=None, vllm="itl",
+    # aiperf's per-gap times (one chunk per token): replaysim's ITL.
+    aiperf="inter_chunk_latency", aiperf_header="Inter Chunk Latency",
+)
+E2EL = Distribution(
+    name="e2el", label="E2EL", unit="ms",
+    formula="last token - send, completed requests",
+    depends=("send_ms", "last_token_ms"),
+    column="e2el_ms", vllm="e2el",
+    aiperf="request_latency", aiperf_header="Request Latency",
+)
+
+#: In ``vllm bench serve``'s order (``--percentile-metrics ttft,tpot,itl,e2el``).
+DISTRIBUTIONS = (TTFT, TPOT, ITL, E2EL)
+BY_NAME = {metric.name: metric for metric in DISTRIBUTIONS}
+#: The statistics every distribution reports besides its percentiles, in summary order.
+STATISTICS = ("mean", "median", "std", "min", "max")
+
+
+def percentile_key(p: float) -> str:
+    """``p99`` for an integral percentile, ``p99.9`` otherwise (SPEC §10).
+
+    Parameters
+    ----------
+    p : float
+        Percentile, 0..100.
+
+    Returns
+    -------
+    str
+        The key prefix of the summary field.
+    """
+    return f"p{int(p)}" if float(p).is_integer() else f"p{p}"
+
+
+def summary_key(statistic: str, metric: Distribution) -> str:
+    """The summary key of one statistic of a distribution, ``mean_ttft_ms``.
+
+    Parameters
+    ----------
+    statistic : str
+        One of :data:`STATISTICS` or a percentile prefix (``p99``).
+    metric : Distribution
+
+    Returns
+    -------
+    str
+        ``<statistic>_<name>_<unit>``.
+    """
+    return f"{statistic}_{metric.name}_{metric.unit}"
+
+
+_PERCENTILE_KEY = re.compile(rf"^(p\d+(?:\.\d+)?)_{TTFT.name}_{TTFT.unit}$")
+
+
+def percentile_names(summary: Mapping[str, Any]) -> list[str]:
+    """The percentile key prefixes of a summary, in the configured order.
+
+    Every distribution reports the same percentiles; TTFT's keys are read.
+
+    Parameters
+    ----------
+    summary : mapping
+        A run summary (``simcore.Result.summary``).
+
+    Returns
+    -------
+    list of str
+        ``p50``, ``p99.9``, ...
+    """
+    return [m.group(1) for m in map(_PERCENTILE_KEY.match, summary) if m]

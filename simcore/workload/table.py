@@ -1,0 +1,81 @@
+"""The request table that every workload source produces (SPEC §1).
+
+Its own module so that the readers (:mod:`simcore.workload.traces`) and the
+builders (:mod:`simcore.workload.api`) both depend on it, not on each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass(frozen=True)
+class RequestTable:
+    """The requests of one run.
+
+    Attributes
+    ----------
+    request_id : pyarrow.StringArray
+        Unique ids (default ``"r{index}"``).
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Prompt and requested output lengths, tokens, >= 1.
+    send_ms : ndarray(float64, ndim=1) or None
+        Trace send instants, ms, non-decreasing (None without such a column).
+    hash_ids : pyarrow.ListArray (list<int64>) or None
+        Per-request prompt block hashes of a Mooncake trace, one list per row
+        (blocks of ``workload.block_size`` tokens); None for other sources.
+    num_dropped : int
+        Trace rows dropped as unreplayable (``workload.drop_invalid=true``);
+        the summary's ``dropped_requests``.
+    """
+
+    request_id: pa.Array
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    send_ms: np.ndarray | None = None
+    hash_ids: pa.ListArray | None = None
+    num_dropped: int = 0
+
+    def __len__(self) -> int:
+        return self.input_tokens.shape[0]
+
+
+def default_ids(n: int) -> pa.Array:
+    """The default request ids ``r0 .. r{n-1}``.
+
+    Parameters
+    ----------
+    n : int
+        Number of requests.
+
+    Returns
+    -------
+    pyarrow.StringArray
+        ``n`` ids.
+    """
+    return pa.array([f"r{i}" for i in range(n)], type=pa.string())
+
+
+def first_duplicate(ids: pa.Array) -> tuple[int, int] | None:
+    """Positions of the first two occurrences of the first id that occurs twice, else None.
+
+    Parameters
+    ----------
+    ids : pyarrow.StringArray
+        Request ids, without nulls.
+
+    Returns
+    -------
+    tuple of (int, int) or None
+        Row indices, in order; "first" means first in ``ids`` order.
+    """
+    counts = pc.value_counts(ids)
+    repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+    if not len(repeated):
+        return None
+    where = np.flatnonzero(pc.equal(ids, repeated[0]["values"]).to_numpy(zero_copy_only=False))
+    return int(where[0]), int(where[1])
