@@ -23,10 +23,9 @@ Curves are read in two layouts:
 from __future__ import annotations
 
 import csv
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from simcore.errors import ConfigError
 from simcore.timing import nb
