@@ -14,7 +14,9 @@ jitted callees of other modules).
 Interpolation (both table models): piecewise linear on each axis between the
 two bracketing knots, written ``(1 - t) * lo + t * hi`` so that a query on a
 knot returns the stored value exactly; beyond the last knot (or before the
-first) the end segment is extended linearly.
+first) the end segment is extended linearly.  ``table`` alone never lets a
+cost fall beyond the last knot: where the end segment slopes down the value
+stays at the last knot's (``lerp_rising_nb``; docs/timing.md).
 """
 
 from __future__ import annotations
@@ -299,6 +301,126 @@ def interp_int_nb(table, yoff, n, k):
 
 
 @njit(cache=True)
+def lerp_rising_nb(lo, hi, t):
+    """``(1 - t) * lo + t * hi``, except past ``hi`` (``t > 1``) on a falling segment: ``hi``.
+
+    The ``table`` model's extension beyond the last knot: a measured end
+    segment that slopes down is noise, and extending it would reach negative
+    costs; its slope is floored at 0 there.  Inside the knots (``t <= 1``) and
+    on rising segments this is the plain linear formula, bit for bit.
+
+    Parameters
+    ----------
+    lo, hi : float
+        Values at the segment's two knots.
+    t : float
+        Weight of ``hi`` (``bracket_nb``).
+
+    Returns
+    -------
+    float
+        The value.
+    """
+    if t > 1.0 and hi < lo:
+        return hi
+    return (1.0 - t) * lo + t * hi
+
+
+@njit(cache=True)
+def interp1_rising_nb(table, xoff, yoff, n, x):
+    """``interp1_nb`` with the extension beyond the last knot by ``lerp_rising_nb``.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    xoff, yoff : int
+        Offsets of the ascending knots and of their values.
+    n : int
+        Number of knots, >= 1.
+    x : float
+        Query point (knot units).
+
+    Returns
+    -------
+    float
+        Interpolated value (value units).
+    """
+    i, t = bracket_nb(table, xoff, n, x)
+    if n == 1:
+        return table[yoff]
+    return lerp_rising_nb(table[yoff + i], table[yoff + i + 1], t)
+
+
+@njit(cache=True)
+def interp4_rising_nb(table, params, x0, x1, x2, x3):
+    """The profile attention grid at ``(pc, kvp, nd, kvd)`` with non-falling extensions, us.
+
+    Equals ``interp4_nb`` inside the grid (and is that function there, for its
+    summation order).  A query beyond the last knot of some axis is reduced
+    one axis at a time, kv_decode first, then n_decode, kv_prefill,
+    prefill_chunk, each step by ``lerp_rising_nb``; so with a non-negative
+    grid every value is non-negative.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    x0, x1, x2, x3 : float
+        Prefill chunk (tokens), kv prefill (tokens), decodes (sequences), kv decode (tokens).
+
+    Returns
+    -------
+    float
+        Attention time of one layer, us.
+    """
+    n0 = int(params[P_PC_N])
+    n1 = int(params[P_KVP_N])
+    n2 = int(params[P_ND_N])
+    n3 = int(params[P_KVD_N])
+    i0, t0 = bracket_nb(table, int(params[P_PC_X]), n0, x0)
+    i1, t1 = bracket_nb(table, int(params[P_KVP_X]), n1, x1)
+    i2, t2 = bracket_nb(table, int(params[P_ND_X]), n2, x2)
+    i3, t3 = bracket_nb(table, int(params[P_KVD_X]), n3, x3)
+    if t0 <= 1.0 and t1 <= 1.0 and t2 <= 1.0 and t3 <= 1.0:
+        return interp4_nb(table, params, x0, x1, x2, x3)
+    base = int(params[P_ATTN])
+    s2 = n3
+    s1 = n2 * s2
+    s0 = n1 * s1
+    # an axis with one knot has t == 0: its "hi" corner repeats the "lo" one
+    up0 = 1 if n0 > 1 else 0
+    up1 = 1 if n1 > 1 else 0
+    up2 = 1 if n2 > 1 else 0
+    up3 = 1 if n3 > 1 else 0
+    pc_lo = pc_hi = 0.0
+    for a in range(2):
+        kvp_lo = kvp_hi = 0.0
+        for b in range(2):
+            nd_lo = nd_hi = 0.0
+            for c in range(2):
+                cell = base + (i0 + a * up0) * s0 + (i1 + b * up1) * s1 + (i2 + c * up2) * s2 + i3
+                value = lerp_rising_nb(table[cell], table[cell + up3], t3)
+                if c == 0:
+                    nd_lo = value
+                else:
+                    nd_hi = value
+            value = lerp_rising_nb(nd_lo, nd_hi, t2)
+            if b == 0:
+                kvp_lo = value
+            else:
+                kvp_hi = value
+        value = lerp_rising_nb(kvp_lo, kvp_hi, t1)
+        if a == 0:
+            pc_lo = value
+        else:
+            pc_hi = value
+    return lerp_rising_nb(pc_lo, pc_hi, t0)
+
+
+@njit(cache=True)
 def interp4_nb(table, params, x0, x1, x2, x3):
     """Multilinear value of the profile attention grid at ``(pc, kvp, nd, kvd)``, us.
 
@@ -431,7 +553,7 @@ def table_attention_us_nb(params, table, chunk, kv_prefill, n_decode, kv_decode)
         kvd = params[P_KVD_MIN]
     if n_decode == 0:
         kvd = 0.0
-    return interp4_nb(table, params, pc, kv_prefill, float(n_decode), kvd)
+    return interp4_rising_nb(table, params, pc, kv_prefill, float(n_decode), kvd)
 
 
 @njit(cache=True)
@@ -469,9 +591,9 @@ def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_toke
     tokens = float(prefill_tokens + num_decode)
     seqs = float(num_prefill + num_decode)
     n_dense = int(params[P_DENSE_N])
-    dense_layer = interp1_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
-    dense_pass = interp1_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_PASS]), n_dense, tokens)
-    per_seq = interp1_nb(table, int(params[P_SEQ_X]), int(params[P_SEQ_Y]), int(params[P_SEQ_N]), seqs)
+    dense_layer = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
+    dense_pass = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_PASS]), n_dense, tokens)
+    per_seq = interp1_rising_nb(table, int(params[P_SEQ_X]), int(params[P_SEQ_Y]), int(params[P_SEQ_N]), seqs)
     chunk = 0.0
     cached = 0.0
     if num_prefill > 0:
