@@ -353,14 +353,8 @@ def interp1_rising_nb(table, xoff, yoff, n, x):
 
 
 @njit(cache=True)
-def interp4_rising_nb(table, params, x0, x1, x2, x3):
-    """The profile attention grid at ``(pc, kvp, nd, kvd)`` with non-falling extensions, us.
-
-    Equals ``interp4_nb`` inside the grid (and is that function there, for its
-    summation order).  A query beyond the last knot of some axis is reduced
-    one axis at a time, kv_decode first, then n_decode, kv_prefill,
-    prefill_chunk, each step by ``lerp_rising_nb``; so with a non-negative
-    grid every value is non-negative.
+def extend4_rising_nb(table, params, i0, t0, i1, t1, i2, t2, i3, t3):
+    """The attention grid beyond its last knot on some axis, reduced axis by axis (``interp4_nb``), us.
 
     Parameters
     ----------
@@ -368,53 +362,43 @@ def interp4_rising_nb(table, params, x0, x1, x2, x3):
         The flat lookup tables.
     params : ndarray(float64, ndim=1)
         Offsets and sizes into ``table`` (``P_*`` indices).
-    x0, x1, x2, x3 : float
-        Prefill chunk (tokens), kv prefill (tokens), decodes (sequences), kv decode (tokens).
+    i0, t0, i1, t1, i2, t2, i3, t3 : int, float
+        ``bracket_nb`` of the query on the pc, kvp, nd and kvd axes.
 
     Returns
     -------
     float
         Attention time of one layer, us.
     """
-    n0 = int(params[P_PC_N])
-    n1 = int(params[P_KVP_N])
-    n2 = int(params[P_ND_N])
-    n3 = int(params[P_KVD_N])
-    i0, t0 = bracket_nb(table, int(params[P_PC_X]), n0, x0)
-    i1, t1 = bracket_nb(table, int(params[P_KVP_X]), n1, x1)
-    i2, t2 = bracket_nb(table, int(params[P_ND_X]), n2, x2)
-    i3, t3 = bracket_nb(table, int(params[P_KVD_X]), n3, x3)
-    if t0 <= 1.0 and t1 <= 1.0 and t2 <= 1.0 and t3 <= 1.0:
-        return interp4_nb(table, params, x0, x1, x2, x3)
+    s2 = int(params[P_KVD_N])
+    s1 = int(params[P_ND_N]) * s2
+    s0 = int(params[P_KVP_N]) * s1
     base = int(params[P_ATTN])
-    s2 = n3
-    s1 = n2 * s2
-    s0 = n1 * s1
-    # an axis with one knot has t == 0: its "hi" corner repeats the "lo" one
-    up0 = 1 if n0 > 1 else 0
-    up1 = 1 if n1 > 1 else 0
-    up2 = 1 if n2 > 1 else 0
-    up3 = 1 if n3 > 1 else 0
+    # on a knot (t == 0, also every one-knot axis) the "hi" corner is not read: hi = lo
+    up0 = 1 if t0 != 0.0 else 0
+    up1 = 1 if t1 != 0.0 else 0
+    up2 = 1 if t2 != 0.0 else 0
+    up3 = 1 if t3 != 0.0 else 0
     pc_lo = pc_hi = 0.0
-    for a in range(2):
+    for a in range(1 + up0):
         kvp_lo = kvp_hi = 0.0
-        for b in range(2):
+        for b in range(1 + up1):
             nd_lo = nd_hi = 0.0
-            for c in range(2):
-                cell = base + (i0 + a * up0) * s0 + (i1 + b * up1) * s1 + (i2 + c * up2) * s2 + i3
+            for c in range(1 + up2):
+                cell = base + (i0 + a) * s0 + (i1 + b) * s1 + (i2 + c) * s2 + i3
                 value = lerp_rising_nb(table[cell], table[cell + up3], t3)
                 if c == 0:
-                    nd_lo = value
+                    nd_lo = nd_hi = value
                 else:
                     nd_hi = value
             value = lerp_rising_nb(nd_lo, nd_hi, t2)
             if b == 0:
-                kvp_lo = value
+                kvp_lo = kvp_hi = value
             else:
                 kvp_hi = value
         value = lerp_rising_nb(kvp_lo, kvp_hi, t1)
         if a == 0:
-            pc_lo = value
+            pc_lo = pc_hi = value
         else:
             pc_hi = value
     return lerp_rising_nb(pc_lo, pc_hi, t0)
@@ -422,7 +406,14 @@ def interp4_rising_nb(table, params, x0, x1, x2, x3):
 
 @njit(cache=True)
 def interp4_nb(table, params, x0, x1, x2, x3):
-    """Multilinear value of the profile attention grid at ``(pc, kvp, nd, kvd)``, us.
+    """The profile attention grid at ``(pc, kvp, nd, kvd)``, us: multilinear, rising extensions.
+
+    Inside the grid, the multilinear sum over the 16 corners.  A query beyond
+    the last knot of some axis is reduced one axis at a time instead, kv_decode
+    first, then n_decode, kv_prefill, prefill_chunk, each step by
+    ``lerp_rising_nb`` (the plain multilinear value where no end segment
+    falls, up to rounding); with a non-negative grid the value is then
+    non-negative.
 
     Parameters
     ----------
@@ -446,6 +437,8 @@ def interp4_nb(table, params, x0, x1, x2, x3):
     i1, t1 = bracket_nb(table, int(params[P_KVP_X]), n1, x1)
     i2, t2 = bracket_nb(table, int(params[P_ND_X]), n2, x2)
     i3, t3 = bracket_nb(table, int(params[P_KVD_X]), n3, x3)
+    if t0 > 1.0 or t1 > 1.0 or t2 > 1.0 or t3 > 1.0:
+        return extend4_rising_nb(table, params, i0, t0, i1, t1, i2, t2, i3, t3)
     base = int(params[P_ATTN])
     s2 = n3
     s1 = n2 * s2
@@ -553,7 +546,7 @@ def table_attention_us_nb(params, table, chunk, kv_prefill, n_decode, kv_decode)
         kvd = params[P_KVD_MIN]
     if n_decode == 0:
         kvd = 0.0
-    return interp4_rising_nb(table, params, pc, kv_prefill, float(n_decode), kvd)
+    return interp4_nb(table, params, pc, kv_prefill, float(n_decode), kvd)
 
 
 @njit(cache=True)
