@@ -305,7 +305,7 @@ def lerp_rising_nb(lo, hi, t):
     """``(1 - t) * lo + t * hi``, except past ``hi`` (``t > 1``) on a falling segment: ``hi``.
 
     The ``table`` model's extension beyond the last knot: a measured end
-    segment that slopes down is noise, and extending it would reach negative
+    segment that slopes down is taken as noise: extending it would reach negative
     costs; its slope is floored at 0 there.  Inside the knots (``t <= 1``) and
     on rising segments this is the plain linear formula, bit for bit.
 
