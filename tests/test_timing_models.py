@@ -90,6 +90,56 @@ def test_table_interpolation_matches_hand_computed_values(tmp_path):
     assert pass_ms(params, table, 0, 0, 0, 0, 0) == 0.0
 
 
+def test_table_extension_never_falls_beyond_the_last_knot(tmp_path):
+    """A 2-knot end segment that slopes down holds the last knot's value past it; rising ones extend."""
+    dense = [
+        ("layer", "tokens", "time_us"),
+        ("qkv_proj", 1, 10.0), ("qkv_proj", 51, 30.0), ("qkv_proj", 101, 20.0),  # end slope -0.2 us/token
+        ("embedding", 1, 1.0), ("embedding", 101, 2.0),  # rising: extended
+    ]
+    seq = [("layer", "sequences", "time_us"), ("lm_head", 1, 100.0), ("lm_head", 11, 90.0)]  # falling
+    attention = [("prefill_chunk", "kv_prefill", "n_decode", "kv_decode", "time_us")]
+    # prefill-only cells: (pc, kvp) on [16, 32] x [0, 64]; the pc segment falls at kvp = 64
+    for pc, kvp, us in ((16, 0, 4.0), (32, 0, 6.0), (16, 64, 9.0), (32, 64, 5.0)):
+        attention.append((pc, kvp, 0, 0, us))
+    params, table = profile_arrays(load_profile(write_profile(tmp_path / "p", dense=dense, seq=seq, attention=attention), num_layers=2))
+    # Inside the knots nothing changes: T = 76 on the falling segment, 30 - 0.5 * 10 = 25.
+    assert nb.interp1_rising_nb(table, int(params[nb.P_DENSE_X]), int(params[nb.P_DENSE_LAYER]), int(params[nb.P_DENSE_N]), 76.0) == 25.0
+    # One prefill of 201 tokens, no history: T = 201, S = 1.
+    # qkv: the [51, 101] segment falls, so 20 (the plain extension gives 20 - 0.2 * 100 = 0).
+    # embedding rises: 1 + 200 / 100 = 3.  lm_head at S = 1 is a knot: 100.
+    # Attention at (201, 0): the kvp axis is inside (t = 0); the pc segment 4 -> 6 rises, so
+    # 4 + 2 / 16 * (201 - 16) = 27.125.
+    expected = (2 * (20 + 27.125) + 3 + 100) / 1000
+    assert pass_ms(params, table, 1, 201, 201, 0, 0) == pytest.approx(expected, rel=1e-12)
+    # Attention at (200, 64): along pc at kvp = 64 the segment 9 -> 5 falls: 5.
+    assert nb.table_attention_us_nb(params, table, 200.0, 64.0, 0, 0.0) == 5.0
+    # At (200, 32) the kv_prefill axis (inside, t = 1/2) is reduced first: 6.5 at pc = 16 and
+    # 5.5 at pc = 32, a falling pc segment: 5.5.
+    assert nb.table_attention_us_nb(params, table, 200.0, 32.0, 0, 0.0) == 5.5
+    # Beyond both axes, (48, 128): kvp first, 4 -> 9 rises to 14 at pc = 16 and 6 -> 5 falls
+    # to 5 at pc = 32; then pc, 14 -> 5 falls: 5.  (Plain bilinear extension: weights 1, -2, -2, 4
+    # on 4, 6, 9, 5 give -6.)
+    assert nb.table_attention_us_nb(params, table, 48.0, 128.0, 0, 0.0) == 5.0
+    # Falling per-sequence segment: S = 21 sequences hold lm_head at 90 (plain: 80).
+    assert nb.interp1_rising_nb(table, int(params[nb.P_SEQ_X]), int(params[nb.P_SEQ_Y]), int(params[nb.P_SEQ_N]), 21.0) == 90.0
+
+
+@needs_profile
+def test_mooncake_sample_beyond_the_profile_grid_gives_positive_pass_times():
+    """Mooncake prompts (~14k tokens, 8k chunks over 49k cached) leave the grid on every axis."""
+    cfg = {
+        "timing": {"type": "table", "profile": RTXPRO_LLAMA, "num_layers": 32},
+        "workload": {"source": "mooncake", "path": os.path.join(ROOT, "runners", "samples", "mooncake_conversation_300.jsonl"), "num_requests": 100},
+        "output": {"passes": True},
+    }
+    result = simcore.run(cfg)
+    passes = result.passes
+    assert passes.num_rows > 0
+    assert (passes["rank_time_ms"].to_numpy() > 0).all()
+    assert (passes["prefill_tokens"].to_numpy() > 2048).any()  # beyond the last dense / chunk knot
+
+
 @needs_profile
 def test_table_grid_points_reproduce_the_csv_exactly():
     profile = load_profile(RTXPRO_LLAMA, num_layers=32)

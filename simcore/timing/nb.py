@@ -14,7 +14,9 @@ jitted callees of other modules).
 Interpolation (both table models): piecewise linear on each axis between the
 two bracketing knots, written ``(1 - t) * lo + t * hi`` so that a query on a
 knot returns the stored value exactly; beyond the last knot (or before the
-first) the end segment is extended linearly.
+first) the end segment is extended linearly.  ``table`` alone never lets a
+cost fall beyond the last knot: where the end segment slopes down the value
+stays at the last knot's (``lerp_rising_nb``; docs/timing.md).
 """
 
 from __future__ import annotations
@@ -299,8 +301,119 @@ def interp_int_nb(table, yoff, n, k):
 
 
 @njit(cache=True)
+def lerp_rising_nb(lo, hi, t):
+    """``(1 - t) * lo + t * hi``, except past ``hi`` (``t > 1``) on a falling segment: ``hi``.
+
+    The ``table`` model's extension beyond the last knot: a measured end
+    segment that slopes down is taken as noise: extending it would reach negative
+    costs; its slope is floored at 0 there.  Inside the knots (``t <= 1``) and
+    on rising segments this is the plain linear formula, bit for bit.
+
+    Parameters
+    ----------
+    lo, hi : float
+        Values at the segment's two knots.
+    t : float
+        Weight of ``hi`` (``bracket_nb``).
+
+    Returns
+    -------
+    float
+        The value.
+    """
+    if t > 1.0 and hi < lo:
+        return hi
+    return (1.0 - t) * lo + t * hi
+
+
+@njit(cache=True)
+def interp1_rising_nb(table, xoff, yoff, n, x):
+    """``interp1_nb`` with the extension beyond the last knot by ``lerp_rising_nb``.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    xoff, yoff : int
+        Offsets of the ascending knots and of their values.
+    n : int
+        Number of knots, >= 1.
+    x : float
+        Query point (knot units).
+
+    Returns
+    -------
+    float
+        Interpolated value (value units).
+    """
+    i, t = bracket_nb(table, xoff, n, x)
+    if n == 1:
+        return table[yoff]
+    return lerp_rising_nb(table[yoff + i], table[yoff + i + 1], t)
+
+
+@njit(cache=True)
+def extend4_rising_nb(table, params, i0, t0, i1, t1, i2, t2, i3, t3):
+    """The attention grid beyond its last knot on some axis, reduced axis by axis (``interp4_nb``), us.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    i0, t0, i1, t1, i2, t2, i3, t3 : int, float
+        ``bracket_nb`` of the query on the pc, kvp, nd and kvd axes.
+
+    Returns
+    -------
+    float
+        Attention time of one layer, us.
+    """
+    s2 = int(params[P_KVD_N])
+    s1 = int(params[P_ND_N]) * s2
+    s0 = int(params[P_KVP_N]) * s1
+    base = int(params[P_ATTN])
+    # on a knot (t == 0, also every one-knot axis) the "hi" corner is not read: hi = lo
+    up0 = 1 if t0 != 0.0 else 0
+    up1 = 1 if t1 != 0.0 else 0
+    up2 = 1 if t2 != 0.0 else 0
+    up3 = 1 if t3 != 0.0 else 0
+    pc_lo = pc_hi = 0.0
+    for a in range(1 + up0):
+        kvp_lo = kvp_hi = 0.0
+        for b in range(1 + up1):
+            nd_lo = nd_hi = 0.0
+            for c in range(1 + up2):
+                cell = base + (i0 + a) * s0 + (i1 + b) * s1 + (i2 + c) * s2 + i3
+                value = lerp_rising_nb(table[cell], table[cell + up3], t3)
+                if c == 0:
+                    nd_lo = nd_hi = value
+                else:
+                    nd_hi = value
+            value = lerp_rising_nb(nd_lo, nd_hi, t2)
+            if b == 0:
+                kvp_lo = kvp_hi = value
+            else:
+                kvp_hi = value
+        value = lerp_rising_nb(kvp_lo, kvp_hi, t1)
+        if a == 0:
+            pc_lo = pc_hi = value
+        else:
+            pc_hi = value
+    return lerp_rising_nb(pc_lo, pc_hi, t0)
+
+
+@njit(cache=True)
 def interp4_nb(table, params, x0, x1, x2, x3):
-    """Multilinear value of the profile attention grid at ``(pc, kvp, nd, kvd)``, us.
+    """The profile attention grid at ``(pc, kvp, nd, kvd)``, us: multilinear, rising extensions.
+
+    Inside the grid, the multilinear sum over the 16 corners.  A query beyond
+    the last knot of some axis is reduced one axis at a time instead, kv_decode
+    first, then n_decode, kv_prefill, prefill_chunk, each step by
+    ``lerp_rising_nb`` (the plain multilinear value where no end segment
+    falls, up to rounding); with a non-negative grid the value is then
+    non-negative.
 
     Parameters
     ----------
@@ -324,6 +437,8 @@ def interp4_nb(table, params, x0, x1, x2, x3):
     i1, t1 = bracket_nb(table, int(params[P_KVP_X]), n1, x1)
     i2, t2 = bracket_nb(table, int(params[P_ND_X]), n2, x2)
     i3, t3 = bracket_nb(table, int(params[P_KVD_X]), n3, x3)
+    if t0 > 1.0 or t1 > 1.0 or t2 > 1.0 or t3 > 1.0:
+        return extend4_rising_nb(table, params, i0, t0, i1, t1, i2, t2, i3, t3)
     base = int(params[P_ATTN])
     s2 = n3
     s1 = n2 * s2
@@ -469,9 +584,9 @@ def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_toke
     tokens = float(prefill_tokens + num_decode)
     seqs = float(num_prefill + num_decode)
     n_dense = int(params[P_DENSE_N])
-    dense_layer = interp1_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
-    dense_pass = interp1_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_PASS]), n_dense, tokens)
-    per_seq = interp1_nb(table, int(params[P_SEQ_X]), int(params[P_SEQ_Y]), int(params[P_SEQ_N]), seqs)
+    dense_layer = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
+    dense_pass = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_PASS]), n_dense, tokens)
+    per_seq = interp1_rising_nb(table, int(params[P_SEQ_X]), int(params[P_SEQ_Y]), int(params[P_SEQ_N]), seqs)
     chunk = 0.0
     cached = 0.0
     if num_prefill > 0:
