@@ -23,6 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from runners.progress import SweepWatcher, announce_compile
 from runners.sweep import POINT_FILE, split_options, write_summary
 
+#: Failed points of the last multirun of this process (:meth:`SweepCallback.on_multirun_end`);
+#: :func:`runners.cli.main` exits non-zero when there are any.
+failed_points: list[str] = []
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 WARMUP_REQUESTS = 4
@@ -156,4 +159,6 @@ class SweepCallback(Callback):
             self.watcher.stop()
         root = sweep_dir(config)
         if root.exists():
-            write_summary(root)
+            _, table = write_summary(root)
+            failed_points[:] = [r for r, s in zip(table.column("run_id").to_pylist(),
+                                                  table.column("status").to_pylist()) if s == "failed"]

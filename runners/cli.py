@@ -2,7 +2,10 @@
 
 Bad input (an unknown key, an invalid value, a bad request table) prints one
 line ``replaysim: error: ...`` on stderr and exits with code 2 before anything
-is written (SPEC §11).
+is written (SPEC §11).  An environment error (``output.dir`` not writable, a
+file in its place, a full disk) prints one line naming the path and the OS
+error and exits 74; Ctrl-C exits 130 and SIGTERM 143, each with one line and
+no temporary file left; a sweep in which some point failed exits 1.
 
 Sweeps (``-m``, or in-job batch axes ``sweep.batch.<key>=[...]``) run through
 :mod:`runners.sweep`: in a multirun a failing point writes ``failure.json`` and
@@ -28,8 +31,10 @@ import atexit  # noqa: E402
 import difflib  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn, Sequence  # noqa: E402
 
@@ -42,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
-from runners import params  # noqa: E402
+from runners import callbacks, params  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.sweep import (  # noqa: E402
@@ -58,7 +63,7 @@ from runners.sweep import (  # noqa: E402
     split_options,
     write_summary,
 )
-from runners.writer import write_results  # noqa: E402
+from runners.writer import check_writable, write_results  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
 from simcore.jit_cache import engine_kernel_cached  # noqa: E402
 
@@ -68,6 +73,16 @@ PROG = "replaysim"
 #: module is imported by name (the console script) rather than run as ``__main__``.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 EXIT_BAD_INPUT = 2
+#: Some point of a sweep failed (``summary.parquet`` lists them).
+EXIT_POINTS_FAILED = 1
+#: The results cannot be written (sysexits' EX_IOERR).
+EXIT_ENVIRONMENT = 74
+#: Stopped by SIGINT (Ctrl-C) or SIGTERM: 128 + the signal number, as a shell reports it.
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+#: Set by :func:`main` to its pid; a sweep job in another process (a joblib
+#: worker) watches its parent and stops when it dies.
+LAUNCHER_PID_ENV = "REPLAYSIM_LAUNCHER_PID"
 #: Libraries whose log records belong in the run's log file, not on the console.
 THIRD_PARTY_LOGGERS = ("aiconfigurator_core",)
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
@@ -91,6 +106,51 @@ def fail(message: object) -> NoReturn:
     text = " ".join(line.strip() for line in str(message).splitlines())
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
+
+
+def fail_environment(exc: OSError, out_dir: Path) -> NoReturn:
+    """Print one line naming the path and the OS error of ``exc`` and exit :data:`EXIT_ENVIRONMENT`."""
+    path = exc.filename or out_dir
+    reason = exc.strerror or " ".join(str(exc).split())
+    print(f"{PROG}: error: cannot write results to {path}: {reason}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_ENVIRONMENT)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt.
+
+    A ``BaseException``, so no ``except Exception`` (a sweep point's
+    isolation) swallows it, and :func:`runners.writer.write_atomic` removes
+    its temporary files on the way out.
+    """
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def watch_parent(grace_s: float = 2.0) -> None:
+    """Stop this process when its parent dies (a joblib worker whose sweep was killed).
+
+    A daemon thread polls the parent pid; once the process is orphaned it
+    sends itself SIGTERM (:class:`Terminated` cleans up as on the command
+    line) and, should a kernel hold the main thread, exits after ``grace_s``.
+    """
+    parent = os.getppid()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(EXIT_SIGTERM)
+
+    threading.Thread(target=watch, name="replaysim-watch-parent", daemon=True).start()
+
+
+_watching_parent = False
 
 
 def unknown_key_message(key: str) -> str | None:
@@ -224,6 +284,10 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
         detailed = options.export_detailed(config)
     except ConfigError as exc:  # an export the output mode cannot give
         fail(exc)
+    try:
+        check_writable(out_dir)  # before a long simulation, not after
+    except OSError as exc:
+        fail_environment(exc, out_dir)
     with RunProgress(cold=not engine_kernel_cached()) as progress:
         try:
             result, tokens = simulate(config, options, progress.update)
@@ -231,7 +295,11 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
             progress.close(ok=False)  # clears the bar before the error line
             fail(exc)
         progress.writing()
-        write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
+        try:
+            write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
+        except OSError as exc:  # a full disk; the temporary files are gone
+            progress.close(ok=False)
+            fail_environment(exc, out_dir)
     print(format_summary(result.summary, out_dir), flush=True)
 
 
@@ -269,10 +337,14 @@ def task(cfg: DictConfig) -> None:
     written).  In a multirun every exception of a point is recorded in its
     ``failure.json`` and the job returns normally, so the sweep goes on.
     """
-    global _single_run_done
+    global _single_run_done, _watching_parent
     third_party_logs_to_file()
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if multirun and launcher and launcher != str(os.getpid()) and not _watching_parent:
+        watch_parent()
+        _watching_parent = True
     overrides = list(hydra_cfg.overrides.task)
     mapping: dict = {}
     try:
@@ -349,13 +421,43 @@ def main() -> None:
     teardown (:func:`_exit_without_teardown`); results, output and exit codes
     are those of a normal exit.
     """
-    check_overrides(sys.argv[1:])
-    if not get_args_parser().parse_args(sys.argv[1:]).multirun:
-        gc.disable()
-    task()
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        check_overrides(sys.argv[1:])
+        if not get_args_parser().parse_args(sys.argv[1:]).multirun:
+            gc.disable()
+        task()
+    except KeyboardInterrupt as exc:
+        stopped(exc)
     if _single_run_done:
         _exit_without_teardown()
     gc.enable()
+    if callbacks.failed_points:
+        count = len(callbacks.failed_points)
+        print(f"{PROG}: error: {count} point{'s' * (count != 1)} of the sweep failed "
+              "(summary.parquet lists them)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_POINTS_FAILED)
+
+
+def stopped(exc: KeyboardInterrupt) -> NoReturn:
+    """One line for Ctrl-C or SIGTERM, then exit 130 or 143 at once.
+
+    The temporary files are gone already (:func:`runners.writer.write_atomic`
+    removes them as the exception passes); the interpreter's teardown is
+    skipped so that the process ends within a second, and joblib workers
+    stop on their own (:func:`watch_parent`).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not print a traceback
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name, code = ("SIGTERM", EXIT_SIGTERM) if isinstance(exc, Terminated) else ("SIGINT (Ctrl-C)", EXIT_SIGINT)
+    try:
+        print(f"\n{PROG}: stopped by {name}; results of unfinished runs were not written",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
 
 
 if _GC_ENABLED_AT_IMPORT:

@@ -38,9 +38,15 @@ def replaysim(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def sweep(root: Path, *args: str) -> subprocess.CompletedProcess:
+def sweep(root: Path, *args: str, failed: int = 0) -> subprocess.CompletedProcess:
+    """Run a multirun into ``root``; ``failed`` points are expected to fail (then exit 1)."""
     done = replaysim(root.parent, "-m", f"hydra.sweep.dir={root}", *args)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == (1 if failed else 0), done.stderr
+    if failed:
+        plural = "s" * (failed != 1)
+        assert done.stderr.splitlines()[-1] == (
+            f"replaysim: error: {failed} point{plural} of the sweep failed (summary.parquet lists them)"
+        )
     return done
 
 
@@ -114,7 +120,7 @@ def test_batch_rejects_a_bad_point_before_writing(tmp_path):
 
 def test_failure_is_isolated_and_resume_skips_done_points(tmp_path):
     root = tmp_path / "sweep"
-    first = sweep(root, "load.concurrency=1,0", *SMALL)
+    first = sweep(root, "load.concurrency=1,0", *SMALL, failed=1)
     assert "sweep/1: failed: ConfigError: load.concurrency must be an integer >= 1, got 0" in first.stderr
     failure = json.loads((root / "1" / "failure.json").read_text())
     assert failure["error_type"] == "ConfigError" and "load.concurrency" in failure["error"]
@@ -128,12 +134,12 @@ def test_failure_is_isolated_and_resume_skips_done_points(tmp_path):
     assert json.loads(pq.read_schema(root / "summary.parquet").metadata[b"failed"]) == ["sweep/1"]
 
     done_at = (root / "0" / "summary.json").stat().st_mtime_ns
-    second = sweep(root, "load.concurrency=1,0", *SMALL)
+    second = sweep(root, "load.concurrency=1,0", *SMALL, failed=1)
     assert "sweep/0: skipped" in second.stdout
     assert summary(root)["status"].to_list() == ["skipped", "failed"]
     assert (root / "0" / "summary.json").stat().st_mtime_ns == done_at
 
-    third = sweep(root, "load.concurrency=1,0", *SMALL, "force=true")
+    third = sweep(root, "load.concurrency=1,0", *SMALL, "force=true", failed=1)
     assert "sweep/0: ok" in third.stdout
     assert summary(root)["status"].to_list() == ["ok", "failed"]
     assert (root / "0" / "summary.json").stat().st_mtime_ns != done_at
@@ -164,7 +170,7 @@ def test_joblib_preset_runs_a_sweep(multirun, tmp_path):
 def test_submitit_local_runs_the_job_path(tmp_path):
     pytest.importorskip("submitit")
     root = tmp_path / "sweep"
-    sweep(root, "hydra/launcher=submitit_local", "load.concurrency=1,0", *SMALL)
+    sweep(root, "hydra/launcher=submitit_local", "load.concurrency=1,0", *SMALL, failed=1)
     assert summary(root)["status"].to_list() == ["ok", "failed"]
     assert (root / ".submitit").is_dir() and (root / "0" / "requests.parquet").exists()
 
