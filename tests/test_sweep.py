@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -276,3 +277,81 @@ def test_parameter_columns_take_declared_types():
                                   "load.concurrency": None, "metrics.percentiles": [50.0, 99.9],
                                   "workload.path": None}]
     assert table.schema.field("metrics.percentiles").type == pa.list_(pa.float64())
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_resume_reruns_a_point_whose_results_are_damaged(tmp_path, damage):
+    root = tmp_path / "sweep"
+    sweep(root, "load.concurrency=1,2", *SMALL)
+    requests = root / "1" / "requests.parquet"
+    if damage == "delete":
+        requests.unlink()
+    else:
+        data = bytearray(requests.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        requests.write_bytes(bytes(data))
+    again = sweep(root, "load.concurrency=1,2", *SMALL)
+    assert "sweep/0: skipped" in again.stdout and "sweep/1: ok" in again.stdout
+    assert summary(root)["status"].to_list() == ["skipped", "ok"]
+    assert pq.read_table(requests).num_rows == 8
+
+
+def test_a_point_left_running_is_a_failed_point(tmp_path):
+    """A point whose process died (point.json still says running) is recorded as failed at the summary."""
+    root = tmp_path / "sweep"
+    sweep(root, "load.concurrency=1,2", *SMALL)
+    point = json.loads((root / "1" / "point.json").read_text())
+    (root / "1" / "point.json").write_text(json.dumps({**point, "status": "running"}))
+    (root / "1" / "manifest.json").unlink()  # killed before its manifest
+    from runners.sweep import write_summary
+
+    _, table = write_summary(root, quiet=True)
+    assert table.column("status").to_pylist() == ["ok", "failed"]
+    assert table.column("error_type").to_pylist() == [None, "PointLost"]
+    failure = json.loads((root / "1" / "failure.json").read_text())
+    assert "ended before the point finished" in failure["error"]
+    assert not (root / "1" / "requests.parquet").exists()
+    assert json.loads((root / "1" / "point.json").read_text())["parameters"] == point["parameters"]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_joblib_workers_die_with_their_parent(tmp_path):
+    root = tmp_path / "sweep"
+    command = [sys.executable, "-m", "runners.cli", "-m", f"hydra.sweep.dir={root}", "hydra/launcher=local",
+               "hydra.launcher.n_jobs=2", "load.concurrency=1,2,3,4", "workload.num_requests=400000"]
+    parent = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not list(root.glob("*/point.json")):  # a worker runs a point
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    workers = descendants(parent.pid)
+    assert workers
+    parent.kill()
+    parent.wait()
+    time.sleep(5)
+    assert [pid for pid in workers if alive(pid)] == []
