@@ -111,7 +111,8 @@ def fail(message: object) -> NoReturn:
 def fail_environment(exc: OSError, out_dir: Path) -> NoReturn:
     """Print one line naming the path and the OS error of ``exc`` and exit :data:`EXIT_ENVIRONMENT`."""
     path = exc.filename or out_dir
-    reason = exc.strerror or " ".join(str(exc).split())
+    # the errno's own text: pyarrow's strerror wraps it in a longer message
+    reason = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
     print(f"{PROG}: error: cannot write results to {path}: {reason}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_ENVIRONMENT)
 
@@ -317,6 +318,8 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
             run_point(point, options, isolate=False, simulated=simulated)
         except ConfigError as exc:  # a bad request table or trace
             fail(f"{point.run_id}: {exc}")
+        except OSError as exc:
+            fail_environment(exc, point.dir)
         progress.update()
     progress.close()
     write_summary(root)

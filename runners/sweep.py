@@ -444,7 +444,10 @@ def run_point(
     except Exception as exc:
         if not isolate:
             raise
-        record_failure(point, exc)
+        try:
+            record_failure(point, exc)
+        except OSError as unwritable:  # the point's directory itself: the summary reports it as lost
+            say(f"{point.run_id}: cannot write {FAILURE_FILE}: {unwritable}", sys.stderr)
         if not quiet:
             say(f"{point.run_id}: failed: {type(exc).__name__}: {_one_line(exc)}", sys.stderr)
         return "failed"

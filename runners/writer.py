@@ -18,7 +18,6 @@ removed by the next writer, under the lock.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import os
@@ -172,12 +171,18 @@ def remove_stale_temps(out: Path) -> list[Path]:
 def check_writable(out_dir: str | os.PathLike) -> None:
     """Raise the OSError a write into ``out_dir`` would meet, before anything is simulated.
 
-    Creates the directory; a file in the way or a directory without write
-    permission raises ``OSError`` with that path.
+    Creates the directory and a hidden probe file in it (removed at once,
+    named as a temporary file so that a killed probe is cleaned up too): a
+    file in the way, no permission or a read-only file system raise
+    ``OSError`` naming the path, whoever runs it (root included).
     """
     with locked(out_dir) as out:
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(out))
+        probe = out / f".probe.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            probe.touch(exist_ok=False)
+        except OSError as exc:  # named after the directory, not the probe
+            raise OSError(exc.errno, exc.strerror, str(out)) from None
+        probe.unlink()
 
 
 def file_digest(path: Path) -> str:
