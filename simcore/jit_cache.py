@@ -81,6 +81,16 @@ def writable_by_others(path: Path) -> str | None:
     Checks group and others write permission and the owner of ``path`` and of
     each parent (a sticky ``/tmp`` does not let others replace what this user
     owns in it, so a sticky parent is not counted).
+
+    Parameters
+    ----------
+    path : Path
+        A cache directory (it or its parents may not exist yet).
+
+    Returns
+    -------
+    str or None
+        The first directory found writable by others, and why.
     """
     uid = os.geteuid()
     for where in (path, *path.parents):

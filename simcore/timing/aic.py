@@ -677,7 +677,18 @@ LOAD_CHECKS = 8
 
 
 def tables_digest(params: np.ndarray, table: np.ndarray) -> str:
-    """SHA-256 (hex) of the two arrays' dtypes, shapes and bytes: stored in a cache entry, checked on load."""
+    """SHA-256 of the two arrays' dtypes, shapes and bytes: stored in a cache entry, checked on load.
+
+    Parameters
+    ----------
+    params, table : ndarray
+        As :func:`build_tables`.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
     digest = hashlib.sha256()
     for array in (params, table):
         digest.update(f"{array.dtype.str}{array.shape}".encode())
@@ -691,6 +702,18 @@ def layout_problem(spec: AicSpec, params: np.ndarray, table: np.ndarray) -> str 
     Shapes and dtypes, offsets that are integers inside ``table``, the table
     sizes ``spec`` fixes (``tokens``, ``sequences``), finite non-negative
     times: what the kernel indexes without bounds checks.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        The spec the tables were built for.
+    params, table : ndarray
+        As :func:`build_tables`.
+
+    Returns
+    -------
+    str or None
+        The first contradiction found.
     """
     if params.dtype != np.float64 or params.shape != (nb.AIC_NUM_PARAMS,):
         return f"params has dtype {params.dtype} and shape {params.shape}"
@@ -727,6 +750,18 @@ def load_entry(path: str, spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict] 
     ``spec`` (:func:`layout_problem`), and :data:`LOAD_CHECKS` passes agree
     with direct aiconfigurator-core calls within :data:`MAX_REL_ERROR` (a
     table scaled or written by another build fails there).
+
+    Parameters
+    ----------
+    path : str
+        The ``.npz`` entry.
+    spec : AicSpec
+        The spec of its key.
+
+    Returns
+    -------
+    tuple or None
+        ``(params, table, info)`` as :func:`load_or_build`.
     """
     if not os.path.isfile(path):
         return None
