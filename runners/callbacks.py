@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from runners import reaper
 from runners.progress import SweepWatcher, announce_compile
 from runners.sweep import POINT_FILE, split_options, write_summary
 
@@ -124,11 +126,12 @@ class SweepCallback(Callback):
     def __init__(self, warmup: bool = True) -> None:
         self.warmup = warmup
         self.watcher: SweepWatcher | None = None
+        self.reaper = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers pickle the callbacks with the Hydra context to send jobs to
-        # workers; the watcher (a thread) stays in the launching process.
-        return {**self.__dict__, "watcher": None}
+        # workers; the watcher (a thread) and the reaper stay in the launching process.
+        return {**self.__dict__, "watcher": None, "reaper": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         gc.enable()  # off in runners.cli.main unless -m was given; a sweep is long-lived
@@ -144,6 +147,8 @@ class SweepCallback(Callback):
         except Exception:  # noqa: BLE001 - a bad config is reported by every job as a failed point
             options, sim = None, None
         launcher = OmegaConf.select(config, "hydra.launcher._target_")
+        if "joblib" in str(launcher).lower():  # loky workers outlive a killed launcher
+            self.reaper = reaper.start(os.getpid())
         announce_compile()  # by the warm-up below, or by the first point of the basic launcher
         if self.warmup and launcher != BASIC_LAUNCHER and sim is not None:
             seconds = warm_numba_cache(sim)
@@ -157,6 +162,9 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.reaper is not None:  # every job returned: nothing left to reap
+            self.reaper.kill()
+            self.reaper.wait()
         root = sweep_dir(config)
         if root.exists():
             _, table = write_summary(root)

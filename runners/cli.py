@@ -34,7 +34,6 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn, Sequence  # noqa: E402
 
@@ -48,6 +47,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import callbacks, params  # noqa: E402
+from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.sweep import (  # noqa: E402
@@ -80,9 +80,6 @@ EXIT_ENVIRONMENT = 74
 #: Stopped by SIGINT (Ctrl-C) or SIGTERM: 128 + the signal number, as a shell reports it.
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
-#: Set by :func:`main` to its pid; a sweep job in another process (a joblib
-#: worker) watches its parent and stops when it dies.
-LAUNCHER_PID_ENV = "REPLAYSIM_LAUNCHER_PID"
 #: Libraries whose log records belong in the run's log file, not on the console.
 THIRD_PARTY_LOGGERS = ("aiconfigurator_core",)
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
@@ -130,28 +127,6 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def watch_parent(grace_s: float = 2.0) -> None:
-    """Stop this process when its parent dies (a joblib worker whose sweep was killed).
-
-    A daemon thread polls the parent pid; once the process is orphaned it
-    sends itself SIGTERM (:class:`Terminated` cleans up as on the command
-    line) and, should a kernel hold the main thread, exits after ``grace_s``.
-    """
-    parent = os.getppid()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.25)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
-        os._exit(EXIT_SIGTERM)
-
-    threading.Thread(target=watch, name="replaysim-watch-parent", daemon=True).start()
-
-
-_watching_parent = False
 
 
 def unknown_key_message(key: str) -> str | None:
@@ -340,14 +315,13 @@ def task(cfg: DictConfig) -> None:
     written).  In a multirun every exception of a point is recorded in its
     ``failure.json`` and the job returns normally, so the sweep goes on.
     """
-    global _single_run_done, _watching_parent
+    global _single_run_done
     third_party_logs_to_file()
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    launcher = os.environ.get(LAUNCHER_PID_ENV)
-    if multirun and launcher and launcher != str(os.getpid()) and not _watching_parent:
-        watch_parent()
-        _watching_parent = True
+    if multirun and threading.current_thread() is threading.main_thread():
+        # a worker's point stops on SIGTERM (runners.reaper) as on the command line
+        signal.signal(signal.SIGTERM, _raise_terminated)
     overrides = list(hydra_cfg.overrides.task)
     mapping: dict = {}
     try:
@@ -449,7 +423,7 @@ def stopped(exc: KeyboardInterrupt) -> NoReturn:
     The temporary files are gone already (:func:`runners.writer.write_atomic`
     removes them as the exception passes); the interpreter's teardown is
     skipped so that the process ends within a second, and joblib workers
-    stop on their own (:func:`watch_parent`).
+    are stopped by :mod:`runners.reaper`.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not print a traceback
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -146,11 +146,13 @@ def test_a_full_disk_is_one_line_and_exit_74(tmp_path):
 def test_a_signal_stops_a_run_with_one_line_and_no_file(tmp_path, signum, code, name):
     out = tmp_path / "out"
     run = subprocess.Popen([sys.executable, "-m", "runners.cli", f"output.dir={out}", f"hydra.run.dir={tmp_path}",
-                            "workload.num_requests=2000000", "workload.output_tokens=64"],
+                            # 640 million decode passes one after another: minutes, in little memory
+                            "workload.num_requests=64", "workload.output_tokens=10000000", "load.concurrency=1",
+                            "output.mode=bounded"],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            # a shell's background job inherits SIGINT ignored; a terminal's Ctrl-C is not
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(8)  # in the simulation (or its compilation)
+    time.sleep(4)  # in the simulation (or its compilation)
     sent = time.monotonic()
     run.send_signal(signum)
     _, stderr = run.communicate(timeout=60)

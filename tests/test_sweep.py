@@ -340,17 +340,22 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_joblib_workers_die_with_their_parent(tmp_path):
+@pytest.mark.parametrize("when", ["workers started", "a point runs"])
+def test_joblib_workers_die_with_their_parent(tmp_path, when):
+    """SIGKILL to the launching process: no worker (idle or busy) survives it by more than a few seconds."""
     root = tmp_path / "sweep"
     command = [sys.executable, "-m", "runners.cli", "-m", f"hydra.sweep.dir={root}", "hydra/launcher=local",
                "hydra.launcher.n_jobs=2", "load.concurrency=1,2,3,4", "workload.num_requests=400000"]
     parent = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if when == "workers started":  # the reaper and two loky workers, none with a point yet
+        ready = lambda: len(descendants(parent.pid)) >= 3  # noqa: E731
+    else:
+        ready = lambda: list(root.glob("*/point.json"))  # noqa: E731
     deadline = time.monotonic() + 240
-    while not list(root.glob("*/point.json")):  # a worker runs a point
+    while not ready():
         assert parent.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
+        time.sleep(0.05)
     workers = descendants(parent.pid)
-    assert workers
     parent.kill()
     parent.wait()
     time.sleep(5)
