@@ -127,8 +127,6 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-
-
 def unknown_key_message(key: str) -> str | None:
     """Why the override key ``key`` is not a config key, or None if it is one.
 
@@ -429,7 +427,8 @@ def stopped(exc: KeyboardInterrupt) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     name, code = ("SIGTERM", EXIT_SIGTERM) if isinstance(exc, Terminated) else ("SIGINT (Ctrl-C)", EXIT_SIGINT)
     try:
-        print(f"\n{PROG}: stopped by {name}; results of unfinished runs were not written",
+        start = "\n" if sys.stderr.isatty() else ""  # past a progress bar's line
+        print(f"{start}{PROG}: stopped by {name}; results of unfinished runs were not written",
               file=sys.stderr, flush=True)
         sys.stdout.flush()
     except (OSError, ValueError):
