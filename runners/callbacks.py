@@ -31,6 +31,7 @@ failed_points: list[str] = []
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 WARMUP_REQUESTS = 4
+LOKY_TRACKER = "joblib.externals.loky.backend.resource_tracker"
 
 
 def sweep_dir(config: DictConfig) -> Path:
@@ -149,6 +150,11 @@ class SweepCallback(Callback):
         launcher = OmegaConf.select(config, "hydra.launcher._target_")
         if "joblib" in str(launcher).lower():  # loky workers outlive a killed launcher
             self.reaper = reaper.start(os.getpid())
+            # A stopped sweep ends with one line: loky's resource tracker (started
+            # later, so it inherits this) frees the dead launcher's semaphores
+            # without warning about each.
+            quiet = f"ignore::UserWarning:{LOKY_TRACKER}"
+            os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
         announce_compile()  # by the warm-up below, or by the first point of the basic launcher
         if self.warmup and launcher != BASIC_LAUNCHER and sim is not None:
             seconds = warm_numba_cache(sim)
