@@ -40,7 +40,7 @@ from simcore.schema import SCHEMA_VERSION
 PARQUET_COMPRESSION = "zstd"
 MANIFEST_FILE = "manifest.json"
 #: The hidden name a file is staged under (:func:`write_atomic`).
-_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
 
 @lru_cache(maxsize=1)
@@ -200,6 +200,8 @@ def read_manifest(out: Path) -> dict[str, dict] | None:
         return None
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         return None
+    if any(Path(name).name != name or name in ("", ".", "..") for name in files):
+        return None  # only plain names in this directory: nothing elsewhere is ever removed
     return files
 
 
@@ -288,8 +290,7 @@ def write_atomic(
         if manifest:
             for name in set(previous) - set(files) - {MANIFEST_FILE}:
                 (out / name).unlink(missing_ok=True)
-            staged.pop()
-    return [final for _, final in staged]
+    return [final for _, final in staged if not (manifest and final.name == MANIFEST_FILE)]
 
 
 def remove_result_set(out_dir: str | os.PathLike) -> None:

@@ -193,3 +193,16 @@ def test_a_real_full_or_read_only_file_system_is_one_line_and_exit_74(tmp_path, 
     assert done.returncode == 74, done.stderr
     assert done.stderr == f"replaysim: error: cannot write results to {out}: {reason}\n"
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_manifest_naming_files_elsewhere_is_not_trusted(tmp_path, result):
+    out = tmp_path / "out"
+    write_results(result, out)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    document = json.loads((out / MANIFEST_FILE).read_text())
+    document["files"]["../precious.txt"] = {"size": 4, "sha256": file_digest(outside)}
+    (out / MANIFEST_FILE).write_text(json.dumps(document))
+    assert verified_set(out) is None
+    write_results(result, out)  # the previous manifest is not read as a list of files to remove
+    assert outside.read_text() == "keep"
