@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,12 +21,17 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from runners import reaper
 from runners.progress import SweepWatcher, announce_compile
 from runners.sweep import POINT_FILE, split_options, write_summary
 
+#: Failed points of the last multirun of this process (:meth:`SweepCallback.on_multirun_end`);
+#: :func:`runners.cli.main` exits non-zero when there are any.
+failed_points: list[str] = []
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 WARMUP_REQUESTS = 4
+LOKY_TRACKER = "joblib.externals.loky.backend.resource_tracker"
 
 
 def sweep_dir(config: DictConfig) -> Path:
@@ -121,11 +127,12 @@ class SweepCallback(Callback):
     def __init__(self, warmup: bool = True) -> None:
         self.warmup = warmup
         self.watcher: SweepWatcher | None = None
+        self.reaper = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Launchers pickle the callbacks with the Hydra context to send jobs to
-        # workers; the watcher (a thread) stays in the launching process.
-        return {**self.__dict__, "watcher": None}
+        # workers; the watcher (a thread) and the reaper stay in the launching process.
+        return {**self.__dict__, "watcher": None, "reaper": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         gc.enable()  # off in runners.cli.main unless -m was given; a sweep is long-lived
@@ -141,6 +148,13 @@ class SweepCallback(Callback):
         except Exception:  # noqa: BLE001 - a bad config is reported by every job as a failed point
             options, sim = None, None
         launcher = OmegaConf.select(config, "hydra.launcher._target_")
+        if "joblib" in str(launcher).lower():  # loky workers outlive a killed launcher
+            self.reaper = reaper.start(os.getpid())
+            # A stopped sweep ends with one line: loky's resource tracker (started
+            # later, so it inherits this) frees the dead launcher's semaphores
+            # without warning about each.
+            quiet = f"ignore::UserWarning:{LOKY_TRACKER}"
+            os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
         announce_compile()  # by the warm-up below, or by the first point of the basic launcher
         if self.warmup and launcher != BASIC_LAUNCHER and sim is not None:
             seconds = warm_numba_cache(sim)
@@ -154,6 +168,11 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.reaper is not None:  # every job returned: nothing left to reap
+            self.reaper.kill()
+            self.reaper.wait()
         root = sweep_dir(config)
         if root.exists():
-            write_summary(root)
+            _, table = write_summary(root)
+            failed_points[:] = [r for r, s in zip(table.column("run_id").to_pylist(),
+                                                  table.column("status").to_pylist()) if s == "failed"]

@@ -3,7 +3,11 @@
 Bad input (an unknown key or preset, an override Hydra cannot compose, an
 invalid value, a bad request table) prints one line ``replaysim: error: ...`` on
 stderr and exits with code 2; nothing is written and the run directory Hydra
-made for the run is removed (SPEC §11, :mod:`runners.rundir`).
+made for the run is removed (SPEC §11, :mod:`runners.rundir`).  An environment
+error (``output.dir`` not writable, a file in its place, a full disk) prints one
+line naming the path and the OS error and exits 74; Ctrl-C exits 130 and
+SIGTERM 143, each with one line and no temporary file left; a sweep in which
+some point failed exits 1.
 
 Sweeps (``-m``, or in-job batch axes ``sweep.batch.<key>=[...]``) run through
 :mod:`runners.sweep`: in a multirun a failing point writes ``failure.json`` and
@@ -31,6 +35,7 @@ import functools  # noqa: E402
 import importlib.metadata  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -49,7 +54,8 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
-from runners import params  # noqa: E402
+from runners import callbacks, params  # noqa: E402
+from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.rundir import remove_new_run_dir  # noqa: E402
@@ -66,7 +72,7 @@ from runners.sweep import (  # noqa: E402
     split_options,
     write_summary,
 )
-from runners.writer import write_results  # noqa: E402
+from runners.writer import check_writable, write_results  # noqa: E402
 import simcore  # noqa: E402
 from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
 from simcore.jit_cache import engine_kernel_cached  # noqa: E402
@@ -79,6 +85,13 @@ PROG = "replaysim"
 CONFIG_PATH = "conf"
 CONFIG_DIR = Path(__file__).resolve().parent / CONFIG_PATH
 EXIT_BAD_INPUT = 2
+#: Some point of a sweep failed (``summary.parquet`` lists them).
+EXIT_POINTS_FAILED = 1
+#: The results cannot be written (sysexits' EX_IOERR).
+EXIT_ENVIRONMENT = 74
+#: Stopped by SIGINT (Ctrl-C) or SIGTERM: 128 + the signal number, as a shell reports it.
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
 #: Libraries whose log records belong in the run's log file, not on the console.
 THIRD_PARTY_LOGGERS = ("aiconfigurator_core",)
 #: Set by :func:`task` once a single run (no sweep, no batch axes) has written
@@ -103,6 +116,28 @@ def fail(message: object) -> NoReturn:
     remove_new_run_dir()
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
+
+
+def fail_environment(exc: OSError, out_dir: Path) -> NoReturn:
+    """Print one line naming the path and the OS error of ``exc`` and exit :data:`EXIT_ENVIRONMENT`."""
+    path = exc.filename or out_dir
+    # the errno's own text: pyarrow's strerror wraps it in a longer message
+    reason = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+    print(f"{PROG}: error: cannot write results to {path}: {reason}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_ENVIRONMENT)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt.
+
+    A ``BaseException``, so no ``except Exception`` (a sweep point's
+    isolation) swallows it, and :func:`runners.writer.write_atomic` removes
+    its temporary files on the way out.
+    """
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def unknown_key_message(key: str) -> str | None:
@@ -305,6 +340,10 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
         detailed = options.export_detailed(config)
     except ConfigError as exc:  # an export the output mode cannot give
         fail(exc)
+    try:
+        check_writable(out_dir)  # before a long simulation, not after
+    except OSError as exc:
+        fail_environment(exc, out_dir)
     with RunProgress(cold=not engine_kernel_cached()) as progress:
         try:
             result, tokens = simulate(config, options, progress.update)
@@ -312,7 +351,11 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
             progress.close(ok=False)  # clears the bar before the error line
             fail(exc)
         progress.writing()
-        write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
+        try:
+            write_results(result, out_dir, extra=export_documents(result, tokens, options, detailed))
+        except OSError as exc:  # a full disk; the temporary files are gone
+            progress.close(ok=False)
+            fail_environment(exc, out_dir)
     print(format_summary(result.summary, out_dir), flush=True)
 
 
@@ -330,6 +373,8 @@ def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
             run_point(point, options, isolate=False, simulated=simulated)
         except ConfigError as exc:  # a bad request table or trace
             fail(f"{point.run_id}: {exc}")
+        except OSError as exc:
+            fail_environment(exc, point.dir)
         progress.update()
     progress.close()
     write_summary(root)
@@ -354,6 +399,9 @@ def task(cfg: DictConfig) -> None:
     third_party_logs_to_file()
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun and threading.current_thread() is threading.main_thread():
+        # a worker's point stops on SIGTERM (runners.reaper) as on the command line
+        signal.signal(signal.SIGTERM, _raise_terminated)
     overrides = OmegaConf.to_container(hydra_cfg.overrides.task)  # as typed: ${...} left unresolved
     mapping: dict = {}
     try:
@@ -434,9 +482,8 @@ def main() -> None:
     if "--version" in argv:  # Hydra's parser would print Hydra's version
         print(f"{PROG} {installed_version()}", flush=True)
         return
-    check_overrides(argv)
-    if not get_args_parser().parse_args(argv).multirun:
-        gc.disable()
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    signal.signal(signal.SIGTERM, _raise_terminated)
     # Composition errors the check leaves to Hydra (``+key=1`` where key has a
     # value, an unknown --config-name) then reach the except below instead of
     # Hydra's multi-line report and exit 1; HYDRA_FULL_ERROR set by the user wins.
@@ -444,14 +491,45 @@ def main() -> None:
     if own_report:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        check_overrides(argv)
+        if not get_args_parser().parse_args(argv).multirun:
+            gc.disable()
         task()
     except CompactHydraException as exc:
         if not own_report:
             raise
         fail(str(exc).split("Config search path:")[0])  # the search path listing is Hydra's debugging aid
+    except KeyboardInterrupt as exc:
+        stopped(exc)
     if _single_run_done:
         _exit_without_teardown()
     gc.enable()
+    if callbacks.failed_points:
+        count = len(callbacks.failed_points)
+        print(f"{PROG}: error: {count} point{'s' * (count != 1)} of the sweep failed "
+              "(summary.parquet lists them)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_POINTS_FAILED)
+
+
+def stopped(exc: KeyboardInterrupt) -> NoReturn:
+    """One line for Ctrl-C or SIGTERM, then exit 130 or 143 at once.
+
+    The temporary files are gone already (:func:`runners.writer.write_atomic`
+    removes them as the exception passes); the interpreter's teardown is
+    skipped so that the process ends within a second, and joblib workers
+    are stopped by :mod:`runners.reaper`.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not print a traceback
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name, code = ("SIGTERM", EXIT_SIGTERM) if isinstance(exc, Terminated) else ("SIGINT (Ctrl-C)", EXIT_SIGINT)
+    try:
+        start = "\n" if sys.stderr.isatty() else ""  # past a progress bar's line
+        print(f"{start}{PROG}: stopped by {name}; results of unfinished runs were not written",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
 
 
 if _GC_ENABLED_AT_IMPORT:

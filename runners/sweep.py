@@ -37,7 +37,15 @@ from runners.export import (
     aiperf_document,
     vllm_bench_document,
 )
-from runners.writer import json_file, json_text, parquet_file, write_atomic, write_results
+from runners.writer import (
+    json_file,
+    json_text,
+    parquet_file,
+    remove_result_set,
+    verified_set,
+    write_atomic,
+    write_results,
+)
 from simcore.config import ConfigError, SimConfig, load_config
 
 #: Defaults of the runner's own keys (registered beside the simcore defaults).
@@ -56,6 +64,9 @@ RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_
 #: summary.json keys that are not metrics.
 PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
 STATUSES = ("ok", "failed", "skipped")
+#: ``point.json`` status while a point runs; found at the end of a sweep it
+#: means the point's process was killed or crashed.
+RUNNING = "running"
 
 
 @dataclass(frozen=True)
@@ -274,6 +285,15 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, allow_nan=True))
 
 
+def is_done(out: Path, resolved: Mapping[str, Any]) -> bool:
+    """True when ``out`` holds a complete result set (its manifest verified) of the config ``resolved``."""
+    try:
+        files = verified_set(out)
+    except OSError:
+        return False
+    return files is not None and {"requests.parquet", SUMMARY_FILE} <= set(files) and _same_config(out, resolved)
+
+
 def _same_config(out: Path, resolved: Mapping[str, Any]) -> bool:
     try:
         stored = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8")).get("config")
@@ -364,7 +384,7 @@ def presimulate(points: Sequence[Point], options: RunnerOptions) -> Iterator[tup
                 config = load_config(point.mapping)
             except Exception:
                 continue  # run_point reports it
-            if not options.force and (point.dir / SUMMARY_FILE).exists() and _same_config(point.dir, config.resolved):
+            if not options.force and is_done(point.dir, config.resolved):
                 continue
             configs[index] = config
         done: dict[int, tuple[simcore.Result, pa.Table | None]] = {}
@@ -414,12 +434,13 @@ def run_point(
     try:
         config = load_config(point.mapping)
         values = point.values(config.resolved)
-        if not options.force and (out / SUMMARY_FILE).exists() and _same_config(out, config.resolved):
+        if not options.force and is_done(out, config.resolved):
             _write_point(point, "skipped", values, config.seed)
             if not quiet:
-                say(f"{point.run_id}: skipped (summary.json exists; force=true reruns it)")
+                say(f"{point.run_id}: skipped (its results are complete; force=true reruns it)")
             return "skipped"
         detailed = options.export_detailed(config)
+        _write_point(point, RUNNING, values, config.seed)
         result, tokens = simulated if simulated is not None else simulate(config, options)
         columns = params.id_columns(point.run_id, config.seed, point.keys, values)
         extra = export_documents(result, tokens, options, detailed)
@@ -429,7 +450,10 @@ def run_point(
     except Exception as exc:
         if not isolate:
             raise
-        record_failure(point, exc)
+        try:
+            record_failure(point, exc)
+        except OSError as unwritable:  # the point's directory itself: the summary reports it as lost
+            say(f"{point.run_id}: cannot write {FAILURE_FILE}: {unwritable}", sys.stderr)
         if not quiet:
             say(f"{point.run_id}: failed: {type(exc).__name__}: {_one_line(exc)}", sys.stderr)
         return "failed"
@@ -466,7 +490,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines())
 
 
-def record_failure(point: Point, exc: BaseException) -> None:
+def record_failure(point: Point, exc: BaseException, values: Mapping[str, Any] | None = None) -> None:
     """Write ``failure.json`` and a failed ``point.json``; remove the point's stale results.
 
     Parameters
@@ -476,6 +500,8 @@ def record_failure(point: Point, exc: BaseException) -> None:
     exc : BaseException
         Its exception (``error_type`` is the class name, ``error`` the one-line
         message; a traceback is kept for errors that are not ``ValueError``).
+    values : mapping, optional
+        The parameter values for ``point.json`` (default: :meth:`Point.values`).
     """
     document = {
         "error_type": type(exc).__name__,
@@ -483,13 +509,14 @@ def record_failure(point: Point, exc: BaseException) -> None:
         "overrides": list(point.overrides),
         "run_id": point.run_id,
     }
-    if not isinstance(exc, ValueError):  # ConfigError is a ValueError: its message says it all
+    if not isinstance(exc, (ValueError, PointLost)):  # ConfigError is a ValueError: its message says it all
         document["traceback"] = traceback.format_exc()
-    for name in RESULT_FILES:
+    remove_result_set(point.dir)
+    for name in RESULT_FILES:  # a point directory holds only replaysim's files
         (point.dir / name).unlink(missing_ok=True)
     seed = params.lookup(point.mapping, "seed", simcore.DEFAULTS["seed"])
     write_atomic(point.dir, [(FAILURE_FILE, json_file(_plain(document)))])
-    _write_point(point, "failed", point.values(), seed)
+    _write_point(point, "failed", point.values() if values is None else values, seed)
 
 
 def _headline(summary: Mapping[str, Any]) -> str:
@@ -616,6 +643,31 @@ def summary_table(root: str | Path) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
+class PointLost(RuntimeError):
+    """The process of a point ended while the point ran (killed, crashed or out of memory)."""
+
+
+def record_lost_points(root: Path) -> list[str]:
+    """Record every point under ``root`` still marked running as failed (:class:`PointLost`).
+
+    Called once every job of the sweep has returned, when no point can still
+    be running.  Returns the run ids recorded.
+    """
+    lost = []
+    for path in point_files(root):
+        document = _read_json(path)
+        if document is None or document.get("status") != RUNNING:
+            continue
+        runtime_info = document.get("runtime") or {}
+        point = Point(path.parent, document.get("run_id"), {"seed": document.get("seed")},
+                      tuple(document.get("overrides") or ()), tuple(sorted(document.get("parameters") or {})))
+        where = f"pid {runtime_info.get('pid')} on {runtime_info.get('host')}"
+        record_failure(point, PointLost(f"the process of this point ({where}) ended before the point finished: "
+                                        "killed, crashed or out of memory"), values=document.get("parameters") or {})
+        lost.append(point.run_id)
+    return lost
+
+
 def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Table]:
     """Write ``summary.parquet`` at ``root`` (atomically) and report failed points.
 
@@ -634,6 +686,7 @@ def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Ta
         Its content (:func:`summary_table`).
     """
     root = Path(root)
+    record_lost_points(root)
     table = summary_table(root)
     (path,) = write_atomic(root, [(SWEEP_SUMMARY, parquet_file(table))])
     if not quiet:

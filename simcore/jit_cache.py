@@ -7,8 +7,13 @@ of that function after its module changes, and gives wrong results without an
 error (numba issues #1833 and #9483).  So the cache directory is named after a
 fingerprint of every kernel module: a change to any of them starts a fresh
 cache, compiled once.  The directory is ``$NUMBA_CACHE_DIR/replaysim-<fp>``
-when that variable is set, else ``simcore/__pycache__/numba-<fp>`` (or
-``~/.cache/replaysim/numba-<fp>`` when the package directory is read-only).
+when that variable is set, else ``$XDG_CACHE_HOME/replaysim/numba-<fp>``
+(``~/.cache`` without it), created with mode 0700.
+
+numba's index files are pickles: whoever can write the cache directory can
+run code in every process that loads it.  So the default directory is the
+user's own, and a ``NUMBA_CACHE_DIR`` that another user can write (group or
+others write permission, another owner) gets a :class:`SharedCacheWarning`.
 
 :func:`configure` must run before any kernel module is imported; importing
 ``simcore`` does it.
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
+import warnings
 from pathlib import Path
 
 import numba
@@ -59,22 +66,72 @@ def fingerprint(root: Path = PACKAGE_DIR) -> str:
     return digest.hexdigest()[:16]
 
 
+class SharedCacheWarning(UserWarning):
+    """``NUMBA_CACHE_DIR`` can be written by other users, who could run code in this process."""
+
+
+def user_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/replaysim`` (default ``~/.cache/replaysim``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replaysim"
+
+
+def writable_by_others(path: Path) -> str | None:
+    """Why users other than this one can write ``path`` or a directory above it, or None.
+
+    Checks group and others write permission and the owner of ``path`` and of
+    each parent (a sticky ``/tmp`` does not let others replace what this user
+    owns in it, so a sticky parent is not counted).
+
+    Parameters
+    ----------
+    path : Path
+        A cache directory (it or its parents may not exist yet).
+
+    Returns
+    -------
+    str or None
+        The first directory found writable by others, and why.
+    """
+    uid = os.geteuid()
+    for where in (path, *path.parents):
+        try:
+            info = where.stat()
+        except OSError:
+            continue  # not created yet
+        if info.st_uid not in (uid, 0):
+            return f"{where} belongs to uid {info.st_uid}"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (where != path and info.st_mode & stat.S_ISVTX):
+            return f"{where} is writable by {'others' if info.st_mode & stat.S_IWOTH else 'its group'}"
+    return None
+
+
 def configure() -> Path:
     """Point numba's cache at this version's directory (see the module docstring).
 
     Returns
     -------
     Path
-        The cache directory.
+        The cache directory.  The default one is created with mode 0700 (when
+        it cannot be, numba reports it on the first cached compile).
     """
     name = fingerprint()
     user_dir = os.environ.get("NUMBA_CACHE_DIR")
     if user_dir:
         path = Path(user_dir) / f"replaysim-{name}"
-    elif os.access(PACKAGE_DIR, os.W_OK):
-        path = PACKAGE_DIR / "__pycache__" / f"numba-{name}"
+        reason = writable_by_others(path)
+        if reason:
+            warnings.warn(
+                f"NUMBA_CACHE_DIR={user_dir}: {reason}; numba's cache index files are pickles, so whoever "
+                "can write there can run code in replaysim (docs/sweeps.md)",
+                SharedCacheWarning, stacklevel=2,
+            )
     else:
-        path = Path.home() / ".cache" / "replaysim" / f"numba-{name}"
+        path = user_cache_root() / f"numba-{name}"
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            pass
     numba.config.CACHE_DIR = str(path)
     return path
 

@@ -122,7 +122,8 @@ def test_cancelled_jobs_are_failed_points_and_a_rerun_completes_them(tmp_path):
         if launched.poll() is None:
             launched.kill()
             subprocess.run(["scancel", "-n", name], timeout=30)
-    assert launched.returncode == 0, stderr[-3000:]
+    assert launched.returncode == 1, stderr[-3000:]  # two points failed
+    assert stderr.splitlines()[-1] == "replaysim: error: 2 points of the sweep failed (summary.parquet lists them)"
     table = summary(sweep)
     assert table["status"].to_list() == ["ok", "failed", "ok", "failed"]
     assert table["completed"].to_list() == [NUM_REQUESTS, None, NUM_REQUESTS, None]

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,15 @@ def replaysim(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def sweep(root: Path, *args: str) -> subprocess.CompletedProcess:
+def sweep(root: Path, *args: str, failed: int = 0) -> subprocess.CompletedProcess:
+    """Run a multirun into ``root``; ``failed`` points are expected to fail (then exit 1)."""
     done = replaysim(root.parent, "-m", f"hydra.sweep.dir={root}", *args)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == (1 if failed else 0), done.stderr
+    if failed:
+        plural = "s" * (failed != 1)
+        assert done.stderr.splitlines()[-1] == (
+            f"replaysim: error: {failed} point{plural} of the sweep failed (summary.parquet lists them)"
+        )
     return done
 
 
@@ -114,7 +121,7 @@ def test_batch_rejects_a_bad_point_before_writing(tmp_path):
 
 def test_failure_is_isolated_and_resume_skips_done_points(tmp_path):
     root = tmp_path / "sweep"
-    first = sweep(root, "load.concurrency=1,0", *SMALL)
+    first = sweep(root, "load.concurrency=1,0", *SMALL, failed=1)
     assert "sweep/1: failed: ConfigError: load.concurrency must be an integer >= 1, got 0" in first.stderr
     failure = json.loads((root / "1" / "failure.json").read_text())
     assert failure["error_type"] == "ConfigError" and "load.concurrency" in failure["error"]
@@ -128,12 +135,12 @@ def test_failure_is_isolated_and_resume_skips_done_points(tmp_path):
     assert json.loads(pq.read_schema(root / "summary.parquet").metadata[b"failed"]) == ["sweep/1"]
 
     done_at = (root / "0" / "summary.json").stat().st_mtime_ns
-    second = sweep(root, "load.concurrency=1,0", *SMALL)
+    second = sweep(root, "load.concurrency=1,0", *SMALL, failed=1)
     assert "sweep/0: skipped" in second.stdout
     assert summary(root)["status"].to_list() == ["skipped", "failed"]
     assert (root / "0" / "summary.json").stat().st_mtime_ns == done_at
 
-    third = sweep(root, "load.concurrency=1,0", *SMALL, "force=true")
+    third = sweep(root, "load.concurrency=1,0", *SMALL, "force=true", failed=1)
     assert "sweep/0: ok" in third.stdout
     assert summary(root)["status"].to_list() == ["ok", "failed"]
     assert (root / "0" / "summary.json").stat().st_mtime_ns != done_at
@@ -164,7 +171,7 @@ def test_joblib_preset_runs_a_sweep(multirun, tmp_path):
 def test_submitit_local_runs_the_job_path(tmp_path):
     pytest.importorskip("submitit")
     root = tmp_path / "sweep"
-    sweep(root, "hydra/launcher=submitit_local", "load.concurrency=1,0", *SMALL)
+    sweep(root, "hydra/launcher=submitit_local", "load.concurrency=1,0", *SMALL, failed=1)
     assert summary(root)["status"].to_list() == ["ok", "failed"]
     assert (root / ".submitit").is_dir() and (root / "0" / "requests.parquet").exists()
 
@@ -270,3 +277,86 @@ def test_parameter_columns_take_declared_types():
                                   "load.concurrency": None, "metrics.percentiles": [50.0, 99.9],
                                   "workload.path": None}]
     assert table.schema.field("metrics.percentiles").type == pa.list_(pa.float64())
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_resume_reruns_a_point_whose_results_are_damaged(tmp_path, damage):
+    root = tmp_path / "sweep"
+    sweep(root, "load.concurrency=1,2", *SMALL)
+    requests = root / "1" / "requests.parquet"
+    if damage == "delete":
+        requests.unlink()
+    else:
+        data = bytearray(requests.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        requests.write_bytes(bytes(data))
+    again = sweep(root, "load.concurrency=1,2", *SMALL)
+    assert "sweep/0: skipped" in again.stdout and "sweep/1: ok" in again.stdout
+    assert summary(root)["status"].to_list() == ["skipped", "ok"]
+    assert pq.read_table(requests).num_rows == 8
+
+
+def test_a_point_left_running_is_a_failed_point(tmp_path):
+    """A point whose process died (point.json still says running) is recorded as failed at the summary."""
+    root = tmp_path / "sweep"
+    sweep(root, "load.concurrency=1,2", *SMALL)
+    point = json.loads((root / "1" / "point.json").read_text())
+    (root / "1" / "point.json").write_text(json.dumps({**point, "status": "running"}))
+    (root / "1" / "manifest.json").unlink()  # killed before its manifest
+    from runners.sweep import write_summary
+
+    _, table = write_summary(root, quiet=True)
+    assert table.column("status").to_pylist() == ["ok", "failed"]
+    assert table.column("error_type").to_pylist() == [None, "PointLost"]
+    failure = json.loads((root / "1" / "failure.json").read_text())
+    assert "ended before the point finished" in failure["error"]
+    assert not (root / "1" / "requests.parquet").exists()
+    assert json.loads((root / "1" / "point.json").read_text())["parameters"] == point["parameters"]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("when", ["workers started", "a point runs"])
+def test_joblib_workers_die_with_their_parent(tmp_path, when):
+    """SIGKILL to the launching process: no worker (idle or busy) survives it by more than a few seconds."""
+    root = tmp_path / "sweep"
+    command = [sys.executable, "-m", "runners.cli", "-m", f"hydra.sweep.dir={root}", "hydra/launcher=local",
+               "hydra.launcher.n_jobs=2", "load.concurrency=1,2,3,4", "workload.num_requests=400000"]
+    parent = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if when == "workers started":  # the reaper and two loky workers, none with a point yet
+        ready = lambda: len(descendants(parent.pid)) >= 3  # noqa: E731
+    else:
+        ready = lambda: list(root.glob("*/point.json"))  # noqa: E731
+    deadline = time.monotonic() + 240
+    while not ready():
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = descendants(parent.pid)
+    parent.kill()
+    parent.wait()
+    time.sleep(5)
+    assert [pid for pid in workers if alive(pid)] == []

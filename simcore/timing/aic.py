@@ -25,7 +25,9 @@ table     what                                                   knots
 self-check compares the tables with direct ``estimate_forward_pass_time_ms``
 calls on random passes and refuses tables whose worst error exceeds
 :data:`MAX_REL_ERROR`.  Tables are cached in
-``$REPLAYSIM_CACHE_DIR/aic/<key>.npz`` (default ``~/.cache/replaysim/aic``),
+``$REPLAYSIM_CACHE_DIR/aic/<key>.npz`` (default ``~/.cache/replaysim/aic``;
+an entry carries the SHA-256 of its arrays and is checked on load, see
+:func:`load_or_build`),
 ``key`` = a hash of the configuration, the table layout and the package version.
 
 aiconfigurator-core is imported lazily: the rest of the simulator works without it.
@@ -694,14 +696,10 @@ def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
     if key in _MEMO:
         return _MEMO[key]
     path = os.path.join(cache_dir(), f"{key}.npz")
-    if os.path.isfile(path):
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                found = (data["params"].copy(), data["table"].copy(), json.loads(str(data["info"])))
-            _MEMO[key] = found
-            return found
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable: rebuild below
+    found = load_entry(path, spec)
+    if found is not None:
+        _MEMO[key] = found
+        return found
     start = time.perf_counter()
     params, table = build_tables(spec)
     built = time.perf_counter() - start
@@ -711,12 +709,121 @@ def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, params=params, table=table, info=np.array(json.dumps(info)))
+            np.savez(handle, params=params, table=table, info=np.array(json.dumps(info)),
+                     sha256=np.array(tables_digest(params, table)))
         os.replace(tmp, path)
     except OSError:
         pass  # an unwritable cache only costs a rebuild next time
     _MEMO[key] = (params, table, info)
     return _MEMO[key]
+
+
+#: Passes compared with direct aiconfigurator-core calls when a cache entry is loaded.
+LOAD_CHECKS = 8
+
+
+def tables_digest(params: np.ndarray, table: np.ndarray) -> str:
+    """SHA-256 of the two arrays' dtypes, shapes and bytes: stored in a cache entry, checked on load.
+
+    Parameters
+    ----------
+    params, table : ndarray
+        As :func:`build_tables`.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+    """
+    digest = hashlib.sha256()
+    for array in (params, table):
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def layout_problem(spec: AicSpec, params: np.ndarray, table: np.ndarray) -> str | None:
+    """What in ``(params, table)`` contradicts the layout of :func:`build_tables` for ``spec``, or None.
+
+    Shapes and dtypes, offsets that are integers inside ``table``, the table
+    sizes ``spec`` fixes (``tokens``, ``sequences``), finite non-negative
+    times: what the kernel indexes without bounds checks.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        The spec the tables were built for.
+    params, table : ndarray
+        As :func:`build_tables`.
+
+    Returns
+    -------
+    str or None
+        The first contradiction found.
+    """
+    if params.dtype != np.float64 or params.shape != (nb.AIC_NUM_PARAMS,):
+        return f"params has dtype {params.dtype} and shape {params.shape}"
+    if table.dtype != np.float64 or table.ndim != 1 or table.size == 0:
+        return f"table has dtype {table.dtype} and shape {table.shape}"
+    if not (np.isfinite(table).all() and (table >= 0).all()):
+        return "table holds a negative or non-finite value"
+    if not (np.isfinite(params).all() and (params >= 0).all() and (params == np.round(params)).all()):
+        return "params holds an offset that is not a non-negative integer"
+    p = params.astype(np.int64)
+    if (p[nb.A_NA_N], p[nb.A_LG_N], p[nb.A_NG_N]) != (spec.tokens, spec.sequences, spec.sequences):
+        return "a table size differs from the spec's tokens and sequences"
+    b_n = int(p[nb.A_GA_B_N])
+    pieces = [(nb.A_NA, p[nb.A_NA_N]), (nb.A_LG, p[nb.A_LG_N]), (nb.A_NG, p[nb.A_NG_N]),
+              (nb.A_GA_START, b_n + 1), (nb.A_GA_B, b_n), (nb.A_CA_N, p[nb.A_CA_N_N]),
+              (nb.A_CA_S, p[nb.A_CA_S_N]), (nb.A_CA_P, p[nb.A_CA_P_N]),
+              (nb.A_CA, p[nb.A_CA_N_N] * p[nb.A_CA_S_N] * p[nb.A_CA_P_N])]
+    for offset, size in pieces:
+        if p[offset] + size > table.size:
+            return f"a piece at offset {p[offset]} of size {size} ends past the table ({table.size})"
+    starts = table[p[nb.A_GA_START] : p[nb.A_GA_START] + b_n + 1]
+    if starts[0] != 0 or (np.diff(starts) < 1).any():
+        return "the decode-attention row starts are not increasing from 0"
+    knots = int(starts[-1])
+    if p[nb.A_GA_K] + knots > table.size or p[nb.A_GA] + knots > table.size:
+        return "the decode-attention rows end past the table"
+    return None
+
+
+def load_entry(path: str, spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict] | None:
+    """The cache entry at ``path`` if it is sound, else None (the caller rebuilds and replaces it).
+
+    Sound: readable, its stored SHA-256 matches its arrays, its layout fits
+    ``spec`` (:func:`layout_problem`), and :data:`LOAD_CHECKS` passes agree
+    with direct aiconfigurator-core calls within :data:`MAX_REL_ERROR` (a
+    table scaled or written by another build fails there).
+
+    Parameters
+    ----------
+    path : str
+        The ``.npz`` entry.
+    spec : AicSpec
+        The spec of its key.
+
+    Returns
+    -------
+    tuple or None
+        ``(params, table, info)`` as :func:`load_or_build`.
+    """
+    if not os.path.isfile(path):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            params, table = data["params"].copy(), data["table"].copy()
+            info, stored = json.loads(str(data["info"])), str(data["sha256"])
+    except (OSError, ValueError, KeyError, EOFError):
+        return None
+    if stored != tables_digest(params, table) or layout_problem(spec, params, table) is not None:
+        return None
+    try:
+        self_check(spec, params, table, count=LOAD_CHECKS)
+    except ConfigError:
+        return None
+    return params, table, info
 
 
 # ---------------------------------------------------------------- KV capacity

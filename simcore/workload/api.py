@@ -11,6 +11,7 @@ lengths, then output lengths, then inter-send gaps.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 
@@ -128,6 +129,7 @@ def _read_csv(file: Path) -> pa.Table:
     line-by-line reader but cannot say where a bad row is.  No value is taken
     as null (an empty or ``NA`` field fails the typed parse, and the scan
     reports it); header names and ids are whitespace-trimmed as the scan does.
+    A duplicate header name is refused by either reader.
     """
     try:
         table = pa_csv.read_csv(
@@ -138,7 +140,8 @@ def _read_csv(file: Path) -> pa.Table:
         )
     except (pa.ArrowException, OSError):
         return _scan_csv(file)
-    if any(name != name.strip() for name in table.column_names):
+    names = table.column_names
+    if any(name != name.strip() for name in names) or len(set(names)) != len(names):
         return _scan_csv(file)
     if "request_id" in table.column_names:
         index = table.column_names.index("request_id")
@@ -146,26 +149,46 @@ def _read_csv(file: Path) -> pa.Table:
     return table
 
 
+def _utf8_text(file: Path) -> str:
+    """The file's text; bytes that are not UTF-8 are a ConfigError naming their line."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{file}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); expected a CSV request table") from None
+
+
 def _scan_csv(file: Path) -> pa.Table:
     """A small strict line-by-line CSV reader so that a bad row is reported with its line."""
-    with file.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
+    reader = csv.reader(io.StringIO(_utf8_text(file), newline=""))
+    try:
+        header = [name.strip() for name in next(reader)]
+    except StopIteration:
+        raise ConfigError(f"{file}:1: empty file, expected a header row") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{file}:{reader.line_num}: not a CSV header row ({exc})") from None
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{file}:{reader.line_num}: duplicate column(s) {', '.join(twice)} in the header")
+    columns: dict[str, list] = {name: [] for name in header}
+    while True:
         try:
-            header = [name.strip() for name in next(reader)]
+            row = next(reader)
         except StopIteration:
-            raise ConfigError(f"{file}:1: empty file, expected a header row") from None
-        columns: dict[str, list] = {name: [] for name in header}
-        for row in reader:
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise ConfigError(
-                    f"{file}:{line}: expected {len(header)} fields ({', '.join(header)}), got {len(row)}"
-                )
-            for name, value in zip(header, row):
-                columns[name].append(_parse_field(file, line, name, value.strip()))
-    return pa.table({name: pa.array(values) for name, values in columns.items()})
+            break
+        except csv.Error as exc:  # a NUL byte, an unterminated quote
+            raise ConfigError(f"{file}:{reader.line_num}: not a CSV row ({exc})") from None
+        line = reader.line_num
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise ConfigError(
+                f"{file}:{line}: expected {len(header)} fields ({', '.join(header)}), got {len(row)}"
+            )
+        for name, value in zip(header, row):
+            columns[name].append(_parse_field(file, line, name, value.strip()))
+    return pa.table({name: pa.array(values, type=CSV_TYPES.get(name)) for name, values in columns.items()})
 
 
 def _parse_field(file: Path, line: int, name: str, value: str):
@@ -179,8 +202,68 @@ def _parse_field(file: Path, line: int, name: str, value: str):
         length = integral(number)
         if length is None:
             raise ConfigError(f"{file}:{line}: {name} must be an integer, got {value!r}")
+        if not 1 <= length <= MAX_LENGTH:
+            raise ConfigError(f"{file}:{line}: {name} must be an integer from 1 to {MAX_LENGTH}, got {value!r}")
         return length
     return number
+
+
+#: The largest token length a table may give: lengths are int64 in the kernels.
+MAX_LENGTH = 2**63 - 1
+#: Milliseconds per unit of an Arrow timestamp or duration column.
+MS_PER_UNIT = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+
+
+def _column_type_error(origin: str, name: str, kind: pa.DataType) -> ConfigError:
+    expected = {"request_id": "strings or integers", "send_ms": "numbers (ms), a timestamp or a duration"}
+    return ConfigError(
+        f"{origin}: column {name} has type {kind}, expected {expected.get(name, 'integers (tokens)')}"
+    )
+
+
+def _lengths(column: pa.ChunkedArray, origin: str, name: str) -> np.ndarray:
+    """A length column as int64: integers or integral floats from 1 to :data:`MAX_LENGTH`."""
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):  # bool, decimal, string, ...
+        raise _column_type_error(origin, name, kind)
+    if column.null_count:
+        raise ConfigError(f"{origin}: {name} has a missing value at {_row(origin, _first_null(column))}")
+    values = column.to_numpy()
+    if pa.types.is_floating(kind):
+        bad = ~np.isfinite(values) | (values != np.round(values)) | (np.abs(values) >= 2.0**63)
+    else:
+        bad = values > MAX_LENGTH if values.dtype == np.uint64 else np.zeros(values.size, dtype=bool)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(
+            f"{origin}: {name} must be an integer from 1 to {MAX_LENGTH} at {_row(origin, i)}, got {values[i].item()!r}"
+        )
+    values = values.astype(np.int64)
+    if (values < 1).any():
+        i = int(np.argmax(values < 1))
+        raise ConfigError(f"{origin}: {name} must be >= 1 at {_row(origin, i)}, got {values[i]}")
+    return values
+
+
+def _send_ms(column: pa.ChunkedArray, origin: str) -> np.ndarray:
+    """``send_ms`` as float64 ms: numbers as they are, durations and timestamps with their unit.
+
+    A timestamp column is an instant, so it is taken relative to its first
+    row (the trace shift of SPEC §1 makes the first send t = 0 anyway).
+    """
+    kind = column.type
+    if column.null_count:
+        raise ConfigError(f"{origin}: send_ms has a missing value at {_row(origin, _first_null(column))}")
+    if pa.types.is_timestamp(kind) or pa.types.is_duration(kind):
+        raw = column.cast(pa.int64()).to_numpy()
+        if pa.types.is_timestamp(kind) and raw.size:
+            if int(raw.max()) - int(raw[0]) > MAX_LENGTH or int(raw.min()) - int(raw[0]) < -MAX_LENGTH:
+                raise ConfigError(f"{origin}: send_ms ({kind}) spans more time than int64 {kind.unit} hold")
+            raw = raw - raw[0]
+        return raw.astype(np.float64) * MS_PER_UNIT[kind.unit]
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        raise _column_type_error(origin, "send_ms", kind)
+    return column.to_numpy().astype(np.float64)
 
 
 def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> RequestTable:
@@ -220,26 +303,13 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
     n = table.num_rows
     if n == 0:
         raise ConfigError(f"{origin}: the request table has no rows")
-    lengths = {}
-    for name in ("input_tokens", "output_tokens"):
-        column = table.column(name)
-        if column.null_count:
-            raise ConfigError(f"{origin}: {name} has a missing value at {_row(origin, _first_null(column))}")
-        values = column.to_numpy()
-        if not np.issubdtype(values.dtype, np.integer):
-            bad = ~np.isfinite(values) | (values != np.round(values))
-            if bad.any():
-                raise ConfigError(
-                    f"{origin}: {name} must be an integer at {_row(origin, int(np.argmax(bad)))}, "
-                    f"got {values[np.argmax(bad)]!r}"
-                )
-        values = values.astype(np.int64)
-        if (values < 1).any():
-            i = int(np.argmax(values < 1))
-            raise ConfigError(f"{origin}: {name} must be >= 1 at {_row(origin, i)}, got {values[i]}")
-        lengths[name] = values
+    lengths = {name: _lengths(table.column(name), origin, name) for name in ("input_tokens", "output_tokens")}
     if "request_id" in table.column_names:
-        ids = table.column("request_id").combine_chunks().cast(pa.string())
+        column = table.column("request_id")
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                or pa.types.is_integer(column.type)):
+            raise _column_type_error(origin, "request_id", column.type)
+        ids = column.combine_chunks().cast(pa.string())
         if ids.null_count:
             raise ConfigError(f"{origin}: request_id has a missing value at {_row(origin, _first_null(ids))}")
         duplicate = first_duplicate(ids)
@@ -253,10 +323,7 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
         ids = default_ids(n)
     send_ms = None
     if "send_ms" in table.column_names:
-        column = table.column("send_ms")
-        if column.null_count:
-            raise ConfigError(f"{origin}: send_ms has a missing value at {_row(origin, _first_null(column))}")
-        send_ms = column.to_numpy().astype(np.float64)
+        send_ms = _send_ms(table.column("send_ms"), origin)
         bad = ~np.isfinite(send_ms)
         if bad.any():
             i = int(np.argmax(bad))

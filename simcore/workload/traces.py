@@ -450,6 +450,9 @@ def _read_azure(path: str, data: bytes, with_times: bool) -> _Trace:
         raise ConfigError(f"{path}:1: empty file, expected a header row ({AZURE_TIME},{AZURE_INPUT},{AZURE_OUTPUT})")
     header_text = lines[numbers[0] - 1].decode("utf-8", errors="replace").removeprefix("\ufeff")
     header = [name.strip() for name in next(csv.reader([header_text]))]
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{path}:{numbers[0]}: duplicate column(s) {', '.join(twice)} in the header")
     needed = [AZURE_INPUT, AZURE_OUTPUT] + ([AZURE_TIME] if with_times else [])
     missing = [name for name in needed if name not in header]
     if missing:
