@@ -411,7 +411,100 @@ def simulate_engine_nb(
         for k in range(n):
             send_ns[k] = -1
 
+    # The steady-decode shortcut (below) covers one synchronous vLLM or
+    # TensorRT-LLM rank without prefix caching, in the detailed output mode.
+    steady_path = (
+        num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
+        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0]
+    )
+    steady_budget = rank_max_batched_tokens[0]
+    steady_block_size = rank_block_size[0]
+    steady_seq_limit = rank_seq_limit[0]
+
     while True:
+        # Steady decode: while worker 0's running pass ends before every other
+        # event and by the cap, every running request decodes one token in it
+        # (none its first), none finishes or reaches the sequence limit there,
+        # and each one's next token fits its held blocks and the token budget,
+        # the general loop would end that pass and build the same batch again
+        # (no event, admission, preemption or new block): do just that here,
+        # inline (a helper call with this many arrays costs more than a pass).
+        while steady_path and pass_end[0] >= 0 and wait_head[0] < 0 and run_len[0] <= steady_budget:
+            t = pass_end[0]
+            if t > cap_ns or arr_size > 0 and arr_key[0] <= t:
+                break
+            if closed_loop:
+                if send_size > 0 and next_row < n and send_key[0] <= t:
+                    break
+            elif next_row < n and send_ns[next_row] <= t:
+                break
+            steady = True
+            for i in range(run_len[0]):
+                k = running[0, i]
+                j = generated[k]
+                if not (
+                    sched_n[k] == 1 and j >= 1 and computed[k] == input_tokens[k] + j - 1
+                    and j + 1 < output_tokens[k] and input_tokens[k] + j + 1 < steady_seq_limit
+                    and computed[k] + 2 <= held[k] * steady_block_size
+                ):
+                    steady = False
+                    break
+            if not steady:
+                break
+            # (a) the pass end: each emits its next token; (e) the next pass
+            # schedules each one token again (sched_n stays 1) and its summary
+            # is the decode rule of batch_summary_nb.
+            num_out = 0
+            decode_kv_tokens = 0
+            for i in range(run_len[0]):
+                k = running[0, i]
+                computed[k] += 1
+                decode_kv_tokens += computed[k] + 1
+                j = generated[k]
+                generated[k] = j + 1
+                tok = token_offset[k] + j
+                token_emit_ns[tok] = t
+                if detok_mode == DETOK_OFF:
+                    token_recv_ns[tok] = t
+                elif detok_mode == DETOK_IN_KERNEL:
+                    srv = detok_server[k]
+                    out_token[num_out] = tok
+                    out_server[num_out] = srv
+                    out_flags[num_out] = 0
+                    num_out += 1
+                    job_count[srv] += 1
+                else:
+                    emit_log[num_emitted] = tok
+                num_emitted += 1
+            if num_out > 0:  # no request-final token among them: no send is queued
+                send_size = _detokenize_pass_nb(
+                    t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
+                    detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
+                    job_tokens, job_flags, closed_loop, think_ns, send_key, send_val, send_size,
+                )
+            summary[0, 0] = 0
+            summary[0, 1] = 0
+            summary[0, 2] = 0
+            summary[0, 3] = run_len[0]
+            summary[0, 4] = decode_kv_tokens
+            ms = rank_time_ms_nb(timing_model, timing_params, timing_table, 0, 0, 0, run_len[0], decode_kv_tokens)
+            if not (ms >= 0.0 and ms < np.inf):
+                bad_batch[0] = 0
+                bad_batch[1] = 0
+                for c in range(5):
+                    bad_batch[2 + c] = summary[0, c]
+                bad_batch[7] = ms
+                return BAD_TIMING, pass_log_rows, num_emitted
+            rank_ms[0] = ms
+            summary[0, 5] = blocks_used[0]
+            end = t + max(np.int64(1), np.int64(np.rint(ms * 1e6)))
+            pass_end[0] = end
+            pass_start[0] = t
+            if record_passes:
+                if pass_log_rows + 1 > pass_log.shape[0]:
+                    return PASS_LOG_FULL, pass_log_rows, num_emitted
+                pass_log_rows = _log_pass_nb(pass_log, pass_ms, pass_log_rows, 0, 1, t, end, summary, rank_ms)
+
         # Next instant: the earliest pending event.
         t = NO_CAP
         for w in range(num_workers):
