@@ -489,11 +489,7 @@ def simulate_engine_nb(
             summary[0, 4] = decode_kv_tokens
             ms = rank_time_ms_nb(timing_model, timing_params, timing_table, 0, 0, 0, run_len[0], decode_kv_tokens)
             if not (ms >= 0.0 and ms < np.inf):
-                bad_batch[0] = 0
-                bad_batch[1] = 0
-                for c in range(5):
-                    bad_batch[2 + c] = summary[0, c]
-                bad_batch[7] = ms
+                _report_bad_batch_nb(bad_batch, 0, 0, summary, ms)
                 return BAD_TIMING, pass_log_rows, num_emitted
             rank_ms[0] = ms
             summary[0, 5] = blocks_used[0]
@@ -764,11 +760,7 @@ def simulate_engine_nb(
                         summary[r, 4],
                     )
                     if not (ms >= 0.0 and ms < np.inf):
-                        bad_batch[0] = w
-                        bad_batch[1] = r
-                        for c in range(5):
-                            bad_batch[2 + c] = summary[r, c]
-                        bad_batch[7] = ms
+                        _report_bad_batch_nb(bad_batch, w, r, summary, ms)
                         return BAD_TIMING, pass_log_rows, num_emitted
                     rank_ms[r] = ms
                     summary[r, 5] = blocks_used[g]
@@ -989,6 +981,16 @@ def simulate_batch_nb(
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+
+
+@njit(cache=True)
+def _report_bad_batch_nb(bad_batch, w, r, summary, ms):
+    """Record the pass whose time is not finite and >= 0: worker, rank, its five batch summary values, the time."""
+    bad_batch[0] = w
+    bad_batch[1] = r
+    for c in range(5):
+        bad_batch[2 + c] = summary[r, c]
+    bad_batch[7] = ms
 
 
 @njit(cache=True)
