@@ -14,9 +14,10 @@ Contract
   pass's receipts are folded into per-request statistics
   (``simcore.metrics.nb.stream_receipts_nb``) at the pass end.
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
-  (per-server FIFO evaluated at every pass end, used in a closed loop where
-  receipts release sends) or ``DETOK_DEFERRED`` (emission order is logged and
-  ``simcore.client.api.detokenize_after_run`` computes receipts afterwards).
+  (per-server FIFO evaluated at every pass end; the default, and the only one
+  a closed loop, where receipts release sends, can use) or ``DETOK_DEFERRED``
+  (emission order is logged and ``simcore.client.api.detokenize_after_run``
+  computes receipts afterwards).
 
 The equal-time rule of SPEC §5 is the loop in ``simulate_engine_nb``: at an
 instant t it repeats (a) pass ends by worker, (b)+(c) receipts releasing sends
@@ -29,6 +30,12 @@ Asynchronous scheduling (``worker_async``, docs/semantics.md): at (e) a worker
 whose pass started at t also builds the next pass, which (a) starts when the
 running one ends; scheduled tokens count as computed when built, and the
 tokens sampled by each of the two passes are marked in per-request slots.
+
+Steady decode: with one synchronous vLLM or TensorRT-LLM rank, a pass that
+nothing can change (no event before its end, no waiting request, no first or
+last token, no new KV block) is ended and its identical successor started by a
+short loop at the top of the event loop, without the event scan and the batch
+builder; it writes exactly what the general loop would.
 """
 
 from __future__ import annotations
