@@ -483,7 +483,17 @@ def simulate_engine_nb(
                 else:
                     emit_log[num_emitted] = tok
                 num_emitted += 1
-            if num_out > 0:  # no request-final token among them: no send is queued
+            if num_out > 0 and chunk_size == 0:
+                # One job per server, none with a first or final token (as in
+                # _detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
+                for s in range(detok_workers):
+                    if job_count[s] > 0:
+                        job_ends[s] = max(t, detok_free[s]) + _detok_service_ns_nb(detok_params, job_count[s], 0, 0)
+                        detok_free[s] = job_ends[s]
+                        job_count[s] = 0
+                for e in range(num_out):
+                    token_recv_ns[out_token[e]] = job_ends[out_server[e]]
+            elif num_out > 0:  # no request-final token among them: no send is queued
                 send_size = _detokenize_pass_nb(
                     t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
                     detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
@@ -1066,6 +1076,18 @@ def _enter_rank_nb(
 
 
 @njit(cache=True)
+def _detok_service_ns_nb(detok_params, count, firsts, finals):
+    """Service of a detokenizer job of ``count`` outputs, ``firsts``/``finals`` of them request-first/-final, ns (SPEC §7)."""
+    ms = (
+        detok_params[0]
+        + detok_params[1] * count / 1000
+        + detok_params[2] * firsts / 1000
+        + detok_params[3] * finals / 1000
+    )
+    return np.int64(np.rint(ms * 1e6))
+
+
+@njit(cache=True)
 def _detokenize_pass_nb(
     t,
     first_server,
@@ -1105,14 +1127,10 @@ def _detokenize_pass_nb(
         # One job per server, counted as the pass emitted: serve, then stamp.
         for s in range(job_count.shape[0]):
             if job_count[s] > 0:
-                ms = (
-                    detok_params[0]
-                    + detok_params[1] * job_count[s] / 1000
-                    + detok_params[2] * job_firsts[s] / 1000
-                    + detok_params[3] * job_finals[s] / 1000
-                )
                 server = first_server + s
-                job_ends[s] = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
+                job_ends[s] = max(t, detok_free[server]) + _detok_service_ns_nb(
+                    detok_params, job_count[s], job_firsts[s], job_finals[s]
+                )
                 detok_free[server] = job_ends[s]
             job_count[s] = 0
             job_firsts[s] = 0
@@ -1144,13 +1162,7 @@ def _detokenize_pass_nb(
             for q in range(lo, hi):
                 n_first += job_flags[s, q] & OUT_FIRST
                 n_final += job_flags[s, q] >> 1
-            ms = (
-                detok_params[0]
-                + detok_params[1] * (hi - lo) / 1000
-                + detok_params[2] * n_first / 1000
-                + detok_params[3] * n_final / 1000
-            )
-            end = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
+            end = max(t, detok_free[server]) + _detok_service_ns_nb(detok_params, hi - lo, n_first, n_final)
             detok_free[server] = end
             for q in range(lo, hi):
                 recv_target[job_tokens[s, q]] = end
