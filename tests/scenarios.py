@@ -41,6 +41,7 @@ def random_scenario(
     prefix_caching: bool = False,
     allreduce: bool = False,
     async_scheduling: bool = False,
+    steady: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -56,6 +57,10 @@ def random_scenario(
     (a TP all-reduce ring term, time scales, a per-pass overhead; drawn after everything else, so the rest of the scenario is the
     one the seed gives without it).  ``async_scheduling`` turns on the vllm
     policy's asynchronous scheduling on the aggregated or decode pool.
+    ``steady`` (aggregated) makes it a light load of long outputs on one rank
+    with room for its sequences: long runs of identical decode-only passes
+    (the kernel's steady-decode path), broken by arrivals, finishes, block
+    boundaries and the odd preemption; drawn last like ``allreduce``.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -165,6 +170,21 @@ def random_scenario(
         }
     if async_scheduling:
         config["engine"]["decode" if disaggregated else "aggregated"]["async_scheduling"] = True
+    if steady:
+        outputs = [rnd.randint(20, 200) for _ in range(n)]
+        config["engine"]["aggregated"].update(
+            replicas=1, attention_dp=1, max_sequences=rnd.randint(2, 6), max_batched_tokens=rnd.randint(8, 64),
+            num_blocks=rnd.choice([rnd.randint(40, 120), 4096]) // block_size + 1,
+            context_length=rnd.choice([None, None, rnd.randint(60, 200)]),
+        )
+        config["max_time_ms"] = rnd.choice([None, None, rnd.uniform(5.0, 300.0)])
+        if closed:
+            config["load"]["concurrency"] = rnd.randint(1, 4)
+        else:  # gaps of many passes
+            t, send_ns = 0, []
+            for _ in range(n):
+                send_ns.append(t)
+                t += rnd.choice([0, 5_000_000, 20_000_000, rnd.randint(0, 60_000_000)])
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 

@@ -21,6 +21,7 @@ NUM_LONG_SCENARIOS = 100
 NUM_PREFIX_SCENARIOS = 300  # a third of them disaggregated
 NUM_ALLREDUCE_SCENARIOS = 200  # a third of them disaggregated
 NUM_ASYNC_SCENARIOS = 400  # a third of them disaggregated; a quarter with prefix caching
+NUM_STEADY_SCENARIOS = 60  # per policy (vllm, trtllm)
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -89,6 +90,27 @@ def test_async_scheduling_matches_reference(seed):
             allreduce=seed % 5 == 0, long_outputs=seed % 7 == 3,
         )
     )
+
+
+@pytest.mark.parametrize("policy", ["vllm", "trtllm"])
+@pytest.mark.parametrize("seed", range(NUM_STEADY_SCENARIOS))
+def test_steady_decode_matches_reference(policy, seed):
+    """Light load, long outputs, one rank: long runs of the kernel's steady-decode path."""
+    compare_with_reference(random_scenario(seed, policy=policy, steady=True))
+
+
+def test_steady_scenarios_run_long_steady_stretches():
+    """Guards the generator: many scenarios have 20+ consecutive decode-only passes of one batch."""
+    long_runs = 0
+    for seed in range(NUM_STEADY_SCENARIOS):
+        _, slow = reference(random_scenario(seed, steady=True))
+        stretch, best, last = 0, 0, None
+        for p in slow["passes"]:
+            shape = (p["num_prefill"], p["num_decode"])
+            stretch = stretch + 1 if shape == last and p["num_prefill"] == 0 else 1
+            best, last = max(best, stretch), shape
+        long_runs += best >= 20
+    assert long_runs >= NUM_STEADY_SCENARIOS // 2, long_runs
 
 
 def compare_with_reference(scenario):

@@ -104,7 +104,7 @@ def test_mixed_shapes_are_grouped_and_the_rest_run_alone():
     mixed = [
         ONE_SHAPE[1],
         _cfg(workload={"num_requests": 30}),  # other n: alone
-        _cfg(load={"type": "poisson", "request_rate": 50.0}),  # open loop: deferred detokenization
+        _cfg(load={"type": "poisson", "request_rate": 50.0}),  # open loop
         _cfg(load={"type": "poisson", "request_rate": 20.0}, seed=3),
         _cfg(engine={"aggregated": {"replicas": 2}}),  # other topology: alone
         _cfg(detokenization={"base_ms": 0.0, "per_output_us": 0.0}),  # detokenization off

@@ -4,9 +4,9 @@ Each request-receiving worker owns ``tokenization.workers`` tokenizer servers an
 each token-emitting worker ``detokenization.workers`` detokenizer servers; a
 request's server is ``fnv1a64(utf8(request_id)) mod workers``.  The tokenizer
 queue is simple enough to run inside the engine kernel at send time.  The
-detokenizer is a FIFO per server over the pass boundaries: inside the kernel in a
-closed loop (receipts trigger sends), or here, vectorised after the run, when
-receipts cannot change sends (open loop).
+detokenizer is a FIFO per server over the pass boundaries: inside the kernel
+(by default; a closed loop's receipts trigger sends), or here, vectorised after
+the run, when asked for and receipts cannot change sends (open loop).
 """
 
 from __future__ import annotations

@@ -165,9 +165,11 @@ def simulate_engine(
     record_passes : bool
         Keep the per-rank pass log.
     detok_path : {"auto", "kernel", "after_run"}
-        Where detokenization is evaluated.  ``auto``: inside the kernel in a
-        closed loop, vectorised after the run in an open loop.  The two agree
-        exactly; a closed loop cannot use ``after_run``.
+        Where detokenization is evaluated.  ``auto`` (= ``kernel``): inside
+        the kernel at every pass end; ``after_run``: an open loop's receipts
+        vectorised after the run (``bench/bench_trace.py --paths``: slower on
+        light and on overloaded load).  The two agree exactly; a closed loop
+        cannot use ``after_run``.
     on_progress : callable, optional
         ``on_progress(done, total)``, called from this thread about every
         0.2 s while the kernel runs (in a worker thread) and once at its end.
@@ -361,7 +363,7 @@ def prepare(
     detok = cfg.detokenization
     if not detok.enabled:
         mode = nb.DETOK_OFF
-    elif detok_path == "kernel" or (detok_path == "auto" and (closed or bounded)):
+    elif detok_path != "after_run":
         mode = nb.DETOK_IN_KERNEL
     else:
         mode = nb.DETOK_DEFERRED

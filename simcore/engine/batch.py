@@ -43,7 +43,7 @@ SHARED_INPUTS = {
     "output_tokens": "the requests' output lengths (output_tokens)",
     "token_offset": "the requests' output lengths (token_offset)",
     "recv_rank": "topology (receiving rank of each request: replicas, attention_dp)",
-    "detok_mode": "detokenization mode (detok_mode: detokenization on or off, closed or open loop)",
+    "detok_mode": "detokenization mode (detok_mode: detokenization on or off, or evaluated after the run)",
     "worker_role": "topology (worker roles: engine.mode, replicas)",
     "worker_first_rank": "topology (first rank of each worker: replicas, attention_dp)",
     "worker_num_ranks": "topology (ranks of each worker: attention_dp)",

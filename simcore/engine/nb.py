@@ -14,9 +14,10 @@ Contract
   pass's receipts are folded into per-request statistics
   (``simcore.metrics.nb.stream_receipts_nb``) at the pass end.
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
-  (per-server FIFO evaluated at every pass end, used in a closed loop where
-  receipts release sends) or ``DETOK_DEFERRED`` (emission order is logged and
-  ``simcore.client.api.detokenize_after_run`` computes receipts afterwards).
+  (per-server FIFO evaluated at every pass end; the default, and the only one
+  a closed loop, where receipts release sends, can use) or ``DETOK_DEFERRED``
+  (emission order is logged and ``simcore.client.api.detokenize_after_run``
+  computes receipts afterwards).
 
 The equal-time rule of SPEC §5 is the loop in ``simulate_engine_nb``: at an
 instant t it repeats (a) pass ends by worker, (b)+(c) receipts releasing sends
@@ -29,6 +30,12 @@ Asynchronous scheduling (``worker_async``, docs/semantics.md): at (e) a worker
 whose pass started at t also builds the next pass, which (a) starts when the
 running one ends; scheduled tokens count as computed when built, and the
 tokens sampled by each of the two passes are marked in per-request slots.
+
+Steady decode: with one synchronous vLLM or TensorRT-LLM rank, a pass that
+nothing can change (no event before its end, no waiting request, no first or
+last token, no new KV block) is ended and its identical successor started by a
+short loop at the top of the event loop, without the event scan and the batch
+builder; it writes exactly what the general loop would.
 """
 
 from __future__ import annotations
@@ -400,7 +407,106 @@ def simulate_engine_nb(
         for k in range(n):
             send_ns[k] = -1
 
+    # The steady-decode shortcut (below) covers one synchronous vLLM or
+    # TensorRT-LLM rank without prefix caching, in the detailed output mode.
+    steady_path = (
+        num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
+        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0]
+    )
+    steady_budget = rank_max_batched_tokens[0]
+    steady_block_size = rank_block_size[0]
+    steady_seq_limit = rank_seq_limit[0]
+
     while True:
+        # Steady decode: while worker 0's running pass ends before every other
+        # event and by the cap, every running request decodes one token in it
+        # (none its first), none finishes or reaches the sequence limit there,
+        # and each one's next token fits its held blocks and the token budget,
+        # the general loop would end that pass and build the same batch again
+        # (no event, admission, preemption or new block): do just that here,
+        # inline (a helper call with this many arrays costs more than a pass).
+        while steady_path and pass_end[0] >= 0 and wait_head[0] < 0 and run_len[0] <= steady_budget:
+            t = pass_end[0]
+            if t > cap_ns or arr_size > 0 and arr_key[0] <= t:
+                break
+            if closed_loop:
+                if send_size > 0 and next_row < n and send_key[0] <= t:
+                    break
+            elif next_row < n and send_ns[next_row] <= t:
+                break
+            steady = True
+            for i in range(run_len[0]):
+                k = running[0, i]
+                j = generated[k]
+                if not (
+                    sched_n[k] == 1 and j >= 1 and computed[k] == input_tokens[k] + j - 1
+                    and j + 1 < output_tokens[k] and input_tokens[k] + j + 1 < steady_seq_limit
+                    and computed[k] + 2 <= held[k] * steady_block_size
+                ):
+                    steady = False
+                    break
+            if not steady:
+                break
+            # (a) the pass end: each emits its next token; (e) the next pass
+            # schedules each one token again (sched_n stays 1) and its summary
+            # is the decode rule of batch_summary_nb.
+            num_out = 0
+            decode_kv_tokens = 0
+            for i in range(run_len[0]):
+                k = running[0, i]
+                computed[k] += 1
+                decode_kv_tokens += computed[k] + 1
+                j = generated[k]
+                generated[k] = j + 1
+                tok = token_offset[k] + j
+                token_emit_ns[tok] = t
+                if detok_mode == DETOK_OFF:
+                    token_recv_ns[tok] = t
+                elif detok_mode == DETOK_IN_KERNEL:
+                    srv = detok_server[k]
+                    out_token[num_out] = tok
+                    out_server[num_out] = srv
+                    out_flags[num_out] = 0
+                    num_out += 1
+                    job_count[srv] += 1
+                else:
+                    emit_log[num_emitted] = tok
+                num_emitted += 1
+            if num_out > 0 and chunk_size == 0:
+                # One job per server, none with a first or final token (as in
+                # _detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
+                for s in range(detok_workers):
+                    if job_count[s] > 0:
+                        job_ends[s] = max(t, detok_free[s]) + _detok_service_ns_nb(detok_params, job_count[s], 0, 0)
+                        detok_free[s] = job_ends[s]
+                        job_count[s] = 0
+                for e in range(num_out):
+                    token_recv_ns[out_token[e]] = job_ends[out_server[e]]
+            elif num_out > 0:  # no request-final token among them: no send is queued
+                send_size = _detokenize_pass_nb(
+                    t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
+                    detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
+                    job_tokens, job_flags, closed_loop, think_ns, send_key, send_val, send_size,
+                )
+            summary[0, 0] = 0
+            summary[0, 1] = 0
+            summary[0, 2] = 0
+            summary[0, 3] = run_len[0]
+            summary[0, 4] = decode_kv_tokens
+            ms = rank_time_ms_nb(timing_model, timing_params, timing_table, 0, 0, 0, run_len[0], decode_kv_tokens)
+            if not (ms >= 0.0 and ms < np.inf):
+                _report_bad_batch_nb(bad_batch, 0, 0, summary, ms)
+                return BAD_TIMING, pass_log_rows, num_emitted
+            rank_ms[0] = ms
+            summary[0, 5] = blocks_used[0]
+            end = t + max(np.int64(1), np.int64(np.rint(ms * 1e6)))
+            pass_end[0] = end
+            pass_start[0] = t
+            if record_passes:
+                if pass_log_rows + 1 > pass_log.shape[0]:
+                    return PASS_LOG_FULL, pass_log_rows, num_emitted
+                pass_log_rows = _log_pass_nb(pass_log, pass_ms, pass_log_rows, 0, 1, t, end, summary, rank_ms)
+
         # Next instant: the earliest pending event.
         t = NO_CAP
         for w in range(num_workers):
@@ -660,11 +766,7 @@ def simulate_engine_nb(
                         summary[r, 4],
                     )
                     if not (ms >= 0.0 and ms < np.inf):
-                        bad_batch[0] = w
-                        bad_batch[1] = r
-                        for c in range(5):
-                            bad_batch[2 + c] = summary[r, c]
-                        bad_batch[7] = ms
+                        _report_bad_batch_nb(bad_batch, w, r, summary, ms)
                         return BAD_TIMING, pass_log_rows, num_emitted
                     rank_ms[r] = ms
                     summary[r, 5] = blocks_used[g]
@@ -888,6 +990,16 @@ def simulate_batch_nb(
 
 
 @njit(cache=True)
+def _report_bad_batch_nb(bad_batch, w, r, summary, ms):
+    """Record the pass whose time is not finite and >= 0: worker, rank, its five batch summary values, the time."""
+    bad_batch[0] = w
+    bad_batch[1] = r
+    for c in range(5):
+        bad_batch[2 + c] = summary[r, c]
+    bad_batch[7] = ms
+
+
+@njit(cache=True)
 def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_ms):
     """Append one row per rank of worker w's pass (the caller checked the room); returns the row count."""
     for r in range(num_dp):
@@ -953,6 +1065,18 @@ def _enter_rank_nb(
 
 
 @njit(cache=True)
+def _detok_service_ns_nb(detok_params, count, firsts, finals):
+    """Service of a detokenizer job of ``count`` outputs, ``firsts``/``finals`` of them request-first/-final, ns (SPEC §7)."""
+    ms = (
+        detok_params[0]
+        + detok_params[1] * count / 1000
+        + detok_params[2] * firsts / 1000
+        + detok_params[3] * finals / 1000
+    )
+    return np.int64(np.rint(ms * 1e6))
+
+
+@njit(cache=True)
 def _detokenize_pass_nb(
     t,
     first_server,
@@ -992,14 +1116,10 @@ def _detokenize_pass_nb(
         # One job per server, counted as the pass emitted: serve, then stamp.
         for s in range(job_count.shape[0]):
             if job_count[s] > 0:
-                ms = (
-                    detok_params[0]
-                    + detok_params[1] * job_count[s] / 1000
-                    + detok_params[2] * job_firsts[s] / 1000
-                    + detok_params[3] * job_finals[s] / 1000
-                )
                 server = first_server + s
-                job_ends[s] = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
+                job_ends[s] = max(t, detok_free[server]) + _detok_service_ns_nb(
+                    detok_params, job_count[s], job_firsts[s], job_finals[s]
+                )
                 detok_free[server] = job_ends[s]
             job_count[s] = 0
             job_firsts[s] = 0
@@ -1031,13 +1151,7 @@ def _detokenize_pass_nb(
             for q in range(lo, hi):
                 n_first += job_flags[s, q] & OUT_FIRST
                 n_final += job_flags[s, q] >> 1
-            ms = (
-                detok_params[0]
-                + detok_params[1] * (hi - lo) / 1000
-                + detok_params[2] * n_first / 1000
-                + detok_params[3] * n_final / 1000
-            )
-            end = max(t, detok_free[server]) + np.int64(np.rint(ms * 1e6))
+            end = max(t, detok_free[server]) + _detok_service_ns_nb(detok_params, hi - lo, n_first, n_final)
             detok_free[server] = end
             for q in range(lo, hi):
                 recv_target[job_tokens[s, q]] = end

@@ -1,0 +1,96 @@
+"""First-touch cost of per-token arrays with NumPy's huge-page advice on and off.
+
+NumPy advises the kernel to back large allocations with transparent huge
+pages (``madvise(MADV_HUGEPAGE)``).  Under THP ``madvise`` mode with
+``defrag=madvise`` a fault in such a region may compact memory synchronously
+before it is served.  This times, per size, ``np.full(size, -1, int64)`` (the
+allocation and first touch of ``token_emit_ns`` / ``token_recv_ns``) with the
+advice on and off, alternating, medians of ``--runs``; with ``--run N`` also
+``simcore.run`` on the reference workload's shape (closed loop, 1024/128
+tokens, concurrency 256, one worker, linear timing, detokenization
+``{2, 2.85, 61.6}``) at N requests, each setting in a fresh subprocess.
+
+Output: CSV ``case,size,advice,median_s,ns_per_element``, then the THP
+settings of this machine.
+
+Usage: python bench/bench_hugepage.py [--runs 5] [--run 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numpy._core import multiarray
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = (1 << 17, 1 << 20, 1 << 23, 1 << 25, 1 << 27)  # int64 elements: 1 MB ... 1 GB
+
+
+def first_touch_seconds(size: int, advice: bool) -> float:
+    previous = multiarray._set_madvise_hugepage(advice)
+    try:
+        start = time.perf_counter()
+        array = np.full(size, -1, dtype=np.int64)
+        seconds = time.perf_counter() - start
+    finally:
+        multiarray._set_madvise_hugepage(previous)
+    del array
+    return seconds
+
+
+def run_seconds(requests: int, advice: bool) -> float:
+    """Wall seconds of one warm ``simcore.run`` in a fresh process (after a small warm-up run)."""
+    code = (
+        "import sys, time\n"
+        "from numpy._core import multiarray\n"
+        f"multiarray._set_madvise_hugepage({advice})\n"
+        "sys.path.insert(0, 'bench')\n"
+        "import simcore\n"
+        "from bench_scaling import workload_config\n"
+        "simcore.run(workload_config(1000))\n"
+        f"config = workload_config({requests})\n"
+        "start = time.perf_counter(); simcore.run(config); print(time.perf_counter() - start)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--run", type=int, default=0, help="also time simcore.run at this many requests")
+    args = parser.parse_args()
+    print("case,size,advice,median_s,ns_per_element")
+    for size in SIZES:
+        samples = {True: [], False: []}
+        for _ in range(args.runs):
+            for advice in (True, False):
+                samples[advice].append(first_touch_seconds(size, advice))
+        for advice in (True, False):
+            median = statistics.median(samples[advice])
+            print(f"first_touch,{size},{'on' if advice else 'off'},{median:.5f},{median / size * 1e9:.3f}")
+    if args.run:
+        samples = {True: [], False: []}
+        for _ in range(args.runs):
+            for advice in (True, False):
+                samples[advice].append(run_seconds(args.run, advice))
+        tokens = args.run * 128
+        for advice in (True, False):
+            median = statistics.median(samples[advice])
+            print(f"run,{args.run},{'on' if advice else 'off'},{median:.3f},{median / tokens * 1e9:.3f}")
+    for name in ("enabled", "defrag"):
+        path = Path("/sys/kernel/mm/transparent_hugepage") / name
+        if path.exists():
+            print(f"# THP {name}: {path.read_text().strip()}")
+
+
+if __name__ == "__main__":
+    main()
