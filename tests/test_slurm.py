@@ -57,11 +57,22 @@ def summary(sweep: Path) -> pl.DataFrame:
     return pl.read_parquet(sweep / "summary.parquet").sort("load.concurrency")
 
 
-def job_states(name: str) -> dict[str, str]:
-    """Array task id -> Slurm state of the jobs named ``name``, from accounting (sacct)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,State"],
-                         capture_output=True, text=True, timeout=30).stdout
-    return dict(line.split("|", 1) for line in out.splitlines() if line)
+def job_states(name: str, count: int = 1, settle_s: float = 30.0) -> dict[str, str]:
+    """Array task id -> Slurm state of the jobs named ``name``, from accounting (sacct).
+
+    slurmdbd records a job's end shortly after the job is gone, so this waits
+    (at most ``settle_s``) until ``count`` jobs are listed, none of them still
+    pending or running.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-o", "JobID,State"],
+                             capture_output=True, text=True, timeout=30).stdout
+        states = dict(line.split("|", 1) for line in out.splitlines() if line)
+        settled = len(states) >= count and not {"PENDING", "RUNNING"} & set(states.values())
+        if settled or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 def test_a_sweep_runs_as_slurm_array_tasks(tmp_path):
@@ -86,7 +97,7 @@ def test_a_sweep_runs_as_slurm_array_tasks(tmp_path):
         # each point ran in a Slurm job of this sweep on this machine's node, not in the launching process
         runtime = json.loads((point / "point.json").read_text())["runtime"]
         assert runtime["host"] == socket.gethostname() and runtime["pid"] != os.getpid()
-    states = job_states(name)
+    states = job_states(name, count=4)
     assert sorted(states.values()) == ["COMPLETED"] * 4, states
     assert {job.split("_")[1] for job in states} == {"0", "1", "2", "3"}
 
