@@ -912,28 +912,29 @@ def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
     )
 
 
-def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
-    enabled = _flag(f"{prefix}.async_scheduling", value)
+def _vllm_pool_flag(prefix: str, key: str, value: Any, policy: str, refused_pool: str, why: str) -> bool:
+    """A pool flag modelled for the vllm policy only and refused on one pool (``why`` says why)."""
+    enabled = _flag(f"{prefix}.{key}", value)
     if enabled and policy != "vllm":
-        raise ConfigError(f"{prefix}.async_scheduling is modelled for engine.policy=vllm only, got {policy}")
-    if enabled and prefix.endswith(".prefill"):
-        raise ConfigError(
-            f"{prefix}.async_scheduling: not modelled for a P/D prefill pool (its prompts hand off "
-            "instead of sampling); set it on engine.decode or engine.aggregated"
-        )
+        raise ConfigError(f"{prefix}.{key} is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and prefix.endswith(f".{refused_pool}"):
+        raise ConfigError(f"{prefix}.{key}: {why}")
     return enabled
+
+
+def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
+    return _vllm_pool_flag(
+        prefix, "async_scheduling", value, policy, "prefill",
+        "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
+        "set it on engine.decode or engine.aggregated",
+    )
 
 
 def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
-    enabled = _flag(f"{prefix}.prefix_caching", value)
-    if enabled and policy != "vllm":
-        raise ConfigError(f"{prefix}.prefix_caching is modelled for engine.policy=vllm only, got {policy}")
-    if enabled and prefix.endswith(".decode"):
-        raise ConfigError(
-            f"{prefix}.prefix_caching: a decode pool receives its KV by transfer; "
-            "enable it on engine.prefill"
-        )
-    return enabled
+    return _vllm_pool_flag(
+        prefix, "prefix_caching", value, policy, "decode",
+        "a decode pool receives its KV by transfer; enable it on engine.prefill",
+    )
 
 
 def _check_combinations(cfg: SimConfig) -> None:
