@@ -32,7 +32,6 @@ import pyarrow.parquet as pq
 from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
@@ -186,27 +185,11 @@ def check_overrides(argv: Sequence[str]) -> None:
     is refused: the configurations are given as batch axes.
     """
     args = get_args_parser().parse_args(list(argv))
-    if args.shell_completion:
-        return
-    if args.multirun:
+    if args.multirun and not args.shell_completion:
         fail("-m: replaysim-capacity searches in one process; give the grid as sweep.batch.<key>=[values]")
-    parser = OverridesParser.create()
-    for text in args.overrides:
-        try:
-            (override,) = parser.parse_overrides([text])
-        except CompactHydraException as exc:
-            fail(f"{text}: {str(exc).splitlines()[0]}")
-        key = override.key_or_group
-        if key.split(".")[0] == "capacity":
-            message = _capacity_key_message(key)
-        elif "/" in key or key in cli.APP_GROUPS:
-            message = cli.group_choice_message(override, text)
-        elif override.is_hydra_override() or override.package is not None:
-            continue
-        else:
-            message = cli.unknown_key_message(key)
-        if message is not None:
-            fail(message)
+    problem = cli.override_problem(argv, own_keys={"capacity": _capacity_key_message})
+    if problem is not None:
+        fail(problem)
 
 
 def _capacity_key_message(key: str) -> str | None:

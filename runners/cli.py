@@ -39,7 +39,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import NoReturn, Sequence  # noqa: E402
+from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
@@ -235,12 +235,27 @@ def group_choice_message(override: Override, text: str) -> str | None:
 
 
 def check_overrides(argv: Sequence[str]) -> None:
-    """Reject an override Hydra cannot parse, of an unknown config key or an unknown preset.
+    """Exit 2 with one line (:func:`fail`) on the first bad override (:func:`override_problem`)."""
+    problem = override_problem(argv)
+    if problem is not None:
+        fail(problem)
+
+
+def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str], str | None]] | None = None) -> str | None:
+    """Why the first bad override is bad: Hydra cannot parse it, or it names an unknown key or preset.
 
     Parameters
     ----------
     argv : sequence of str
         The command-line arguments (without the program name).
+    own_keys : mapping, optional
+        A command's own top-level sections (``capacity``): the function that
+        says why a key under that section is unknown, or None.
+
+    Returns
+    -------
+    str or None
+        The one-line message, or None when every override is fine.
 
     Notes
     -----
@@ -252,7 +267,7 @@ def check_overrides(argv: Sequence[str]) -> None:
     """
     args = get_args_parser().parse_args(list(argv))
     if args.shell_completion:
-        return
+        return None
     # Configs of the user's own (--config-dir, hydra.searchpath) may add options:
     # Hydra checks group choices then (its errors also end in one line, see main).
     own_search_path = args.config_dir is not None or args.config_path is not None or any(
@@ -262,16 +277,20 @@ def check_overrides(argv: Sequence[str]) -> None:
         try:
             (override,) = parser.parse_overrides([text])
         except CompactHydraException as exc:
-            fail(f"{text}: {str(exc).splitlines()[0]}")
+            return f"{text}: {str(exc).splitlines()[0]}"
         key = override.key_or_group
-        if "/" in key or key in APP_GROUPS:
+        own = (own_keys or {}).get(key.split(".")[0])
+        if own is not None:
+            message = own(key)
+        elif "/" in key or key in APP_GROUPS:
             message = None if own_search_path else group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:
             continue
         else:
             message = unknown_key_message(key)
         if message is not None:
-            fail(message)
+            return message
+    return None
 
 
 def third_party_logs_to_file() -> None:
