@@ -182,17 +182,9 @@ def _read_jsonl(path: str, text: str) -> Measured:
         raise ConfigError(f"{path}: no requests")
     rows.sort(key=lambda r: r[0])  # stable: equal arrivals keep file order
     arrival, ids, inputs, outputs, queued, first, last = (list(c) for c in zip(*rows))
-    first_s, last_s, queued_s = np.array(first), np.array(last), np.array(queued)
-    outputs = np.array(outputs, dtype=np.int64)
-    return Measured(
-        request_id=ids,
-        input_tokens=np.array(inputs, dtype=np.int64),
-        output_tokens=outputs,
-        send_ms=(np.array(arrival) - arrival[0]) * 1e3,
-        latency=_latencies((first_s - queued_s) * 1e3, (last_s - queued_s) * 1e3, outputs),
-        format="jsonl",
-        dropped=0,
-    )
+    queued_s = np.array(queued)
+    return _measured("jsonl", 0, arrival, ids, inputs, outputs,
+                     (np.array(first) - queued_s) * 1e3, (np.array(last) - queued_s) * 1e3)
 
 
 def _read_vllm(path: str, text: str) -> Measured:
@@ -235,14 +227,20 @@ def _read_vllm(path: str, text: str) -> Measured:
         raise ConfigError(f"{path}: no successful requests")
     rows.sort(key=lambda r: r[0])
     start, ids, inputs, outputs, ttft, e2e = (list(c) for c in zip(*rows))
-    outputs = np.array(outputs, dtype=np.int64)
+    return _measured("vllm", dropped, start, ids, inputs, outputs, np.array(ttft) * 1e3, np.array(e2e) * 1e3)
+
+
+def _measured(fmt: str, dropped: int, send_s: list, ids: list, inputs: list, outputs: list,
+              ttft_ms: np.ndarray, e2el_ms: np.ndarray) -> Measured:
+    """The :class:`Measured` run of requests sorted by send (seconds), sends shifted to start at 0."""
+    outputs_arr = np.array(outputs, dtype=np.int64)
     return Measured(
         request_id=ids,
         input_tokens=np.array(inputs, dtype=np.int64),
-        output_tokens=outputs,
-        send_ms=(np.array(start) - start[0]) * 1e3,
-        latency=_latencies(np.array(ttft) * 1e3, np.array(e2e) * 1e3, outputs),
-        format="vllm",
+        output_tokens=outputs_arr,
+        send_ms=(np.array(send_s) - send_s[0]) * 1e3,
+        latency=_latencies(ttft_ms, e2el_ms, outputs_arr),
+        format=fmt,
         dropped=dropped,
     )
 
