@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from simcore import bounds
-from simcore.config import ConfigError, InstantOverflow, SimConfig, load_config
+from simcore.config import GENERATED_SOURCES, ConfigError, InstantOverflow, SimConfig, load_config
 from simcore.engine.api import prepare, run_prepared, simulate_engine
 from simcore.engine.batch import batch_key, run_prepared_batch
 from simcore.metrics.api import (
@@ -151,7 +151,7 @@ def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | N
     if requests is not None:
         where = "requests"
     else:
-        where = "workload" if cfg.workload.source == "synthetic" else cfg.workload.path
+        where = "workload" if cfg.workload.source in GENERATED_SOURCES else cfg.workload.path
     size = bounds.table_size(cfg, table.input_tokens, table.output_tokens, send_ns, where)
     bounds.check_run(cfg, size, bounds.model_pass_ms(cfg))
     return cfg, table, send_ns

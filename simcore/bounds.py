@@ -77,7 +77,8 @@ class WorkloadSize:
 
 
 def configured_size(cfg: SimConfig) -> WorkloadSize:
-    """The workload as configured: synthetic lengths at their nominal value, else one 1-token request.
+    """The workload as configured: synthetic lengths at their nominal value, shared_prefix
+    lengths exactly, else one 1-token request.
 
     Normal and lognormal lengths are counted at their mean; the drawn table is
     checked again at the API boundary.  A file workload is only known once read.
@@ -91,7 +92,7 @@ def configured_size(cfg: SimConfig) -> WorkloadSize:
     WorkloadSize
     """
     w, ld = cfg.workload, cfg.load
-    if w.source != "synthetic":
+    if w.source not in ("synthetic", "shared_prefix"):
         label = f"workload.path={w.path!r}"
         return WorkloadSize(1, 1, 1, 0.0, label, label, label, label)
     n = w.num_requests
@@ -99,6 +100,14 @@ def configured_size(cfg: SimConfig) -> WorkloadSize:
     if ld.type in ("constant_rate", "poisson", "gamma"):
         last_send_ms = (n - 1) * 1000 / ld.request_rate
     count = f"workload.num_requests={n}"
+    if w.source == "shared_prefix":  # every prompt has the same lengths
+        sp = w.shared_prefix
+        lengths = f"workload.shared_prefix.system_prompt_len={sp.system_prompt_len} + question_len={sp.question_len}"
+        return WorkloadSize(
+            n, n * sp.input_tokens, n * sp.output_len, last_send_ms, count, f"{count} x ({lengths})",
+            f"{count} x workload.shared_prefix.output_len={sp.output_len}",
+            f"{count}, {lengths}, output_len={sp.output_len}",
+        )
     labels = []
     for column in ("input", "output"):
         label = f"{count} x workload.{column}_tokens={getattr(w, f'{column}_tokens')}"
@@ -316,6 +325,13 @@ def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
             prompt_blocks = size.num_requests + size.total_input // pool.block_size  # identities, offsets
             terms.append((f"{ranks} x num_blocks={pool.num_blocks}", cache_slots * CACHE_SLOT_BYTES))
             terms.append((f"{size.input_label} (prefix blocks)", prompt_blocks * 16))
+    if cfg.workload.source == "shared_prefix":
+        sp = cfg.workload.shared_prefix
+        terms.append((f"workload.shared_prefix.num_groups={sp.num_groups} x num_prompts_per_group="
+                      f"{sp.num_prompts_per_group} (the prompt cycle)", sp.num_prompts * 8))
+        terms.append((f"{size.count_label} x {sp.hash_blocks} hash_ids per prompt (workload.shared_prefix."
+                      f"system_prompt_len={sp.system_prompt_len}, question_len={sp.question_len})",
+                      size.num_requests * (sp.hash_blocks + 1) * 8))
     if cfg.output.passes:
         rows = sum(_passes(pool, size) * pool.num_ranks for pool in cfg.engine.pools)
         terms.append((f"output.passes=true ({rows} pass rows)", rows * PASS_ROW_BYTES))

@@ -103,6 +103,16 @@ DEFAULTS: dict[str, Any] = {
         "time_window_ms": None,
         # Synthetic only: every prompt starts with this many identical tokens.
         "prefix_tokens": 0,
+        # workload.source=shared_prefix only: inference-perf's recurring prompts
+        # (simcore/workload/shared_prefix.py); its names and defaults.
+        "shared_prefix": {
+            "num_groups": 10,
+            "num_prompts_per_group": 10,
+            "system_prompt_len": 100,
+            "question_len": 50,
+            "output_len": 50,
+            "seed": None,  # null: drawn from the run's generator (seed)
+        },
     },
     "load": {
         "type": "closed_loop",
@@ -165,7 +175,9 @@ DEFAULTS: dict[str, Any] = {
     "output": {"dir": None, "passes": False, "tokens": False, "mode": "detailed"},
 }
 
-WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure")
+WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure", "shared_prefix")
+#: Sources whose requests are drawn from keys (sized by them before anything is drawn).
+GENERATED_SOURCES = ("synthetic", "shared_prefix")
 OUTPUT_MODES = ("detailed", "bounded")
 FILE_SOURCES = ("table", "mooncake", "azure")
 TRACE_SOURCES = ("mooncake", "azure")
@@ -348,6 +360,39 @@ class WorkloadConfig:
     max_requests: int | None
     time_window_ms: float | None
     prefix_tokens: int
+    shared_prefix: SharedPrefixConfig
+
+
+@dataclass(frozen=True)
+class SharedPrefixConfig:
+    """inference-perf's ``shared_prefix`` workload: G groups of P prompts, each a
+    group's system prompt followed by its own question (docs/semantics.md)."""
+
+    num_groups: int
+    num_prompts_per_group: int
+    system_prompt_len: int  # tokens shared by the prompts of a group (0: none)
+    question_len: int  # tokens of each prompt's own question
+    output_len: int
+    seed: int | None  # None: the run's generator
+
+    @property
+    def num_prompts(self) -> int:
+        return self.num_groups * self.num_prompts_per_group
+
+    @property
+    def input_tokens(self) -> int:
+        return self.system_prompt_len + self.question_len
+
+    @property
+    def hash_block_tokens(self) -> int:
+        """Tokens per ``hash_ids`` entry: the system prompt is one entry, so that
+        every engine block inside it is shared by the group, whatever its size."""
+        return self.system_prompt_len or self.question_len
+
+    @property
+    def hash_blocks(self) -> int:
+        """``hash_ids`` entries per prompt."""
+        return -(-self.input_tokens // self.hash_block_tokens)
 
 
 @dataclass(frozen=True)
@@ -561,6 +606,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
     w, ld, e, t = raw["workload"], raw["load"], raw["engine"], raw["timing"]
     tok, detok, m = raw["tokenization"], raw["detokenization"], raw["metrics"]
     seed = _count("seed", raw["seed"], minimum=0)
+    shared_prefix = _shared_prefix(w["shared_prefix"])
     sections = dict(
         workload=WorkloadConfig(
             source=_choice("workload.source", w["source"], WORKLOAD_SOURCES),
@@ -573,13 +619,14 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             range_ratio=_range_ratio(w["range_ratio"]),
             input_std=_number("workload.input_std", w["input_std"]),
             output_std=_number("workload.output_std", w["output_std"]),
-            block_size=_trace_block_size(w),
+            block_size=_trace_block_size(w, shared_prefix),
             drop_invalid=_flag("workload.drop_invalid", w["drop_invalid"]),
             max_requests=_optional_count("workload.max_requests", w["max_requests"]),
             time_window_ms=_optional_number(
                 "workload.time_window_ms", w["time_window_ms"], strict=True, maximum=MAX_INSTANT_MS
             ),
             prefix_tokens=_count("workload.prefix_tokens", w["prefix_tokens"], minimum=0),
+            shared_prefix=shared_prefix,
         ),
         load=LoadConfig(
             type=_choice("load.type", ld["type"], LOAD_TYPES),
@@ -661,12 +708,32 @@ def _optional_str(path: str, value: Any) -> str | None:
     return value
 
 
-def _trace_block_size(raw: Mapping[str, Any]) -> int | None:
-    """workload.block_size, with the Mooncake default when null (None for other sources)."""
+def _trace_block_size(raw: Mapping[str, Any], shared_prefix: SharedPrefixConfig) -> int | None:
+    """Tokens per ``hash_ids`` entry: workload.block_size, with the Mooncake default when
+    null; the generated entries' size for shared_prefix (None for other sources)."""
     value = raw["block_size"]
+    if raw["source"] == "shared_prefix":  # a set workload.block_size is refused by KEY_SCOPES
+        return shared_prefix.hash_block_tokens
     if value is None:
         return MOONCAKE_BLOCK_SIZE if raw["source"] == "mooncake" else None
     return _count("workload.block_size", value)
+
+
+def _shared_prefix(raw: Mapping[str, Any]) -> SharedPrefixConfig:
+    path = "workload.shared_prefix"
+    cfg = SharedPrefixConfig(
+        num_groups=_count(f"{path}.num_groups", raw["num_groups"]),
+        num_prompts_per_group=_count(f"{path}.num_prompts_per_group", raw["num_prompts_per_group"]),
+        system_prompt_len=_count(f"{path}.system_prompt_len", raw["system_prompt_len"], minimum=0),
+        question_len=_count(f"{path}.question_len", raw["question_len"]),
+        output_len=_count(f"{path}.output_len", raw["output_len"]),
+        seed=_optional_count(f"{path}.seed", raw["seed"], minimum=0),
+    )
+    if cfg.input_tokens > INT64_MAX:  # the prompt length is an int64
+        raise ConfigError(
+            f"{path}.question_len: system_prompt_len + question_len = {cfg.input_tokens} tokens exceeds int64"
+        )
+    return cfg
 
 
 def _range_ratio(value: Any) -> float:
@@ -952,8 +1019,8 @@ def _check_combinations(cfg: SimConfig) -> None:
         )
     if w.source in FILE_SOURCES and w.path is None:
         raise ConfigError(f"workload.path must be set when workload.source={w.source}")
-    if w.source == "synthetic" and w.num_requests is None:
-        raise ConfigError("workload.num_requests must be set for workload.source=synthetic")
+    if w.source in GENERATED_SOURCES and w.num_requests is None:
+        raise ConfigError(f"workload.num_requests must be set for workload.source={w.source}")
     for column in ("input", "output"):
         dist = getattr(w, f"{column}_dist")
         std = getattr(w, f"{column}_std")
@@ -1036,6 +1103,9 @@ KEY_SCOPES = (
     ),
     KeyScope("workload", ("prefix_tokens",), lambda cfg: cfg.workload.source == "synthetic",
              "workload.source=synthetic (traces carry hash_ids)", _setting("workload", "source")),
+    KeyScope("workload.shared_prefix", tuple(DEFAULTS["workload"]["shared_prefix"]),
+             lambda cfg: cfg.workload.source == "shared_prefix", "workload.source=shared_prefix",
+             _setting("workload", "source")),
     KeyScope("load", ("request_rate",), lambda cfg: cfg.load.type in OPEN_LOOP_GENERATED,
              "constant_rate, poisson and gamma loads", _setting("load", "type")),
     KeyScope("load", ("burstiness",), lambda cfg: cfg.load.type == "gamma", "load.type=gamma", _setting("load", "type")),

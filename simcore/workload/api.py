@@ -5,7 +5,7 @@ Mooncake and Azure trace files are read by :mod:`simcore.workload.traces`.
 A workload is a struct of arrays, one per column, indexed by row = send
 sequence number.  All randomness is drawn here, outside any kernel, from one
 ``numpy.random.Generator`` seeded with ``seed``, in a fixed order: input
-lengths, then output lengths, then inter-send gaps.
+lengths, then output lengths (or the shared_prefix cycle), then inter-send gaps.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from simcore.config import TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 from simcore.values import integral
+from simcore.workload.shared_prefix import shared_prefix_requests
 from simcore.workload.table import RequestTable, default_ids, first_duplicate
 from simcore.workload.traces import read_trace
 
@@ -351,7 +352,7 @@ def _row(origin: str, index: int) -> str:
 
 
 def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
-    """The run's request table: the API override, the configured file, or synthetic.
+    """The run's request table: the API override, the configured file, recurring prompts or synthetic.
 
     Parameters
     ----------
@@ -359,7 +360,7 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     requests : pyarrow.Table or None
         A user table replacing the configured workload.
     rng : numpy.random.Generator
-        Used for synthetic lengths.
+        Used for synthetic lengths and the shared_prefix cycle.
 
     Returns
     -------
@@ -371,8 +372,9 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
         table = read_table_file(cfg.workload.path)
         return table_requests(table, cfg.workload.path, cfg.workload.num_requests)
     if cfg.workload.source in TRACE_SOURCES:
-
         return read_trace(cfg.workload, send_times=cfg.load.type == "trace")
+    if cfg.workload.source == "shared_prefix":
+        return shared_prefix_requests(cfg.workload.shared_prefix, cfg.workload.num_requests, rng)
     return synthetic_requests(cfg.workload, rng)
 
 
