@@ -617,11 +617,12 @@ def table_pass_ms_nb(
 
     ``num_layers x (dense per-layer ops at T + attention) + once-per-pass dense
     ops at T + per-sequence ops at S``, with ``T = dense_tokens`` (``prefill_tokens
-    + num_decode``, padded to a CUDA-graph size) and ``S = num_prefill + num_decode``.  Attention: the mean prefill entry
-    (chunk ``prefill_tokens / num_prefill``, cached ``(prefill_kv_tokens -
-    prefill_tokens) / num_prefill``) shares the grid query with the decodes
-    (``num_decode``, cached ``decode_kv_tokens / num_decode - 1`` each), and
-    each further prefill entry adds a prefill-only query at the same mean shape.
+    + num_decode``, padded to a CUDA-graph size) and ``S = num_prefill +
+    num_decode``.  Attention: the mean prefill entry (chunk ``prefill_tokens /
+    num_prefill``, cached ``(prefill_kv_tokens - prefill_tokens) / num_prefill``)
+    shares the grid query with the decodes (``num_decode``, cached
+    ``decode_kv_tokens / num_decode - 1`` each), and each further prefill entry
+    adds a prefill-only query at the same mean shape.
 
     Parameters
     ----------
