@@ -24,7 +24,10 @@ run's own files state:
   the run's ``config.json`` states (``link_bw`` GB/s, ``link_latency`` ns, ring
   model; the model's hidden size from :data:`MODELS`), and
   ``async_scheduling`` as the run's vLLM had it (``meta.json``'s resolved
-  ``scheduler_config.async_scheduling``, else vLLM 0.19's default, on);
+  ``scheduler_config.async_scheduling``, else vLLM 0.19's default, on), and
+  CUDA-graph padding at the run's capture sizes (``meta.json``'s resolved
+  ``compilation_config.cudagraph_capture_sizes``, else ``vllm_default``:
+  none of the runs set ``enforce_eager``);
 - "calibrated": ``runners.calibrate`` fits the time scales, the per-pass
   overhead and (TP > 1) the link bandwidth to the first half of the run (by
   send instant) and is scored on both halves;
@@ -116,6 +119,17 @@ def async_scheduling(meta: dict) -> tuple[bool, str]:
     return version >= ASYNC_DEFAULT_FROM, f"vLLM {meta.get('vllm_version')} default"
 
 
+def cuda_graph_sizes(meta: dict) -> tuple[list[int] | str | None, str]:
+    """The run's CUDA-graph capture sizes (``timing.cuda_graph_sizes``), and where they come from."""
+    compilation = (meta.get("resolved_config") or {}).get("compilation_config") or {}
+    model = (meta.get("resolved_config") or {}).get("model_config") or {}
+    if model.get("enforce_eager") or meta["engine_kwargs"].get("enforce_eager"):
+        return None, "enforce_eager: no CUDA graphs"
+    if compilation.get("cudagraph_capture_sizes") is not None:
+        return list(compilation["cudagraph_capture_sizes"]), "meta.json resolved compilation_config"
+    return "vllm_default", f"vLLM {meta.get('vllm_version')} default"
+
+
 def llmservingsim_figures(case: str) -> dict[str, float]:
     """LLMServingSim's own errors on the run (its validation_summary.txt, 'Diff%' column)."""
     out = {}
@@ -170,7 +184,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
     shipped_engine = json.loads(json.dumps(engine))
     shipped_engine["aggregated"]["async_scheduling"] = asynchronous
     table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
-    shipped_timing = dict(table_timing)
+    graphs, graphs_source = cuda_graph_sizes(meta)
+    shipped_timing = dict(table_timing, cuda_graph_sizes=graphs)
     link = ""
     if tp > 1:
         latency_us = cluster["link_latency"] / 1000  # config.json: ns
@@ -187,7 +202,10 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
         "blocks_source": blocks_source,
         "measured": measured(rows),
         "predicted": {},
-        "notes": [f"async_scheduling {str(asynchronous).lower()} ({async_source})"] + ([link] if link else []),
+        "notes": [
+            f"async_scheduling {str(asynchronous).lower()} ({async_source})",
+            f"cuda_graph_sizes {_graphs_note(graphs)} ({graphs_source})",
+        ] + ([link] if link else []),
         "seconds": {},
         "llmservingsim": llmservingsim_figures(case),
     }
@@ -197,6 +215,14 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
         shipped = dict(base, engine=shipped_engine, timing=shipped_timing)
         result["predicted"]["table"] = simcore.run(shipped, requests=requests).summary
         result["seconds"]["table"] = time.perf_counter() - start
+        if graphs is not None:  # what the padding alone moves
+            eager = dict(shipped, timing=dict(shipped_timing, cuda_graph_sizes=None))
+            unpadded = simcore.run(eager, requests=requests).summary
+            moved = ", ".join(
+                f"{label} {pct(rel(unpadded, f'mean_{key}_ms', result['measured'][f'mean_{key}_ms']))}"
+                for key, label in METRICS
+            )
+            result["notes"].append(f"as shipped without CUDA-graph padding: mean {moved}")
         if calibrate:
             result["calibration"] = calibrate_case(os.path.join(case, "vllm", "requests.jsonl"), shipped, tp)
     else:
@@ -207,7 +233,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
     elif system is None:
         result["notes"].append(f"aic: the aiconfigurator-core database has no {gpu} data")
     else:
-        timing = {"type": "aic", "model": model["aic_model"], "gpu": system, "backend": "vllm", "tp": tp}
+        timing = {"type": "aic", "model": model["aic_model"], "gpu": system, "backend": "vllm", "tp": tp,
+                  "cuda_graph_sizes": graphs}
         if tp > 1:  # the stated link replaces the database's own all-reduce
             timing["allreduce"] = shipped_timing["allreduce"]
         try:
@@ -229,6 +256,12 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
     return result
 
 
+def _graphs_note(graphs: list[int] | str | None) -> str:
+    if isinstance(graphs, list):
+        return f"{len(graphs)} sizes {graphs[0]}..{graphs[-1]}"
+    return str(graphs)
+
+
 def calibrate_case(path: str, shipped: dict, tp: int) -> dict:
     """Fit the scales, the overhead and (TP > 1) the link bandwidth on the run's first half."""
     from runners import calibrate as cal
@@ -238,9 +271,12 @@ def calibrate_case(path: str, shipped: dict, tp: int) -> dict:
         names.append("timing.allreduce.bandwidth_gb_per_second")
     overrides = {key: value for key, value in shipped.items() if key in ("engine", "timing")}
     start = time.perf_counter()
-    found = cal.calibrate(cal.read_measured(path), overrides, cal.parse_fit(names), fit_fraction=0.5, seed=0)
+    fit = cal.parse_fit(names)
+    found = cal.calibrate(cal.read_measured(path), overrides, fit, fit_fraction=0.5, seed=0)
+    # a value on the edge of its search range: the optimum may lie beyond it
+    on_bound = [key for key, low, high in fit if min(found.values[key] - low, high - found.values[key]) <= 1e-3 * (high - low)]
     return {"values": found.values, "report": found.report, "seconds": time.perf_counter() - start,
-            "evaluations": found.evaluations}
+            "evaluations": found.evaluations, "on_bound": {key: (low, high) for key, low, high in fit if key in on_bound}}
 
 
 def pct(x: float | None) -> str:
@@ -334,7 +370,11 @@ def render(results: list[dict], versions: dict) -> str:
         )
         if "calibration" in res:
             c = res["calibration"]
-            values = ", ".join(f"`{k}` = {v:.4g}" for k, v in c["values"].items())
+            values = ", ".join(
+                f"`{k}` = {v:.4g}" + (f" (at its search bound, range {c['on_bound'][k][0]:g}..{c['on_bound'][k][1]:g})"
+                                      if k in c.get("on_bound", {}) else "")
+                for k, v in c["values"].items()
+            )
             lines.append(f"  - calibrated: {values} ({c['evaluations']} candidates, {c['seconds']:.0f} s)")
         if "aic_check" in res:
             c = res["aic_check"]
@@ -355,8 +395,10 @@ def render(results: list[dict], versions: dict) -> str:
         "## What is and is not modelled",
         "",
         "- The profiles were taken with `enforce_eager` (no CUDA graphs) while the serving runs "
-        "allowed CUDA graphs; `timing.decode_scale` (calibrated column only) absorbs that for "
-        "decode-only passes. CUDA-graph batch padding is not modelled.",
+        "replayed CUDA graphs. The as-shipped column pads every pass of at most the largest "
+        "capture size to the next size (`timing.cuda_graph_sizes`, `docs/semantics.md`); what "
+        "graph replay saves against eager launches is not in any stated parameter, so only "
+        "`timing.decode_scale` / `prefill_scale` (calibrated column) can absorb it.",
         "- TP2: the per-GPU profile has no communication; the as-shipped column adds two ring "
         "all-reduces per layer of tokens x 5120 x 2 bytes on the link the run's `config.json` "
         "states (16 GB/s, 20 us); so do the aic rows, in place of aiconfigurator-core's own "
@@ -365,7 +407,16 @@ def render(results: list[dict], versions: dict) -> str:
         "(its current vLLM data is 0.24.0), so the aic rows compare a newer vLLM's kernels with "
         "a 0.19.0 run.",
         "- Asynchronous scheduling is modelled with zero host time (`docs/semantics.md`); "
-        "per-step host time appears only as the calibrated `timing.pass_overhead_us`.",
+        "per-step host time appears only as the calibrated `timing.pass_overhead_us`. vLLM's "
+        "source has no host-cost constants (scheduling, input preparation, the sampler's "
+        "host side and output processing are measured, not stated), and under asynchronous "
+        "scheduling (all three runs) they overlap the GPU step; the runs' files give no "
+        "per-step timing, so no host term enters the as-shipped column.",
+        "- The two TP1 errors have opposite signs on the same model, vLLM version and scheduler "
+        "limits (RTX 4090 slower than measured, RTX PRO 6000 faster): a host effect common to "
+        "both (per-step gap, sampler, padding) moves both the same way, so what is left is "
+        "the per-GPU profile against the served engine (graph replay, clocks), which only a "
+        "fit to the run can take out.",
         "- Prefix caching: the RTX 4090 run had `enable_prefix_caching` on (vLLM's default); "
         "the request files carry no prompt contents or block hashes, so no prefix can be "
         "shared in the replay (ShareGPT single-turn prompts rarely share whole 16-token blocks).",

@@ -4,8 +4,8 @@
 
 The run: LLMServingSim's vLLM 0.19.0 Qwen3-32B TP2 run on the RTX PRO 6000
 (``<data>/bench/RTXPRO6000/Qwen3-32B``), replayed with its profile, its
-scheduler limits, its link (16 GB/s, 20 us) and asynchronous scheduling, as a
-user would call the command.  Fitted: ``timing.prefill_scale``,
+scheduler limits, its link (16 GB/s, 20 us), asynchronous scheduling and vLLM's
+default CUDA-graph capture sizes, as a user would call the command.  Fitted: ``timing.prefill_scale``,
 ``timing.decode_scale``, ``timing.pass_overhead_us`` and
 ``timing.allreduce.bandwidth_gb_per_second``.  Prints the command's own output
 and the wall time including start-up (numba cache loads, the first compile
@@ -51,6 +51,7 @@ def main() -> int:
                 "engine.aggregated.num_blocks=28614",
                 "engine.aggregated.context_length=40960",
                 "engine.aggregated.async_scheduling=true",
+                "timing.cuda_graph_sizes=vllm_default",
                 "--fit", "timing.prefill_scale",
                 "--fit", "timing.decode_scale",
                 "--fit", "timing.pass_overhead_us",

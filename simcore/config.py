@@ -157,6 +157,8 @@ DEFAULTS: dict[str, Any] = {
         "prefill_scale": 1.0,  # passes with a prefill entry
         "decode_scale": 1.0,  # decode-only passes
         "pass_overhead_us": 0.0,
+        # linear, table, aic: CUDA-graph capture sizes (null: none, a list, or vllm_default)
+        "cuda_graph_sizes": None,
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -210,6 +212,8 @@ SYNTHETIC_KEYS = (
 #: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
 #: mem_fraction_static from the GPU; 0.9 stands in for it).
 AIC_MEMORY_FRACTION = 0.9
+#: timing.cuda_graph_sizes value that asks for vLLM's own default capture sizes.
+VLLM_DEFAULT_GRAPHS = "vllm_default"
 #: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic.
 AUTO_BLOCKS = "auto"
 
@@ -499,6 +503,9 @@ class TimingConfig:
     prefill_scale: float = 1.0
     decode_scale: float = 1.0
     pass_overhead_us: float = 0.0
+    # linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their
+    # tokens (ascending, unique; None: no padding; VLLM_DEFAULT_GRAPHS until the pools resolve it)
+    cuda_graph_sizes: tuple[int, ...] | str | None = None
 
     @property
     def allreduce(self) -> bool:
@@ -646,6 +653,8 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
     }
     if timing.type == "aic":
         timing = replace(timing, **_aic_limits([pools[name] for name in POOLS[mode]]))
+    if timing.cuda_graph_sizes == VLLM_DEFAULT_GRAPHS:
+        timing = replace(timing, cuda_graph_sizes=vllm_graph_sizes([pools[name] for name in POOLS[mode]]))
     return SimConfig(
         seed=seed,
         **sections,
@@ -876,7 +885,7 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
                 "the profiled count, not the model's)"
             )
         extra = dict(profile=profile, num_layers=num_layers)
-    extra.update(_pass_terms(raw, kind, extra))
+    extra.update(_pass_terms(raw, kind, extra, policy))
     return TimingConfig(
         type=kind,
         **{
@@ -894,8 +903,9 @@ def _timing(raw: Mapping[str, Any], policy: str) -> TimingConfig:
     )
 
 
-def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """timing.tp, scales, overhead, the model dimensions and timing.allreduce.* (docs/timing.md)."""
+def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any], policy: str) -> dict[str, Any]:
+    """timing.tp, scales, overhead, CUDA-graph sizes, the model dimensions and timing.allreduce.*
+    (docs/timing.md)."""
     for key in ("tp", "num_layers", "hidden_size"):
         if raw[key] is not None and kind not in ALLREDUCE_TYPES:
             raise ConfigError(
@@ -915,8 +925,9 @@ def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> 
         decode_scale=_number("timing.decode_scale", raw["decode_scale"], strict=True),
         pass_overhead_us=_number("timing.pass_overhead_us", raw["pass_overhead_us"]),
     )
-    for key in ("prefill_scale", "decode_scale", "pass_overhead_us"):
-        if out[key] != DEFAULTS["timing"][key] and kind == "fixed":
+    out["cuda_graph_sizes"] = _graph_sizes(raw["cuda_graph_sizes"], policy)
+    for key in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
+        if raw[key] != DEFAULTS["timing"][key] and kind == "fixed":
             raise ConfigError(f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r}")
     if bandwidth is None and curve is None:
         if latency is not None:
@@ -960,6 +971,63 @@ def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any]) -> 
         allreduce_curve=curve,
     )
     return out
+
+
+def _graph_sizes(value: Any, policy: str) -> tuple[int, ...] | str | None:
+    """timing.cuda_graph_sizes: None, VLLM_DEFAULT_GRAPHS (resolved from the pools) or sorted unique sizes."""
+    if value is None:
+        return None
+    if value == VLLM_DEFAULT_GRAPHS:
+        if policy != "vllm":
+            raise ConfigError(
+                f"timing.cuda_graph_sizes={VLLM_DEFAULT_GRAPHS} is vLLM's rule (engine.policy=vllm); "
+                f"give a list of sizes with engine.policy={policy}"
+            )
+        return VLLM_DEFAULT_GRAPHS
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__") or len(value) == 0:
+        raise ConfigError(
+            f"timing.cuda_graph_sizes must be null, {VLLM_DEFAULT_GRAPHS} or a non-empty list of token "
+            f"counts, got {_shown(value)}"
+        )
+    # vLLM de-duplicates and sorts the capture sizes it is given (VllmConfig._set_cudagraph_sizes)
+    return tuple(sorted({_count("timing.cuda_graph_sizes", size) for size in value}))
+
+
+def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes for the active pools (docs/timing.md).
+
+    vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``, no speculative decoding):
+    the largest size is ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``;
+    the sizes are 1, 2, 4, then every multiple of 8 below 256, then every
+    multiple of 16 from 256, up to the largest.
+
+    Parameters
+    ----------
+    pools : list of PoolConfig
+        The active engine pools (vllm policy: ``max_batched_tokens`` set).
+
+    Returns
+    -------
+    tuple of int
+        Ascending capture sizes.
+
+    Raises
+    ------
+    ConfigError
+        The pools give different sizes.
+    """
+    found = set()
+    for pool in pools:
+        largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+        sizes = [s for s in (1, 2, 4) if s <= largest]
+        sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
+        found.add(tuple(sizes))
+    if len(found) > 1:
+        raise ConfigError(
+            f"timing.cuda_graph_sizes={VLLM_DEFAULT_GRAPHS} differs between the engine pools "
+            "(max_sequences, max_batched_tokens); give the sizes as a list"
+        )
+    return found.pop()
 
 
 def _next_pow2(n: int) -> int:

@@ -42,6 +42,8 @@ def random_scenario(
     allreduce: bool = False,
     async_scheduling: bool = False,
     steady: bool = False,
+    curve_dir: str | None = None,
+    cuda_graphs: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -61,6 +63,11 @@ def random_scenario(
     with room for its sequences: long runs of identical decode-only passes
     (the kernel's steady-decode path), broken by arrivals, finishes, block
     boundaries and the odd preemption; drawn last like ``allreduce``.
+    ``curve_dir`` (with ``allreduce``) prices the all-reduce by a random measured
+    curve written there (nccl-tests or Vidur layout) instead of the ring.
+    ``cuda_graphs`` draws ``timing.cuda_graph_sizes`` (a list, or vllm_default on
+    an aggregated vllm deployment), a fixed timing becoming linear.  Both are
+    drawn after everything else.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -185,8 +192,55 @@ def random_scenario(
             for _ in range(n):
                 send_ns.append(t)
                 t += rnd.choice([0, 5_000_000, 20_000_000, rnd.randint(0, 60_000_000)])
+    if curve_dir is not None:
+        assert allreduce, "a measured all-reduce curve replaces the ring of allreduce=True"
+        config["timing"]["allreduce"] = {
+            "latency_us": None,
+            "bandwidth_gb_per_second": None,
+            "curve": _random_curve_file(rnd, curve_dir, seed, config["timing"]["tp"]),
+        }
+    if cuda_graphs:
+        if config["timing"]["type"] == "fixed":
+            config["timing"] = {
+                "type": "linear",
+                "base_ms": rnd.choice([0.0, 0.5]),
+                "per_prefill_token_us": rnd.choice([10.0, 33.3]),
+                "per_decode_seq_us": rnd.choice([20.0, 7.7]),
+                "per_kv_token_ns": rnd.choice([0.0, 40.0]),
+            }
+        if policy == "vllm" and not disaggregated and rnd.random() < 0.3:
+            config["timing"]["cuda_graph_sizes"] = "vllm_default"
+        else:  # small sizes, some passes beyond the largest (eager, unpadded)
+            config["timing"]["cuda_graph_sizes"] = rnd.sample(range(1, rnd.choice([8, 16, 40])), rnd.randint(1, 6))
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
+
+
+def _random_curve_file(rnd: random.Random, directory: str, seed: int, tp: int) -> str:
+    """A random all-reduce curve file (nccl-tests output or a Vidur all_reduce.csv).
+
+    A few knots log-uniform over 1 B .. 2 MB (the scenarios' messages span
+    about that), a size sometimes listed twice (its times are averaged), and in
+    Vidur's layout rows of other worker counts that must be skipped.
+    """
+    knots = sorted(int(10 ** rnd.uniform(0.0, 6.3)) for _ in range(rnd.randint(1, 6)))
+    if rnd.random() < 0.3:
+        knots.append(rnd.choice(knots))
+    # rising times (a falling end segment extended far enough would price a message below 0)
+    start, slope = rnd.choice([0.0, rnd.uniform(1.0, 40.0)]), rnd.uniform(0.0, 2e-4)
+    times = [start + k * slope * rnd.uniform(1.0, 1.05) ** i for i, k in enumerate(knots)]
+    path = f"{directory}/allreduce-{seed}.csv"
+    with open(path, "w", encoding="utf-8") as handle:
+        if rnd.random() < 0.5:
+            handle.write("# nccl-tests all_reduce_perf\n#  size count type redop root time algbw busbw #wrong\n")
+            for size, time_us in zip(knots, times):
+                handle.write(f"{size} {max(size // 2, 1)} half sum -1 {time_us!r} 1.0 1.0 0 {time_us!r} 1.0 1.0 0\n")
+        else:  # Vidur: size in fp16 elements (2 bytes each), median in ms
+            handle.write("size,num_workers,time_stats.all_reduce.median\n")
+            for size, time_us in zip(knots, times):
+                handle.write(f"{max(size // 2, 1)},{tp},{time_us / 1000.0!r}\n")
+                handle.write(f"{max(size // 2, 1)},{tp * 2},{rnd.uniform(0.0, 1.0)!r}\n")
+    return path
 
 
 def _prefix_chained_hash_ids(rnd: random.Random, inputs: list[int], trace_block: int):

@@ -22,6 +22,8 @@ NUM_PREFIX_SCENARIOS = 300  # a third of them disaggregated
 NUM_ALLREDUCE_SCENARIOS = 200  # a third of them disaggregated
 NUM_ASYNC_SCENARIOS = 400  # a third of them disaggregated; a quarter with prefix caching
 NUM_STEADY_SCENARIOS = 60  # per policy (vllm, trtllm)
+NUM_CURVE_SCENARIOS = 100  # a third of them disaggregated
+NUM_GRAPH_SCENARIOS = 300  # mixed with the other features
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -80,6 +82,24 @@ def test_prefix_caching_matches_reference(seed):
 @pytest.mark.parametrize("seed", range(NUM_ALLREDUCE_SCENARIOS))
 def test_allreduce_timing_matches_reference(seed):
     compare_with_reference(random_scenario(seed, allreduce=True, disaggregated=seed % 3 == 2))
+
+
+@pytest.mark.parametrize("seed", range(NUM_CURVE_SCENARIOS))
+def test_allreduce_curve_timing_matches_reference(seed, tmp_path):
+    compare_with_reference(random_scenario(seed, allreduce=True, disaggregated=seed % 3 == 2, curve_dir=str(tmp_path)))
+
+
+@pytest.mark.parametrize("seed", range(NUM_GRAPH_SCENARIOS))
+def test_cuda_graph_padding_matches_reference(seed, tmp_path):
+    policy = ("vllm", "vllm", "sglang", "trtllm")[seed % 4]
+    steady = seed % 5 == 4 and policy != "sglang"
+    compare_with_reference(
+        random_scenario(
+            seed, policy=policy, cuda_graphs=True, steady=steady, disaggregated=seed % 3 == 2 and not steady,
+            async_scheduling=policy == "vllm" and seed % 2 == 1, allreduce=seed % 6 == 0,
+            curve_dir=str(tmp_path) if seed % 12 == 0 else None,
+        )
+    )
 
 
 @pytest.mark.parametrize("seed", range(NUM_ASYNC_SCENARIOS))
@@ -146,6 +166,30 @@ def test_scenarios_cover_the_features():
         seen["chunked"] += c["detokenization"]["chunk_size"] is not None
         seen["multi_rank"] += c["engine"]["aggregated"]["replicas"] * c["engine"]["aggregated"]["attention_dp"] > 1
     assert all(count >= 10 for count in seen.values()), seen
+
+
+def test_cuda_graph_scenarios_pad_and_run_eager(monkeypatch):
+    """Guards the generator: the graph scenarios have passes padded up to a size, passes on a
+    size exactly and passes beyond the largest size (run unpadded), in many scenarios."""
+    from tests.reference import sim as reference_sim
+
+    batches = []
+    original = reference_sim.ReferenceSim.rank_time_ms
+
+    def recording(self, s):
+        if self.graph_sizes and s["num_prefill"] + s["num_decode"] > 0:
+            batches.append((s["prefill_tokens"] + s["num_decode"], self.graph_sizes))
+        return original(self, s)
+
+    monkeypatch.setattr(reference_sim.ReferenceSim, "rank_time_ms", recording)
+    seen = dict(padded=0, on_size=0, eager=0)
+    for seed in range(100):
+        batches.clear()
+        reference(random_scenario(seed, policy=("vllm", "sglang", "trtllm")[seed % 3], cuda_graphs=True))
+        seen["padded"] += any(t <= sizes[-1] and t not in sizes for t, sizes in batches)
+        seen["on_size"] += any(t in sizes for t, sizes in batches)
+        seen["eager"] += any(t > sizes[-1] for t, sizes in batches)
+    assert all(count >= 20 for count in seen.values()), seen
 
 
 def test_disaggregated_scenarios_cover_the_features():

@@ -1,5 +1,5 @@
-"""Pass terms (time scales, per-pass overhead, TP all-reduce): the kernel's parameter
-block and the all-reduce curve reader.
+"""Pass terms (time scales, per-pass overhead, TP all-reduce, CUDA-graph padding): the
+kernel's parameter block and the all-reduce curve reader.
 
 Under tensor parallelism of ``n`` GPUs every decoder layer ends its attention
 and its MLP with an all-reduce of the pass's activations, ``tokens x
@@ -122,36 +122,47 @@ def _nccl_rows(path: str, lines: list[str], first: int) -> list[tuple[float, flo
 
 
 def pass_terms_block(cfg: TimingConfig, table_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's pass-terms parameters (``nb.R_*``) and the curve to append to the table.
+    """The kernel's pass-terms parameters (``nb.R_*``) and the arrays to append to the table.
 
     Parameters
     ----------
     cfg : TimingConfig
-        The timing section (scales, overhead; ``cfg.allreduce`` false: no all-reduce).
+        The timing section (scales, overhead; ``cfg.allreduce`` false: no
+        all-reduce; ``cfg.cuda_graph_sizes`` None: no padding).
     table_size : int
-        Length of the model's own flat table (the curve is stored after it).
+        Length of the model's own flat table (the appended arrays follow it).
 
     Returns
     -------
     block : ndarray(float64, shape (nb.PASS_TERMS_NUM_PARAMS,))
-    curve : ndarray(float64, ndim=1)
-        Knots (bytes) then times (us); empty for the ring model or no all-reduce.
+    appended : ndarray(float64, ndim=1)
+        The all-reduce curve's knots (bytes) then times (us), if a curve is
+        set, then the CUDA-graph capture sizes, if set; may be empty.
     """
     block = np.zeros(nb.PASS_TERMS_NUM_PARAMS, dtype=np.float64)
     block[nb.R_PREFILL_SCALE] = cfg.prefill_scale
     block[nb.R_DECODE_SCALE] = cfg.decode_scale
     block[nb.R_OVERHEAD_US] = cfg.pass_overhead_us
-    if not cfg.allreduce:
+    appended: list[np.ndarray] = []
+    end = table_size
+    if cfg.allreduce:
+        block[nb.R_COUNT] = 2 * cfg.num_layers
+        block[nb.R_BYTES_PER_TOKEN] = cfg.hidden_size * cfg.dtype_bytes
+        block[nb.R_GPUS] = cfg.tp
+        if cfg.allreduce_curve is None:
+            block[nb.R_LATENCY_US] = cfg.allreduce_latency_us
+            block[nb.R_BANDWIDTH] = cfg.allreduce_bandwidth_gb_per_second
+        else:
+            sizes, times = read_curve(cfg.allreduce_curve, cfg.tp)
+            block[nb.R_CURVE_N] = sizes.size
+            block[nb.R_CURVE_X] = end
+            block[nb.R_CURVE_Y] = end + sizes.size
+            appended += [sizes, times]
+            end += 2 * sizes.size
+    if cfg.cuda_graph_sizes:
+        block[nb.R_GRAPH_N] = len(cfg.cuda_graph_sizes)
+        block[nb.R_GRAPH_X] = end
+        appended.append(np.asarray(cfg.cuda_graph_sizes, dtype=np.float64))
+    if not appended:
         return block, np.zeros(0, dtype=np.float64)
-    block[nb.R_COUNT] = 2 * cfg.num_layers
-    block[nb.R_BYTES_PER_TOKEN] = cfg.hidden_size * cfg.dtype_bytes
-    block[nb.R_GPUS] = cfg.tp
-    if cfg.allreduce_curve is None:
-        block[nb.R_LATENCY_US] = cfg.allreduce_latency_us
-        block[nb.R_BANDWIDTH] = cfg.allreduce_bandwidth_gb_per_second
-        return block, np.zeros(0, dtype=np.float64)
-    sizes, times = read_curve(cfg.allreduce_curve, cfg.tp)
-    block[nb.R_CURVE_N] = sizes.size
-    block[nb.R_CURVE_X] = table_size
-    block[nb.R_CURVE_Y] = table_size + sizes.size
-    return block, np.concatenate([sizes, times])
+    return block, np.concatenate(appended)

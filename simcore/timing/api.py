@@ -37,7 +37,7 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms, per_prefill_token_us,
         per_decode_seq_us, per_kv_token_ns]``; table/aic: offsets and sizes into ``table``;
         linear, table and aic are followed by the pass-terms block (``nb.R_*``: scales,
-        overhead, TP all-reduce).
+        overhead, TP all-reduce, CUDA-graph padding).
     table : ndarray(float64, ndim=1)
         Flat lookup tables (empty for fixed and linear).
     """
@@ -59,9 +59,9 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
         params, table = aic_arrays(cfg)
     else:
         raise ValueError(f"timing.type {cfg.type!r} has no kernel")  # config validation prevents this
-    block, curve = pass_terms_block(cfg, table.shape[0])
+    block, appended = pass_terms_block(cfg, table.shape[0])
     return (
         model,
         np.concatenate([np.asarray(params, dtype=np.float64), block]),
-        np.concatenate([table, curve]) if curve.size else table,
+        np.concatenate([table, appended]) if appended.size else table,
     )

@@ -90,7 +90,9 @@ R_BANDWIDTH = 7  # ring: link bandwidth, GB/s
 R_CURVE_N = 8  # measured curve: number of knots (0: ring)
 R_CURVE_X = 9  # offset of the curve's message sizes in ``table`` (bytes, ascending)
 R_CURVE_Y = 10  # offset of the curve's times (us)
-PASS_TERMS_NUM_PARAMS = 11
+R_GRAPH_N = 11  # CUDA-graph capture sizes: how many (0: no padding)
+R_GRAPH_X = 12  # offset of the sizes in ``table`` (tokens, ascending)
+PASS_TERMS_NUM_PARAMS = 13
 
 
 @njit(cache=True)
@@ -126,25 +128,83 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
+    tokens = prefill_tokens + num_decode
     if model == TIMING_TABLE:
+        padded = graph_tokens_nb(params, table, TABLE_NUM_PARAMS, tokens)
         ms = table_pass_ms_nb(
-            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded
         )
-        return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
+        return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, padded)
     if model == TIMING_AIC:
         # timing.allreduce replaces the database's own per-layer all-reduces
         replaced = params.shape[0] >= AIC_NUM_PARAMS + PASS_TERMS_NUM_PARAMS and params[AIC_NUM_PARAMS + R_COUNT] != 0.0
+        padded = graph_tokens_nb(params, table, AIC_NUM_PARAMS, tokens)
         ms = aic_pass_ms_nb(
-            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, replaced
+            params,
+            table,
+            num_prefill,
+            prefill_tokens,
+            prefill_kv_tokens,
+            num_decode,
+            decode_kv_tokens,
+            replaced,
+            padded - tokens,
         )
-        return pass_terms_ms_nb(params, table, AIC_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
+        return pass_terms_ms_nb(params, table, AIC_NUM_PARAMS, ms, num_prefill, padded)
+    # linear: the padding tokens are priced as tokens of the pass's own kind
+    # (prefill tokens beside a prefill entry, decode entries without cache otherwise)
+    padded = graph_tokens_nb(params, table, LINEAR_NUM_PARAMS, tokens)
+    if num_prefill > 0:
+        prefill_tokens += padded - tokens
+    else:
+        num_decode += padded - tokens
     ms = (
         params[0]
         + params[1] * prefill_tokens / 1000
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
     )
-    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, prefill_tokens + num_decode)
+    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, padded)
+
+
+@njit(cache=True)
+def graph_tokens_nb(params, table, base, tokens):
+    """Tokens the pass runs at: CUDA-graph padding (``timing.cuda_graph_sizes``).
+
+    The smallest capture size ``>= tokens``; ``tokens`` itself beyond the largest
+    size (vLLM runs such a batch eagerly) or without sizes.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The model's parameters, the pass-terms block at ``base`` (``R_GRAPH_*``).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables (holds the ascending capture sizes).
+    base : int
+        Offset of the pass-terms block in ``params``.
+    tokens : int
+        Tokens scheduled in the pass (prefill tokens + decodes).
+
+    Returns
+    -------
+    int
+        Padded tokens.
+    """
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS:
+        return tokens
+    n = int(params[base + R_GRAPH_N])
+    off = int(params[base + R_GRAPH_X])
+    if n == 0 or tokens > table[off + n - 1]:
+        return tokens
+    lo = 0
+    hi = n - 1
+    while lo < hi:  # the first size >= tokens
+        mid = (lo + hi) // 2
+        if table[off + mid] >= tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return int(table[off + lo])
 
 
 @njit(cache=True)
@@ -172,7 +232,7 @@ def pass_terms_ms_nb(params, table, base, model_ms, num_prefill, tokens):
     num_prefill : int
         Prefill entries of the pass.
     tokens : int
-        Tokens in the pass (prefill tokens + decodes).
+        Tokens the pass runs at (prefill tokens + decodes, padded to a CUDA-graph size).
 
     Returns
     -------
@@ -550,16 +610,19 @@ def table_attention_us_nb(params, table, chunk, kv_prefill, n_decode, kv_decode)
 
 
 @njit(cache=True)
-def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens):
+def table_pass_ms_nb(
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, dense_tokens
+):
     """Pass time from a per-operator profile, ms (see docs/timing.md).
 
     ``num_layers x (dense per-layer ops at T + attention) + once-per-pass dense
-    ops at T + per-sequence ops at S``, with ``T = prefill_tokens + num_decode``
-    and ``S = num_prefill + num_decode``.  Attention: the mean prefill entry
-    (chunk ``prefill_tokens / num_prefill``, cached ``(prefill_kv_tokens -
-    prefill_tokens) / num_prefill``) shares the grid query with the decodes
-    (``num_decode``, cached ``decode_kv_tokens / num_decode - 1`` each), and
-    each further prefill entry adds a prefill-only query at the same mean shape.
+    ops at T + per-sequence ops at S``, with ``T = dense_tokens`` (``prefill_tokens
+    + num_decode``, padded to a CUDA-graph size) and ``S = num_prefill +
+    num_decode``.  Attention: the mean prefill entry (chunk ``prefill_tokens /
+    num_prefill``, cached ``(prefill_kv_tokens - prefill_tokens) / num_prefill``)
+    shares the grid query with the decodes (``num_decode``, cached
+    ``decode_kv_tokens / num_decode - 1`` each), and each further prefill entry
+    adds a prefill-only query at the same mean shape.
 
     Parameters
     ----------
@@ -575,13 +638,16 @@ def table_pass_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_toke
         Decode entries.
     decode_kv_tokens : int
         Sum of ``computed + 1`` over decode entries, tokens.
+    dense_tokens : int
+        Tokens the dense ops run at (the padded pass; attention and the
+        per-sequence ops see the scheduled entries only).
 
     Returns
     -------
     float
         The rank's time, ms.
     """
-    tokens = float(prefill_tokens + num_decode)
+    tokens = float(dense_tokens)
     seqs = float(num_prefill + num_decode)
     n_dense = int(params[P_DENSE_N])
     dense_layer = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
@@ -707,7 +773,7 @@ def aic_ca_nb(params, table, batch, s, p):
 
 @njit(cache=True)
 def aic_pass_ms_nb(
-    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, without_allreduce
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, without_allreduce, pad
 ):
     """Pass time from the AIC component tables, ms (aiconfigurator-core's FPM composition).
 
@@ -718,6 +784,7 @@ def aic_pass_ms_nb(
     prefill-only ``NA[n s] + LG[n] + CA(n, s, p)``; decode-only ``NG[B] + GA(B, K)``.
     ``without_allreduce``: ``NA`` and ``NG`` less the database's per-layer
     all-reduces at the same knot (``timing.allreduce`` prices them instead).
+    ``pad``: CUDA-graph padding tokens, added to the ``NA`` / ``NG`` knot.
 
     Parameters
     ----------
@@ -735,6 +802,8 @@ def aic_pass_ms_nb(
         Sum of ``computed + 1`` over decode entries, tokens.
     without_allreduce : bool
         Leave out the database's own per-layer all-reduces.
+    pad : int
+        Padding tokens of the pass (0: none).
 
     Returns
     -------
@@ -751,20 +820,20 @@ def aic_pass_ms_nb(
             k = (decode_kv_tokens - num_decode) // num_decode
             ctx_batch = (prefill_tokens + s - 1) // s
             return (
-                aic_context_ops_nb(params, table, prefill_tokens + num_decode, without_allreduce)
+                aic_context_ops_nb(params, table, prefill_tokens + num_decode + pad, without_allreduce)
                 + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), 1)
                 + aic_ca_nb(params, table, ctx_batch, s, p)
                 + aic_ga_nb(params, table, num_decode, k)
             )
         return (
-            aic_context_ops_nb(params, table, num_prefill * s, without_allreduce)
+            aic_context_ops_nb(params, table, num_prefill * s + pad, without_allreduce)
             + interp_int_nb(table, int(params[A_LG]), int(params[A_LG_N]), num_prefill)
             + aic_ca_nb(params, table, num_prefill, s, p)
         )
     k = (decode_kv_tokens - num_decode) // num_decode
-    ng = interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode)
+    ng = interp_int_nb(table, int(params[A_NG]), int(params[A_NG_N]), num_decode + pad)
     if without_allreduce:
-        ng -= interp_int_nb(table, int(params[A_AR_GEN]), int(params[A_NG_N]), num_decode)
+        ng -= interp_int_nb(table, int(params[A_AR_GEN]), int(params[A_NG_N]), num_decode + pad)
     return ng + aic_ga_nb(params, table, num_decode, k)
 
 

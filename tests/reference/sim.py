@@ -115,10 +115,17 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
 
 Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
 pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
-the all-reduce (``timing.allreduce``, ring model) being ``2 x num_layers``
-all-reduces of ``(prefill_tokens + num_decode) x hidden_size x dtype_bytes`` bytes,
-each ``latency_us + 2 (n - 1) / n x bytes / (bandwidth x 1e3)`` us.
-Not covered: the aic/table timing models and the measured all-reduce curve.
+the all-reduce (``timing.allreduce``) being ``2 x num_layers`` all-reduces of
+``tokens x hidden_size x dtype_bytes`` bytes, each ``latency_us + 2 (n - 1) / n x
+bytes / (bandwidth x 1e3)`` us (ring) or the measured curve's time at that size
+(piecewise linear; the first time below the first size, the last segment extended
+beyond the last; a size listed twice takes the mean of its times).
+CUDA-graph padding (``timing.cuda_graph_sizes``): with ``T = prefill_tokens +
+num_decode`` no larger than the largest size, the pass runs at ``T'`` = the smallest
+size >= T; the model prices the ``T' - T`` extra tokens as prefill tokens when the pass
+has a prefill entry, else as decode entries (the kv term unchanged), and the
+all-reduce is at ``T'`` tokens.
+Not covered: the aic/table timing models.
 """
 
 from __future__ import annotations
@@ -149,6 +156,56 @@ MASK64 = (1 << 64) - 1
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def read_allreduce_curve(path, tp):
+    """[(bytes, us)] ascending by size from a Vidur all_reduce.csv (rows of num_workers == tp;
+    size in fp16 elements, median in ms) or an nccl-tests output (size in bytes, column 6 the
+    out-of-place time in us); a size listed more than once takes the mean of its times."""
+    with open(path, encoding="utf-8") as handle:
+        lines = [line for line in handle.read().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    times = {}
+    if "size" in lines[0].split(","):
+        header = lines[0].split(",")
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(",")))
+            if int(row["num_workers"]) == tp:
+                size = float(row["size"]) * 2
+                times.setdefault(size, []).append(float(row["time_stats.all_reduce.median"]) * 1000.0)
+    else:
+        for line in lines:
+            fields = line.split()
+            times.setdefault(float(fields[0]), []).append(float(fields[5]))
+    return [(size, sum(times[size]) / len(times[size])) for size in sorted(times)]
+
+
+def curve_time_us(curve, size):
+    """Piecewise-linear time at ``size`` bytes: the first time below the first knot, the
+    last segment extended beyond the last knot."""
+    if size <= curve[0][0] or len(curve) == 1:
+        return curve[0][1]
+    i = len(curve) - 2
+    for k in range(len(curve) - 1):
+        if size < curve[k + 1][0]:
+            i = k
+            break
+    (x0, y0), (x1, y1) = curve[i], curve[i + 1]
+    t = (size - x0) / (x1 - x0)
+    return (1.0 - t) * y0 + t * y1
+
+
+def graph_sizes(value, pool):
+    """CUDA-graph capture sizes, ascending (None: no padding).  ``vllm_default``: vLLM's
+    rule from the pool's limits (every active pool must give the same): largest =
+    min(2 x max_sequences, 512, max_batched_tokens); 1, 2, 4, the multiples of 8 below
+    256, the multiples of 16 from 256, up to the largest."""
+    if value is None:
+        return None
+    if value != "vllm_default":
+        return sorted(set(int(size) for size in value))
+    largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+    candidates = [1, 2, 4] + [8 * k for k in range(1, 32)] + [256 + 16 * k for k in range(17)]
+    return [size for size in candidates if size <= largest]
 
 
 def fnv1a64(text: str) -> int:
@@ -397,12 +454,16 @@ class ReferenceSim:
         self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
         ring = timing.get("allreduce") or {}
         self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
-        assert ring.get("curve") is None, "reference has no all-reduce curve"
-        if self.ar_bandwidth is not None:
+        self.ar_curve = None
+        if ring.get("curve") is not None:
+            self.ar_curve = read_allreduce_curve(ring["curve"], int(timing["tp"]))
+        self.ar_on = self.ar_bandwidth is not None or self.ar_curve is not None
+        if self.ar_on:
             self.ar_latency_us = float(ring.get("latency_us") or 0.0)
             self.ar_gpus = int(timing["tp"])
             self.ar_count = 2 * int(timing["num_layers"])
             self.ar_bytes_per_token = int(timing["hidden_size"]) * int(timing["dtype_bytes"])
+        self.graph_sizes = graph_sizes(timing.get("cuda_graph_sizes"), pools[0])
 
         tok = config["tokenization"]
         self.tok_workers = int(tok["workers"])
@@ -1009,15 +1070,27 @@ class ReferenceSim:
             return ((self.t_prefill_ms if s["num_prefill"] > 0 else 0.0)
                     + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
         kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
+        tokens = s["prefill_tokens"] + s["num_decode"]
+        run_at = tokens
+        if self.graph_sizes and tokens <= self.graph_sizes[-1]:
+            run_at = min(size for size in self.graph_sizes if size >= tokens)
+        prefill_tokens, num_decode = s["prefill_tokens"], s["num_decode"]
+        if s["num_prefill"] > 0:
+            prefill_tokens += run_at - tokens
+        else:
+            num_decode += run_at - tokens
         ms = (self.t_base_ms
-              + self.t_per_prefill_token_us * s["prefill_tokens"] / 1000
-              + self.t_per_decode_seq_us * s["num_decode"] / 1000
+              + self.t_per_prefill_token_us * prefill_tokens / 1000
+              + self.t_per_decode_seq_us * num_decode / 1000
               + self.t_per_kv_token_ns * kv / 1e6)
         ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
-        if self.ar_bandwidth is not None:
-            n = float(self.ar_gpus)
-            size = (s["prefill_tokens"] + s["num_decode"]) * float(self.ar_bytes_per_token)
-            one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
+        if self.ar_on:
+            size = run_at * float(self.ar_bytes_per_token)
+            if self.ar_curve is None:
+                n = float(self.ar_gpus)
+                one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
+            else:
+                one_us = curve_time_us(self.ar_curve, size)
             ms += self.ar_count * one_us / 1000.0
         ms += self.t_overhead_us / 1000.0
         if not math.isfinite(ms) or ms < 0:
