@@ -29,7 +29,8 @@ from runners.sweep import POINT_FILE, split_options, write_summary
 #: :func:`runners.cli.main` exits non-zero when there are any.
 failed_points: list[str] = []
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+#: Sweepers that launch the cartesian product of the overrides (Hydra's and replaysim's).
+BASIC_SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "hydra_plugins.replaysim_sweeper.ComposeOnceSweeper")
 WARMUP_REQUESTS = 4
 LOKY_TRACKER = "joblib.externals.loky.backend.resource_tracker"
 
@@ -52,7 +53,7 @@ def count_jobs(config: DictConfig) -> int | None:
     int or None
         None for other sweepers, or overrides that cannot be counted (glob).
     """
-    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+    if OmegaConf.select(config, "hydra.sweeper._target_") not in BASIC_SWEEPERS:
         return None
     swept = OmegaConf.select(config, "hydra.sweeper.params") or {}
     lines = [f"{key}={value}" for key, value in swept.items()]
