@@ -55,6 +55,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import callbacks, params  # noqa: E402
+from runners.isolate import JobProcess  # noqa: E402
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
@@ -64,7 +65,9 @@ from runners.sweep import (  # noqa: E402
     RunnerOptions,
     job_points,
     export_documents,
+    point_stamps,
     presimulate,
+    record_crashed,
     record_failure,
     run_point,
     say,
@@ -134,6 +137,8 @@ class Terminated(KeyboardInterrupt):
     isolation) swallows it, and :func:`runners.writer.write_atomic` removes
     its temporary files on the way out.
     """
+
+    signum = signal.SIGTERM
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -456,8 +461,36 @@ def task(cfg: DictConfig) -> None:
     if not multirun:
         batch_run(points, options, root)
         return
+    before = point_stamps(points)
+    log_files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    ended = _job_process.run(points, options, log_files)
+    if ended is not None:
+        for run_id in record_crashed(points, before, ended.pid, ended.how):
+            say(f"{run_id}: failed: PointLost: its process (pid {ended.pid}) {ended.how}", sys.stderr)
+
+
+def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[str]) -> None:
+    """A multirun job's points, in the child of :data:`_job_process`: each isolated (``failure.json``).
+
+    ``log_files`` are the job's log files (Hydra's file handlers of the root
+    logger, reconfigured by the parent for each job): the child's handlers,
+    inherited from the job that forked it, are pointed at them.
+    """
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for handler, path in zip(handlers, log_files):
+        if handler.baseFilename != path:
+            handler.baseFilename = path
+            old = handler.setStream(open(path, "a", encoding=handler.encoding))
+            if old is not None:
+                old.close()
+    third_party_logs_to_file()
     for point, simulated in zip(points, presimulate(points, options)):
         run_point(point, options, isolate=True, simulated=simulated)
+
+
+#: Runs this process's multirun jobs in a forked child, so that a point
+#: crashing it (a segfault, SIGKILL) fails alone (:mod:`runners.isolate`).
+_job_process = JobProcess(run_job_points)
 
 
 def _exit_without_teardown() -> None:

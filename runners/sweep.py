@@ -647,6 +647,50 @@ class PointLost(RuntimeError):
     """The process of a point ended while the point ran (killed, crashed or out of memory)."""
 
 
+def point_stamps(points: Sequence[Point]) -> dict[Path, tuple[int, int] | None]:
+    """Identity (inode, mtime) of each point's ``point.json`` now, None where there is none.
+
+    Taken before a job runs, so that :func:`record_crashed` can tell which
+    points the job finished (their ``point.json`` was rewritten since).
+    """
+    def stamp(path: Path) -> tuple[int, int] | None:
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        return info.st_ino, info.st_mtime_ns
+
+    return {point.dir: stamp(point.dir / POINT_FILE) for point in points}
+
+
+def record_crashed(points: Sequence[Point], before: Mapping[Path, tuple[int, int] | None], pid: int,
+                   how: str) -> list[str]:
+    """Record the points of a job whose process died (``how``: ``killed by signal 11 (SIGSEGV)``) as failed.
+
+    A point counts as finished when its ``point.json`` was rewritten since
+    ``before`` (:func:`point_stamps`) with a final status, or when it holds a
+    complete result set of its configuration (a point the job would have
+    skipped).  The others get ``failure.json`` (:class:`PointLost`).  Returns
+    their run ids.
+    """
+    lost = []
+    now = point_stamps(points)
+    for point in points:
+        document = _read_json(point.dir / POINT_FILE) or {}
+        if now[point.dir] != before.get(point.dir) and document.get("status") in STATUSES:
+            continue
+        try:
+            config = load_config(point.mapping)
+        except Exception:  # noqa: BLE001 - never ran far enough to be done
+            config = None
+        if config is not None and document.get("status") != RUNNING and is_done(point.dir, config.resolved):
+            continue
+        where = f"pid {pid} on {socket.gethostname()}"
+        record_failure(point, PointLost(f"the process of this point ({where}) ended before the point finished: {how}"))
+        lost.append(point.run_id)
+    return lost
+
+
 def record_lost_points(root: Path) -> list[str]:
     """Record every point under ``root`` still marked running as failed (:class:`PointLost`).
 
