@@ -77,7 +77,7 @@ from runners.sweep import (  # noqa: E402
 )
 from runners.writer import check_writable, write_results  # noqa: E402
 import simcore  # noqa: E402
-from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
+from simcore.config import ConfigError, SimConfig, load_config  # noqa: E402
 from simcore.jit_cache import engine_kernel_cached  # noqa: E402
 
 PROG = "replaysim"
@@ -161,8 +161,8 @@ def unknown_key_message(key: str) -> str | None:
     """
     if params.is_runner_key(key):
         return _runner_key_message(key)
-    leaves = dotted_keys()
-    sections = {leaf.rsplit(".", i)[0] for leaf in leaves for i in range(1, leaf.count(".") + 1)}
+    leaves = sorted(params.config_leaves())
+    sections = params.config_sections()
     if key in sections or key in leaves:
         return None
     parent = key.rpartition(".")[0]
@@ -385,14 +385,15 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
 
 def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
     """In-job batch axes outside a multirun: all-or-nothing validation, then each point."""
+    configs = []
     for point in points:
         try:
-            load_config(point.mapping)
+            configs.append(load_config(point.mapping))
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
     announce_compile()
     progress = LineProgress(len(points), "batch")
-    for point, simulated in zip(points, presimulate(points, options)):
+    for point, simulated in zip(points, presimulate(points, options, configs)):
         try:
             run_point(point, options, isolate=False, simulated=simulated)
         except ConfigError as exc:  # a bad request table or trace
@@ -435,7 +436,7 @@ def task(cfg: DictConfig) -> None:
     except (OmegaConfBaseException, ValueError) as exc:  # ConfigError is a ValueError
         if not multirun:
             fail(_fail_point(exc))
-        gc.enable()
+        callbacks.collect_from_now()
         root = Path(hydra_cfg.runtime.output_dir)
         sim = {k: v for k, v in mapping.items() if not params.is_runner_key(k)}
         keys = tuple(sorted(set(params.override_keys(overrides)) - {"seed"}))
@@ -451,7 +452,7 @@ def task(cfg: DictConfig) -> None:
         single_run(config, options)
         _single_run_done = True
         return
-    gc.enable()  # sweeps and batch axes: long-lived, collect as usual
+    callbacks.collect_from_now()  # sweeps and batch axes: long-lived
     if multirun:
         root = Path(hydra_cfg.runtime.output_dir)
     else:

@@ -367,7 +367,8 @@ def _as_asked(config: SimConfig, result: simcore.Result) -> tuple[simcore.Result
 BATCH_CHUNK = 256
 
 
-def presimulate(points: Sequence[Point], options: RunnerOptions) -> Iterator[tuple[simcore.Result, pa.Table | None] | None]:
+def presimulate(points: Sequence[Point], options: RunnerOptions,
+                loaded: Sequence[SimConfig] | None = None) -> Iterator[tuple[simcore.Result, pa.Table | None] | None]:
     """Simulate a job's batch points together (:func:`simcore.run_batch`), ahead of :func:`run_point`.
 
     Yields, per point in order, what :func:`simulate` would return, or None
@@ -375,13 +376,15 @@ def presimulate(points: Sequence[Point], options: RunnerOptions) -> Iterator[tup
     point that will be skipped, a lone point, or a chunk in which some point
     raised: its points then run one by one, so failures stay isolated).
     Chunks of ``BATCH_CHUNK`` points are simulated as they are consumed.
+    ``loaded``: the points' configurations when the caller has validated
+    them already (``load_config`` of each mapping).
     """
     for start in range(0, len(points), BATCH_CHUNK):
         chunk = points[start : start + BATCH_CHUNK]
         configs: dict[int, SimConfig] = {}
         for index, point in enumerate(chunk):
             try:
-                config = load_config(point.mapping)
+                config = loaded[start + index] if loaded is not None else load_config(point.mapping)
             except Exception:
                 continue  # run_point reports it
             if not options.force and is_done(point.dir, config.resolved):
@@ -432,7 +435,8 @@ def run_point(
     """
     out = point.dir
     try:
-        config = load_config(point.mapping)
+        # a presimulated result carries the point's validated configuration
+        config = simulated[0].config if simulated is not None else load_config(point.mapping)
         values = point.values(config.resolved)
         if not options.force and is_done(out, config.resolved):
             _write_point(point, "skipped", values, config.seed)
