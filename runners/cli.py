@@ -32,7 +32,6 @@ gc.disable()
 import atexit  # noqa: E402
 import difflib  # noqa: E402
 import functools  # noqa: E402
-import importlib.metadata  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -43,6 +42,7 @@ from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
+from hydra._internal.hydra import Hydra  # noqa: E402
 from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
@@ -55,7 +55,6 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import callbacks, params  # noqa: E402
-from runners.isolate import JobProcess  # noqa: E402
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
@@ -314,6 +313,8 @@ def third_party_logs_to_file() -> None:
 
 def installed_version() -> str:
     """replaysim's version, from the installed distribution's metadata."""
+    import importlib.metadata  # only here: it imports the email package
+
     try:
         return importlib.metadata.version(PROG)
     except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
@@ -464,14 +465,14 @@ def task(cfg: DictConfig) -> None:
         return
     before = point_stamps(points)
     log_files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    ended = _job_process.run(points, options, log_files)
+    ended = job_process().run(points, options, log_files)
     if ended is not None:
         for run_id in record_crashed(points, before, ended.pid, ended.how):
             say(f"{run_id}: failed: PointLost: its process (pid {ended.pid}) {ended.how}", sys.stderr)
 
 
 def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[str]) -> None:
-    """A multirun job's points, in the child of :data:`_job_process`: each isolated (``failure.json``).
+    """A multirun job's points, in the child of :func:`job_process`: each isolated (``failure.json``).
 
     ``log_files`` are the job's log files (Hydra's file handlers of the root
     logger, reconfigured by the parent for each job): the child's handlers,
@@ -489,9 +490,13 @@ def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[
         run_point(point, options, isolate=True, simulated=simulated)
 
 
-#: Runs this process's multirun jobs in a forked child, so that a point
-#: crashing it (a segfault, SIGKILL) fails alone (:mod:`runners.isolate`).
-_job_process = JobProcess(run_job_points)
+@functools.cache
+def job_process():
+    """Runs this process's multirun jobs in a forked child, so that a point
+    crashing it (a segfault, SIGKILL) fails alone (:class:`runners.isolate.JobProcess`)."""
+    from runners.isolate import JobProcess  # sweeps only: a single run does without multiprocessing
+
+    return JobProcess(run_job_points)
 
 
 def _exit_without_teardown() -> None:
@@ -545,8 +550,11 @@ def main() -> None:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         check_overrides(argv)
-        if not get_args_parser().parse_args(argv).multirun:
+        args = get_args_parser().parse_args(argv)
+        if not args.multirun:
             gc.disable()
+        if mode_only_from_command_line(args):
+            Hydra.get_mode = _no_mode_from_configs
         task()
     except CompactHydraException as exc:
         if not own_report:
@@ -562,6 +570,25 @@ def main() -> None:
         print(f"{PROG}: error: {count} point{'s' * (count != 1)} of the sweep failed "
               "(summary.parquet lists them)", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_POINTS_FAILED)
+
+
+def mode_only_from_command_line(args) -> bool:
+    """True when no config can set ``hydra.mode``, so ``-m`` alone says whether this is a multirun.
+
+    Hydra composes the whole config once just to read ``hydra.mode``
+    (``Hydra.get_mode``) before composing it again to run, about 0.05 s of
+    every command.  replaysim's own configs never set it; configs of the
+    user's (``--config-dir``, ``--config-path``, ``--config-name``,
+    ``hydra.searchpath``) or a ``hydra.mode`` override may.
+    """
+    if args.config_dir is not None or args.config_path is not None or args.config_name is not None:
+        return False
+    return not any("hydra.mode" in text or "hydra.searchpath" in text for text in args.overrides)
+
+
+def _no_mode_from_configs(self: Hydra, config_name: str | None, overrides: list[str]) -> None:
+    """``Hydra.get_mode`` when no config sets ``hydra.mode``: what it would return, without composing."""
+    return None
 
 
 def stopped(exc: KeyboardInterrupt) -> NoReturn:

@@ -113,3 +113,22 @@ def test_exit_reasons_name_the_signal():
 
     assert exit_reason(signal.SIGSEGV) == "killed by signal 11 (SIGSEGV)"  # a waitpid status: signal in the low bits
     assert exit_reason(3 << 8) == "exited with code 3"
+
+
+def test_hydra_mode_is_read_from_configs_only_when_one_may_set_it():
+    """runners.cli skips Hydra's extra composition for hydra.mode only when no config can set it."""
+    from hydra._internal.utils import get_args_parser
+    from omegaconf import OmegaConf
+
+    from runners.cli import CONFIG_DIR, mode_only_from_command_line
+
+    def skips(*argv: str) -> bool:
+        return mode_only_from_command_line(get_args_parser().parse_args(list(argv)))
+
+    assert skips("load.concurrency=4") and skips("-m", "load.concurrency=1,2", "hydra/launcher=local")
+    assert not skips("hydra.mode=MULTIRUN", "load.concurrency=1,2")
+    assert not skips("--config-dir", "/tmp", "load.concurrency=4")
+    assert not skips("--config-name", "other")
+    assert not skips("hydra.searchpath=[file:///tmp]")
+    for path in CONFIG_DIR.rglob("*.yaml"):  # the shipped configs and presets
+        assert OmegaConf.select(OmegaConf.load(path), "hydra.mode") is None, path
