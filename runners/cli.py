@@ -496,7 +496,9 @@ def job_process():
     crashing it (a segfault, SIGKILL) fails alone (:class:`runners.isolate.JobProcess`)."""
     from runners.isolate import JobProcess  # sweeps only: a single run does without multiprocessing
 
-    return JobProcess(run_job_points)
+    process = JobProcess(run_job_points)
+    atexit.register(process.close)  # no child left behind a finished sweep
+    return process
 
 
 def _exit_without_teardown() -> None:

@@ -179,6 +179,17 @@ class JobProcess:
                 return bool(done)
             time.sleep(0.01)
 
+    def close(self) -> None:
+        """End the child between jobs: it exits when its end of the pipe closes; reap it."""
+        if self.pid is None:
+            return
+        self.conn.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        self.pid = self.conn = None
+
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """End the child: let it stop by itself (a Ctrl-C reaches it too), then ``signum``, then SIGKILL."""
         if self.pid is None:
