@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_trace import export_tree  # noqa: E402
+from benchtime import command_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 POINTS = 100
@@ -58,18 +59,6 @@ def case_args(case: str, out: Path, points: int = POINTS) -> list[str]:
     return ["-m", *launcher, f"load.concurrency={','.join(values)}", *common, f"hydra.sweep.dir={out}"]
 
 
-def bench_env(tree: Path, cache: Path) -> dict[str, str]:
-    """The environment of a timed command: ``tree`` imported, its own numba cache, bytecode cached.
-
-    ``PYTHONDONTWRITEBYTECODE`` is dropped so that the warm-up writes each
-    tree's ``__pycache__`` (as an installed package has it); otherwise every
-    command would compile the project's sources again.
-    """
-    env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(cache))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
-
-
 def run(tree: Path, args: list[str], cache: Path, work: Path) -> tuple[float, float]:
     """Wall and CPU seconds (user + system, its processes) of ``python -m runners.cli <args>`` importing ``tree``.
 
@@ -77,7 +66,7 @@ def run(tree: Path, args: list[str], cache: Path, work: Path) -> tuple[float, fl
     """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "runners.cli", *args], cwd=work, env=bench_env(tree, cache),
+    done = subprocess.run([sys.executable, "-m", "runners.cli", *args], cwd=work, env=command_env(tree, cache),
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
