@@ -490,15 +490,23 @@ def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[
         run_point(point, options, isolate=True, simulated=simulated)
 
 
-@functools.cache
+_job_process = None
+
+
 def job_process():
     """Runs this process's multirun jobs in a forked child, so that a point
-    crashing it (a segfault, SIGKILL) fails alone (:class:`runners.isolate.JobProcess`)."""
-    from runners.isolate import JobProcess  # sweeps only: a single run does without multiprocessing
+    crashing it (a segfault, SIGKILL) fails alone (:class:`runners.isolate.JobProcess`).
 
-    process = JobProcess(run_job_points)
-    atexit.register(process.close)  # no child left behind a finished sweep
-    return process
+    Made on first use (a plain global, not ``functools.cache``: joblib pickles
+    this module's task function by value with the globals it uses).
+    """
+    global _job_process
+    if _job_process is None:
+        from runners.isolate import JobProcess  # sweeps only: a single run does without multiprocessing
+
+        _job_process = JobProcess(run_job_points)
+        atexit.register(_job_process.close)  # no child left behind a finished sweep
+    return _job_process
 
 
 def _exit_without_teardown() -> None:
