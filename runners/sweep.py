@@ -650,6 +650,11 @@ def summary_table(root: str | Path) -> pa.Table:
 class PointLost(RuntimeError):
     """The process of a point ended while the point ran (killed, crashed or out of memory)."""
 
+    @classmethod
+    def of(cls, pid: Any, host: Any, how: str) -> PointLost:
+        """The failure of a point whose process ``pid`` on ``host`` ended as ``how`` says."""
+        return cls(f"the process of this point (pid {pid} on {host}) ended before the point finished: {how}")
+
 
 def point_stamps(points: Sequence[Point]) -> dict[Path, tuple[int, int] | None]:
     """Identity (inode, mtime) of each point's ``point.json`` now, None where there is none.
@@ -689,8 +694,7 @@ def record_crashed(points: Sequence[Point], before: Mapping[Path, tuple[int, int
             config = None
         if config is not None and document.get("status") != RUNNING and is_done(point.dir, config.resolved):
             continue
-        where = f"pid {pid} on {socket.gethostname()}"
-        record_failure(point, PointLost(f"the process of this point ({where}) ended before the point finished: {how}"))
+        record_failure(point, PointLost.of(pid, socket.gethostname(), how))
         lost.append(point.run_id)
     return lost
 
@@ -709,9 +713,8 @@ def record_lost_points(root: Path) -> list[str]:
         runtime_info = document.get("runtime") or {}
         point = Point(path.parent, document.get("run_id"), {"seed": document.get("seed")},
                       tuple(document.get("overrides") or ()), tuple(sorted(document.get("parameters") or {})))
-        where = f"pid {runtime_info.get('pid')} on {runtime_info.get('host')}"
-        record_failure(point, PointLost(f"the process of this point ({where}) ended before the point finished: "
-                                        "killed, crashed or out of memory"), values=document.get("parameters") or {})
+        lost_as = PointLost.of(runtime_info.get("pid"), runtime_info.get("host"), "killed, crashed or out of memory")
+        record_failure(point, lost_as, values=document.get("parameters") or {})
         lost.append(point.run_id)
     return lost
 
