@@ -18,3 +18,17 @@ def median_seconds(fn: Callable[[], object], runs: int, warm_up: bool = False) -
         fn()
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
+
+
+def command_env(tree: object, numba_cache_dir: object) -> dict[str, str]:
+    """The environment of a timed ``replaysim`` process importing ``tree`` with its own numba cache.
+
+    ``PYTHONDONTWRITEBYTECODE`` is dropped, so that a warm-up run writes the
+    tree's ``__pycache__`` as an installed package has it; otherwise every
+    timed process would compile the project's sources again.
+    """
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=str(numba_cache_dir))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env

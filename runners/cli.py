@@ -32,7 +32,6 @@ gc.disable()
 import atexit  # noqa: E402
 import difflib  # noqa: E402
 import functools  # noqa: E402
-import importlib.metadata  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -43,6 +42,7 @@ from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
+from hydra._internal.hydra import Hydra  # noqa: E402
 from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
@@ -64,7 +64,9 @@ from runners.sweep import (  # noqa: E402
     RunnerOptions,
     job_points,
     export_documents,
+    point_stamps,
     presimulate,
+    record_crashed,
     record_failure,
     run_point,
     say,
@@ -74,7 +76,7 @@ from runners.sweep import (  # noqa: E402
 )
 from runners.writer import check_writable, write_results  # noqa: E402
 import simcore  # noqa: E402
-from simcore.config import ConfigError, SimConfig, dotted_keys, load_config  # noqa: E402
+from simcore.config import ConfigError, SimConfig, load_config  # noqa: E402
 from simcore.jit_cache import engine_kernel_cached  # noqa: E402
 
 PROG = "replaysim"
@@ -135,6 +137,8 @@ class Terminated(KeyboardInterrupt):
     its temporary files on the way out.
     """
 
+    signum = signal.SIGTERM
+
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
@@ -156,8 +160,8 @@ def unknown_key_message(key: str) -> str | None:
     """
     if params.is_runner_key(key):
         return _runner_key_message(key)
-    leaves = dotted_keys()
-    sections = {leaf.rsplit(".", i)[0] for leaf in leaves for i in range(1, leaf.count(".") + 1)}
+    leaves = sorted(params.config_leaves())
+    sections = params.config_sections()
     if key in sections or key in leaves:
         return None
     parent = key.rpartition(".")[0]
@@ -309,6 +313,8 @@ def third_party_logs_to_file() -> None:
 
 def installed_version() -> str:
     """replaysim's version, from the installed distribution's metadata."""
+    import importlib.metadata  # only here: it imports the email package
+
     try:
         return importlib.metadata.version(PROG)
     except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
@@ -380,14 +386,15 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
 
 def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:
     """In-job batch axes outside a multirun: all-or-nothing validation, then each point."""
+    configs = []
     for point in points:
         try:
-            load_config(point.mapping)
+            configs.append(load_config(point.mapping))
         except ValueError as exc:
             fail(f"{point.run_id} ({' '.join(point.overrides[-len(options.batch):])}): {exc}")
     announce_compile()
     progress = LineProgress(len(points), "batch")
-    for point, simulated in zip(points, presimulate(points, options)):
+    for point, simulated in zip(points, presimulate(points, options, configs)):
         try:
             run_point(point, options, isolate=False, simulated=simulated)
         except ConfigError as exc:  # a bad request table or trace
@@ -430,7 +437,7 @@ def task(cfg: DictConfig) -> None:
     except (OmegaConfBaseException, ValueError) as exc:  # ConfigError is a ValueError
         if not multirun:
             fail(_fail_point(exc))
-        gc.enable()
+        callbacks.collect_from_now()
         root = Path(hydra_cfg.runtime.output_dir)
         sim = {k: v for k, v in mapping.items() if not params.is_runner_key(k)}
         keys = tuple(sorted(set(params.override_keys(overrides)) - {"seed"}))
@@ -446,7 +453,7 @@ def task(cfg: DictConfig) -> None:
         single_run(config, options)
         _single_run_done = True
         return
-    gc.enable()  # sweeps and batch axes: long-lived, collect as usual
+    callbacks.collect_from_now()  # sweeps and batch axes: long-lived
     if multirun:
         root = Path(hydra_cfg.runtime.output_dir)
     else:
@@ -456,8 +463,50 @@ def task(cfg: DictConfig) -> None:
     if not multirun:
         batch_run(points, options, root)
         return
+    before = point_stamps(points)
+    log_files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    ended = job_process().run(points, options, log_files)
+    if ended is not None:
+        for run_id in record_crashed(points, before, ended.pid, ended.how):
+            say(f"{run_id}: failed: PointLost: its process (pid {ended.pid}) {ended.how}", sys.stderr)
+
+
+def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[str]) -> None:
+    """A multirun job's points, in the child of :func:`job_process`: each isolated (``failure.json``).
+
+    ``log_files`` are the job's log files (Hydra's file handlers of the root
+    logger, reconfigured by the parent for each job): the child's handlers,
+    inherited from the job that forked it, are pointed at them.
+    """
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for handler, path in zip(handlers, log_files):
+        if handler.baseFilename != path:
+            handler.baseFilename = path
+            old = handler.setStream(open(path, "a", encoding=handler.encoding))
+            if old is not None:
+                old.close()
+    third_party_logs_to_file()
     for point, simulated in zip(points, presimulate(points, options)):
         run_point(point, options, isolate=True, simulated=simulated)
+
+
+_job_process = None
+
+
+def job_process():
+    """Runs this process's multirun jobs in a forked child, so that a point
+    crashing it (a segfault, SIGKILL) fails alone (:class:`runners.isolate.JobProcess`).
+
+    Made on first use (a plain global, not ``functools.cache``: joblib pickles
+    this module's task function by value with the globals it uses).
+    """
+    global _job_process
+    if _job_process is None:
+        from runners.isolate import JobProcess  # sweeps only: a single run does without multiprocessing
+
+        _job_process = JobProcess(run_job_points)
+        atexit.register(_job_process.close)  # no child left behind a finished sweep
+    return _job_process
 
 
 def _exit_without_teardown() -> None:
@@ -511,8 +560,11 @@ def main() -> None:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         check_overrides(argv)
-        if not get_args_parser().parse_args(argv).multirun:
+        args = get_args_parser().parse_args(argv)
+        if not args.multirun:
             gc.disable()
+        if mode_only_from_command_line(args):
+            Hydra.get_mode = _no_mode_from_configs
         task()
     except CompactHydraException as exc:
         if not own_report:
@@ -528,6 +580,25 @@ def main() -> None:
         print(f"{PROG}: error: {count} point{'s' * (count != 1)} of the sweep failed "
               "(summary.parquet lists them)", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_POINTS_FAILED)
+
+
+def mode_only_from_command_line(args) -> bool:
+    """True when no config can set ``hydra.mode``, so ``-m`` alone says whether this is a multirun.
+
+    Hydra composes the whole config once just to read ``hydra.mode``
+    (``Hydra.get_mode``) before composing it again to run, about 0.05 s of
+    every command.  replaysim's own configs never set it; configs of the
+    user's (``--config-dir``, ``--config-path``, ``--config-name``,
+    ``hydra.searchpath``) or a ``hydra.mode`` override may.
+    """
+    if args.config_dir is not None or args.config_path is not None or args.config_name is not None:
+        return False
+    return not any("hydra.mode" in text or "hydra.searchpath" in text for text in args.overrides)
+
+
+def _no_mode_from_configs(self: Hydra, config_name: str | None, overrides: list[str]) -> None:
+    """``Hydra.get_mode`` when no config sets ``hydra.mode``: what it would return, without composing."""
+    return None
 
 
 def stopped(exc: KeyboardInterrupt) -> NoReturn:

@@ -70,6 +70,18 @@ def _itls_s(requests: pa.Table, tokens: pa.Table | None) -> list[list[float]]:
     return [gaps[bounds[i]:bounds[i + 1]].tolist() for i in range(requests.num_rows)]
 
 
+def _most_common_count(values: np.ndarray, span: int) -> int:
+    """How often the most frequent of ``values`` (non-empty, in ``[0, span)``) occurs.
+
+    A table of ``span`` counters when that is no larger than the values
+    themselves; otherwise the distinct values are counted, so that memory stays
+    bounded by the tokens and not by the simulated seconds (a long, sparse run).
+    """
+    if span <= 2 * values.size:
+        return int(np.bincount(values, minlength=1).max())
+    return int(np.unique(values, return_counts=True)[1].max())
+
+
 def _peaks(send_ms: np.ndarray, last_ms: np.ndarray, completed: np.ndarray,
            requests: pa.Table, tokens: pa.Table | None) -> tuple[float | None, int]:
     """vLLM's ``max_output_tokens_per_s`` (None without tokens) and ``max_concurrent_requests`` over completed requests."""
@@ -87,7 +99,7 @@ def _peaks(send_ms: np.ndarray, last_ms: np.ndarray, completed: np.ndarray,
             buckets = np.floor((received - origin) / MS_PER_S).astype(np.int64)
             span = int(np.ceil((end.max() - origin) / MS_PER_S)) + 1
             buckets = buckets[(buckets >= 0) & (buckets < span)]
-            peak_tokens = float(np.bincount(buckets, minlength=1).max()) if buckets.size else 0.0
+            peak_tokens = float(_most_common_count(buckets, span)) if buckets.size else 0.0
     # Half-open [send, last receipt): a departure at t precedes an arrival at t.
     times = np.concatenate((start, end))
     deltas = np.concatenate((np.ones(start.size, np.int64), -np.ones(end.size, np.int64)))

@@ -121,10 +121,21 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@lru_cache(maxsize=1)
+def config_leaves() -> frozenset[str]:
+    """Every leaf config key (``engine.aggregated.replicas``)."""
+    return frozenset(dotted_keys())
+
+
+@lru_cache(maxsize=1)
+def config_sections() -> frozenset[str]:
+    """Every config section above a leaf (``engine``, ``engine.aggregated``)."""
+    return frozenset(leaf.rsplit(".", i)[0] for leaf in config_leaves() for i in range(1, leaf.count(".") + 1))
+
+
 def is_config_key(key: str) -> bool:
     """True for a simcore config key: a leaf or a section (``metrics.goodput``)."""
-    leaves = dotted_keys()
-    return key in leaves or any(leaf.startswith(f"{key}.") for leaf in leaves)
+    return key in config_leaves() or key in config_sections()
 
 
 def is_runner_key(key: str) -> bool:
@@ -135,13 +146,25 @@ def is_runner_key(key: str) -> bool:
 def parse_overrides(overrides: Iterable[str]) -> Iterator[Override]:
     """Hydra's parse of each override string; strings it cannot parse are skipped
     (Hydra itself reports them)."""
-    parser = OverridesParser.create()
     for line in overrides:
-        try:
-            (override,) = parser.parse_overrides([line])
-        except HydraException:
-            continue
-        yield override
+        override = _parse_override(line)
+        if override is not None:
+            yield override
+
+
+@lru_cache(maxsize=4096)
+def _parse_override(line: str) -> Override | None:
+    """One override string parsed (None if Hydra cannot parse it); the points of a job share their job's lines."""
+    try:
+        (override,) = _parser().parse_overrides([line])
+    except HydraException:
+        return None
+    return override
+
+
+@lru_cache(maxsize=1)
+def _parser() -> OverridesParser:
+    return OverridesParser.create()
 
 
 def override_keys(overrides: Iterable[str]) -> list[str]:
@@ -179,7 +202,7 @@ def group_choices(overrides: Iterable[str]) -> dict[str, str]:
     choices = {}
     for override in parse_overrides(overrides):
         key, value = override.key_or_group, override.value()
-        if isinstance(value, str) and key not in dotted_keys() and is_config_key(key):
+        if isinstance(value, str) and key not in config_leaves() and is_config_key(key):
             choices[key] = value
     return choices
 

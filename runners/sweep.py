@@ -367,7 +367,8 @@ def _as_asked(config: SimConfig, result: simcore.Result) -> tuple[simcore.Result
 BATCH_CHUNK = 256
 
 
-def presimulate(points: Sequence[Point], options: RunnerOptions) -> Iterator[tuple[simcore.Result, pa.Table | None] | None]:
+def presimulate(points: Sequence[Point], options: RunnerOptions,
+                loaded: Sequence[SimConfig] | None = None) -> Iterator[tuple[simcore.Result, pa.Table | None] | None]:
     """Simulate a job's batch points together (:func:`simcore.run_batch`), ahead of :func:`run_point`.
 
     Yields, per point in order, what :func:`simulate` would return, or None
@@ -375,13 +376,15 @@ def presimulate(points: Sequence[Point], options: RunnerOptions) -> Iterator[tup
     point that will be skipped, a lone point, or a chunk in which some point
     raised: its points then run one by one, so failures stay isolated).
     Chunks of ``BATCH_CHUNK`` points are simulated as they are consumed.
+    ``loaded``: the points' configurations when the caller has validated
+    them already (``load_config`` of each mapping).
     """
     for start in range(0, len(points), BATCH_CHUNK):
         chunk = points[start : start + BATCH_CHUNK]
         configs: dict[int, SimConfig] = {}
         for index, point in enumerate(chunk):
             try:
-                config = load_config(point.mapping)
+                config = loaded[start + index] if loaded is not None else load_config(point.mapping)
             except Exception:
                 continue  # run_point reports it
             if not options.force and is_done(point.dir, config.resolved):
@@ -432,7 +435,8 @@ def run_point(
     """
     out = point.dir
     try:
-        config = load_config(point.mapping)
+        # a presimulated result carries the point's validated configuration
+        config = simulated[0].config if simulated is not None else load_config(point.mapping)
         values = point.values(config.resolved)
         if not options.force and is_done(out, config.resolved):
             _write_point(point, "skipped", values, config.seed)
@@ -646,6 +650,54 @@ def summary_table(root: str | Path) -> pa.Table:
 class PointLost(RuntimeError):
     """The process of a point ended while the point ran (killed, crashed or out of memory)."""
 
+    @classmethod
+    def of(cls, pid: Any, host: Any, how: str) -> PointLost:
+        """The failure of a point whose process ``pid`` on ``host`` ended as ``how`` says."""
+        return cls(f"the process of this point (pid {pid} on {host}) ended before the point finished: {how}")
+
+
+def point_stamps(points: Sequence[Point]) -> dict[Path, tuple[int, int] | None]:
+    """Identity (inode, mtime) of each point's ``point.json`` now, None where there is none.
+
+    Taken before a job runs, so that :func:`record_crashed` can tell which
+    points the job finished (their ``point.json`` was rewritten since).
+    """
+    def stamp(path: Path) -> tuple[int, int] | None:
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        return info.st_ino, info.st_mtime_ns
+
+    return {point.dir: stamp(point.dir / POINT_FILE) for point in points}
+
+
+def record_crashed(points: Sequence[Point], before: Mapping[Path, tuple[int, int] | None], pid: int,
+                   how: str) -> list[str]:
+    """Record the points of a job whose process died (``how``: ``killed by signal 11 (SIGSEGV)``) as failed.
+
+    A point counts as finished when its ``point.json`` was rewritten since
+    ``before`` (:func:`point_stamps`) with a final status, or when it holds a
+    complete result set of its configuration (a point the job would have
+    skipped).  The others get ``failure.json`` (:class:`PointLost`).  Returns
+    their run ids.
+    """
+    lost = []
+    now = point_stamps(points)
+    for point in points:
+        document = _read_json(point.dir / POINT_FILE) or {}
+        if now[point.dir] != before.get(point.dir) and document.get("status") in STATUSES:
+            continue
+        try:
+            config = load_config(point.mapping)
+        except Exception:  # noqa: BLE001 - never ran far enough to be done
+            config = None
+        if config is not None and document.get("status") != RUNNING and is_done(point.dir, config.resolved):
+            continue
+        record_failure(point, PointLost.of(pid, socket.gethostname(), how))
+        lost.append(point.run_id)
+    return lost
+
 
 def record_lost_points(root: Path) -> list[str]:
     """Record every point under ``root`` still marked running as failed (:class:`PointLost`).
@@ -661,9 +713,8 @@ def record_lost_points(root: Path) -> list[str]:
         runtime_info = document.get("runtime") or {}
         point = Point(path.parent, document.get("run_id"), {"seed": document.get("seed")},
                       tuple(document.get("overrides") or ()), tuple(sorted(document.get("parameters") or {})))
-        where = f"pid {runtime_info.get('pid')} on {runtime_info.get('host')}"
-        record_failure(point, PointLost(f"the process of this point ({where}) ended before the point finished: "
-                                        "killed, crashed or out of memory"), values=document.get("parameters") or {})
+        lost_as = PointLost.of(runtime_info.get("pid"), runtime_info.get("host"), "killed, crashed or out of memory")
+        record_failure(point, lost_as, values=document.get("parameters") or {})
         lost.append(point.run_id)
     return lost
 
