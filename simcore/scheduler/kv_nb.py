@@ -416,3 +416,39 @@ def kv_release_nb(pc, g, k, held, blocks_used):
         s[settled] = 0
     blocks_used[g] -= anonymous
     held[k] = 0
+
+
+@njit(cache=True)
+def trace_block_identities_nb(offset, list_offsets, hash_rank, block_size, trace_block, unique_base, ident):
+    """Identities of the complete prompt blocks of a trace with ``hash_ids``.
+
+    Block j of request k ends at token ``e = (j+1)·bs``, in trace block ``m =
+    (e - 1) div T``; its identity is the pair (``hash_ids[m]``, ``e - m·T``),
+    numbered ``hash_rank x T + e - m·T - 1``.  A block past the request's
+    hash_ids (a short list) is unique to it: ``unique_base`` + its flat index.
+
+    Parameters
+    ----------
+    offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's prompt blocks in ``ident``.
+    list_offsets : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's hash_ids in ``hash_rank``.
+    hash_rank : ndarray(int64, ndim=1)
+        Each hash_ids entry's rank among the distinct hashes.
+    block_size, trace_block : int
+        Engine block and hash_ids block, tokens.
+    unique_base : int
+        Distinct hashes x ``trace_block``: the first identity past every pair.
+    ident : ndarray(int64, ndim=1)
+        Out, per prompt block.
+    """
+    for k in range(offset.shape[0] - 1):
+        first_hash = list_offsets[k]
+        num_hashes = list_offsets[k + 1] - first_hash
+        for b in range(offset[k], offset[k + 1]):
+            end = (b - offset[k] + 1) * block_size
+            m = (end - 1) // trace_block
+            if m < num_hashes:
+                ident[b] = hash_rank[first_hash + m] * trace_block + end - m * trace_block - 1
+            else:
+                ident[b] = unique_base + b
