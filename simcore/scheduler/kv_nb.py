@@ -21,9 +21,9 @@ work it does.  The parts:
 
 The admission memo keeps the hit lookup of the request at the head of a
 rank's waiting queue while the head is blocked (it is looked up again at every
-pass): the slots found carry the memo's generation as their stamp, so that
-evicting one drops the memo and releasing one counts it cached, in O(1);
-lookups then resume at the first miss only.
+pass): the slots found carry the memo's generation and their position, so
+that evicting one ends the memo's hits before it and releasing one counts it
+cached; lookups then resume at the first miss only.
 
 ``blocks_used[g]`` counts in-use blocks once (a shared slot once, however
 many requests reference it); cached blocks are free for capacity checks and are
@@ -56,7 +56,8 @@ S_REF = 1
 S_PREV = 2
 S_NEXT = 3
 S_STAMP = 4  # generation of the admission memo that found this slot
-SLOT_WIDTH = 5
+S_POSITION = 5  # and where in that request's prompt
+SLOT_WIDTH = 6
 
 R_HEAD = 0
 R_TAIL = 1
@@ -102,6 +103,7 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
     slots[:] = -1
     slots[:, S_REF] = 0
     slots[:, S_STAMP] = 0
+    slots[:, S_POSITION] = 0
     state[bases[2] : bases[3]] = np.arange(num_slots - 1, -1, -1)
     ranks = state[bases[3] : bases[4]].reshape(num_ranks, RANK_WIDTH)
     ranks[:] = 0
@@ -191,6 +193,30 @@ def _lru_push_tail_nb(s, rank, slot):
 
 
 @njit(cache=True)
+def _in_memo_nb(s, rank, at):
+    """Whether the slot at offset ``at`` is one of the hits the rank's memo holds."""
+    return s[at + S_STAMP] == s[rank + R_MEMO_GENERATION] and s[at + S_POSITION] < s[rank + R_MEMO_HITS]
+
+
+@njit(cache=True)
+def _truncate_memo_nb(s, rank, position):
+    """The memo's hit at ``position`` is being evicted: the hits end before it.
+
+    The cached hits dropped are recounted from their slots (each hit is
+    dropped once per memo: as many reads as lookups made it).
+    """
+    request = s[rank + R_MEMO_REQUEST]
+    if request < 0:
+        return
+    slots = s[HDR_SLOTS]
+    block_slot = s[HDR_BLOCK_SLOT] + s[s[HDR_OFFSET] + request]
+    for j in range(position, s[rank + R_MEMO_HITS]):
+        if s[slots + SLOT_WIDTH * s[block_slot + j] + S_REF] == 0:
+            s[rank + R_MEMO_CACHED] -= 1
+    s[rank + R_MEMO_HITS] = position
+
+
+@njit(cache=True)
 def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
     """Take ``count`` blocks on rank g, evicting cached blocks (LRU head first)
     when the truly free ones do not suffice.
@@ -217,8 +243,9 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
         at = slots + SLOT_WIDTH * slot
         _lru_remove_nb(s, rank, at)
         _map_delete_nb(s, s[at + S_KEY])
-        if s[at + S_STAMP] == s[rank + R_MEMO_GENERATION]:
-            s[rank + R_MEMO_REQUEST] = -1  # a block the memo counted as a hit is gone
+        if _in_memo_nb(s, rank, at):
+            _truncate_memo_nb(s, rank, s[at + S_POSITION])
+        s[at + S_STAMP] = 0  # a stamp holds only while the slot keeps its identity
         top = s[HDR_FREE_TOP]
         s[s[HDR_FREE] + top] = slot
         s[HDR_FREE_TOP] = top + 1
@@ -284,8 +311,9 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
         at = slots + SLOT_WIDTH * slot
         # A slot met twice (an identity repeated in one prompt) would be
         # counted once by the memo's updates: keep no memo then.
-        keep = keep and s[at + S_STAMP] != generation
+        keep = keep and not (s[at + S_STAMP] == generation and s[at + S_POSITION] < hits)
         s[at + S_STAMP] = generation
+        s[at + S_POSITION] = hits
         if s[at + S_REF] == 0:
             cached += 1
         s[block_slot + hits] = slot
@@ -400,7 +428,6 @@ def kv_release_nb(pc, g, k, held, blocks_used):
     if s[settled] > 0:
         rank = s[HDR_RANKS] + RANK_WIDTH * g
         slots = s[HDR_SLOTS]
-        generation = s[rank + R_MEMO_GENERATION]
         block_slot = s[HDR_BLOCK_SLOT] + s[s[HDR_OFFSET] + k]
         for j in range(s[settled] - 1, -1, -1):
             slot = s[block_slot + j]
@@ -411,7 +438,7 @@ def kv_release_nb(pc, g, k, held, blocks_used):
                 if s[at + S_REF] == 0:
                     blocks_used[g] -= 1
                     _lru_push_tail_nb(s, rank, slot)
-                    if s[at + S_STAMP] == generation:
+                    if _in_memo_nb(s, rank, at):
                         s[rank + R_MEMO_CACHED] += 1  # a hit of the blocked head is now cached
         s[settled] = 0
     blocks_used[g] -= anonymous
