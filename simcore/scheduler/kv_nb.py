@@ -1,11 +1,12 @@
 """KV-cache kernels for automatic prefix caching (docs/prefix-caching.md).
 
 Contract: ``@njit(cache=True)`` functions over flat int64 arrays.  The cache
-state is a one-array tuple ``pc``: every part of it lives in that one int64
-array, at the offsets its header gives (``HDR_*``).  One array, not one per
-part, because numba counts references to every array a call receives, with
-atomic operations; a state of many arrays made each call cost more than the
-work it does.  The parts:
+is a tuple ``pc`` of two arrays: the requests' prompt-block identities (read
+only, built once per configuration) and the state, every part of which lives
+in one int64 array at the offsets its header gives (``HDR_*``).  One array,
+not one per part, because numba counts references to every array a call
+receives, with atomic operations; a state of many arrays made each call cost
+more than the work it does.  The parts of the state:
 
 * a linear-probing hash map from ``identity x num_ranks + rank`` to a slot
   (``(key, slot)`` pairs, key -1: empty);
@@ -15,9 +16,10 @@ work it does.  The parts:
 * a stack of unused slots (its height in the header);
 * per rank (``RANK_WIDTH`` fields ``R_*``): LRU head, tail and length (the
   cached blocks) and the admission memo;
-* per request: how many prompt blocks are settled (hit or registered), its
-  prompt-block identities (ragged by ``n + 1`` offsets) and which slot backs
-  each settled prompt block (-1: anonymous).
+* per request: how many prompt blocks are settled (hit or registered), the
+  ``n + 1`` offsets of its prompt blocks in the identities, and which slot
+  backs each settled prompt block (-1: anonymous; written when the block
+  settles or is found, so never read before).
 
 The admission memo keeps the hit lookup of the request at the head of a
 rank's waiting queue while the head is blocked (it is looked up again at every
@@ -47,9 +49,8 @@ HDR_FREE = 6
 HDR_RANKS = 7
 HDR_SETTLED = 8
 HDR_OFFSET = 9
-HDR_IDENT = 10
-HDR_BLOCK_SLOT = 11
-HEADER = 12
+HDR_BLOCK_SLOT = 10
+HEADER = 11
 
 S_KEY = 0
 S_REF = 1
@@ -89,12 +90,13 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
     Returns
     -------
     tuple of ndarray(int64, ndim=1)
-        The one state array (empty map, all slots free, no memo).
+        ``(state, ident)``: the state (empty map, all slots free, no memo)
+        and the identities, not copied.
     """
     bits = max(4, int(2 * max(num_slots, 1) - 1).bit_length())
     n = ident_offset.shape[0] - 1
     total = ident.shape[0]
-    sizes = [2 << bits, SLOT_WIDTH * num_slots, num_slots, RANK_WIDTH * num_ranks, max(n, 1), n + 1, total, total]
+    sizes = [2 << bits, SLOT_WIDTH * num_slots, num_slots, RANK_WIDTH * num_ranks, max(n, 1), n + 1, total]
     bases = HEADER + np.concatenate([[0], np.cumsum(sizes)])
     state = np.empty(int(bases[-1]), dtype=np.int64)
     state[:HEADER] = [num_slots, (1 << bits) - 1, 64 - bits, 0, *bases[:-1]]
@@ -110,9 +112,7 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
     ranks[:, [R_HEAD, R_TAIL, R_MEMO_REQUEST]] = -1
     state[bases[4] : bases[5]] = 0
     state[bases[5] : bases[6]] = ident_offset
-    state[bases[6] : bases[7]] = ident
-    state[bases[7] : bases[8]] = -1
-    return (state,)
+    return (state, np.ascontiguousarray(ident, dtype=np.int64))
 
 
 @njit(cache=True)
@@ -302,10 +302,10 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
         hits = 0
         cached = 0
     keep = True
-    ident = s[HDR_IDENT] + first
+    ident = pc[1]
     block_slot = s[HDR_BLOCK_SLOT] + first
     while hits < limit:
-        slot = _map_find_nb(s, s[ident + hits] * num_ranks + g)
+        slot = _map_find_nb(s, ident[first + hits] * num_ranks + g)
         if slot < 0:
             break
         at = slots + SLOT_WIDTH * slot
@@ -388,10 +388,10 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     if complete <= s[settled]:
         return
     slots = s[HDR_SLOTS]
-    ident = s[HDR_IDENT] + first
+    ident = pc[1]
     block_slot = s[HDR_BLOCK_SLOT] + first
     for j in range(s[settled], complete):
-        key = s[ident + j] * num_ranks + g
+        key = ident[first + j] * num_ranks + g
         slot = -1
         if _map_find_nb(s, key) < 0:
             top = s[HDR_FREE_TOP] - 1
