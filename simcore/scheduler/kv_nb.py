@@ -161,9 +161,10 @@ def _map_delete_nb(s, key):
 
 
 @njit(cache=True)
-def _lru_remove_nb(s, rank, at):
-    """Unlink the slot at offset ``at`` from the LRU queue of the rank at offset ``rank``."""
+def _lru_remove_nb(s, rank, slot):
+    """Unlink ``slot`` from the LRU queue of the rank whose fields start at offset ``rank``."""
     slots = s[HDR_SLOTS]
+    at = slots + SLOT_WIDTH * slot
     prev, nxt = s[at + S_PREV], s[at + S_NEXT]
     if prev >= 0:
         s[slots + SLOT_WIDTH * prev + S_NEXT] = nxt
@@ -224,7 +225,7 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (header ``HDR_*``), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     count : int
@@ -241,7 +242,7 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
     for _ in range(shortfall):
         slot = s[rank + R_HEAD]
         at = slots + SLOT_WIDTH * slot
-        _lru_remove_nb(s, rank, at)
+        _lru_remove_nb(s, rank, slot)
         _map_delete_nb(s, s[at + S_KEY])
         if _in_memo_nb(s, rank, at):
             _truncate_memo_nb(s, rank, s[at + S_POSITION])
@@ -267,8 +268,8 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (read only but request k's block-slot entries
-        and rank g's memo).
+        The prefix cache ``(state, ident)`` (read only but request k's
+        block-slot entries and rank g's memo).
     g : int
         Global rank.
     num_ranks : int
@@ -336,7 +337,7 @@ def kv_take_hits_nb(pc, g, k, hits, blocks_used):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (header ``HDR_*``), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     k : int
@@ -353,9 +354,10 @@ def kv_take_hits_nb(pc, g, k, hits, blocks_used):
     s[rank + R_MEMO_REQUEST] = -1
     block_slot = s[HDR_BLOCK_SLOT] + s[s[HDR_OFFSET] + k]
     for j in range(hits):
-        at = slots + SLOT_WIDTH * s[block_slot + j]
+        slot = s[block_slot + j]
+        at = slots + SLOT_WIDTH * slot
         if s[at + S_REF] == 0:
-            _lru_remove_nb(s, rank, at)
+            _lru_remove_nb(s, rank, slot)
             blocks_used[g] += 1
         s[at + S_REF] += 1
     s[s[HDR_SETTLED] + k] = hits
@@ -369,7 +371,7 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (header ``HDR_*``), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     num_ranks : int
@@ -412,7 +414,7 @@ def kv_release_nb(pc, g, k, held, blocks_used):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (header ``HDR_*``), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     k : int
