@@ -50,9 +50,8 @@ SLOT_BYTES = 24
 #: Bytes per prefix-cache slot: its six fields, its place in the free stack and
 #: its share of the hash map (under 4 buckets of 16 bytes).
 CACHE_SLOT_BYTES = 120
-#: Bytes per prompt block with prefix caching: its identity (as built, and in
-#: the cache state) and the slot backing it.
-PREFIX_BLOCK_BYTES = 24
+#: Bytes per prompt block with prefix caching: its identity and the slot backing it.
+PREFIX_BLOCK_BYTES = 16
 #: The largest z-score a float64 normal draw reaches in any realistic run
 #: (P(z > 9) is about 1e-19 per draw); lengths are drawn in float64 then cast to int64.
 DRAW_Z = 9.0
