@@ -47,8 +47,11 @@ PASS_ROW_BYTES = 128
 #: Bytes per rank and running-sequence slot: the running table and the
 #: detokenizer's per-pass job arrays of each of its servers.
 SLOT_BYTES = 24
-#: Bytes per prefix-cache slot: its state arrays and its share of the hash map.
-CACHE_SLOT_BYTES = 112
+#: Bytes per prefix-cache slot: its six fields, its place in the free stack and
+#: its share of the hash map (under 4 buckets of 16 bytes).
+CACHE_SLOT_BYTES = 120
+#: Bytes per prompt block with prefix caching: its identity and the slot backing it.
+PREFIX_BLOCK_BYTES = 16
 #: The largest z-score a float64 normal draw reaches in any realistic run
 #: (P(z > 9) is about 1e-19 per draw); lengths are drawn in float64 then cast to int64.
 DRAW_Z = 9.0
@@ -324,7 +327,7 @@ def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
             cache_slots = pool.num_blocks * pool.num_ranks
             prompt_blocks = size.num_requests + size.total_input // pool.block_size  # identities, offsets
             terms.append((f"{ranks} x num_blocks={pool.num_blocks}", cache_slots * CACHE_SLOT_BYTES))
-            terms.append((f"{size.input_label} (prefix blocks)", prompt_blocks * 16))
+            terms.append((f"{size.input_label} (prefix blocks)", prompt_blocks * PREFIX_BLOCK_BYTES))
     if cfg.workload.source == "shared_prefix":
         sp = cfg.workload.shared_prefix
         terms.append((f"workload.shared_prefix.num_groups={sp.num_groups} x num_prompts_per_group="

@@ -44,6 +44,7 @@ def random_scenario(
     steady: bool = False,
     curve_dir: str | None = None,
     cuda_graphs: bool = False,
+    prefix_pressure: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -68,6 +69,11 @@ def random_scenario(
     ``cuda_graphs`` draws ``timing.cuda_graph_sizes`` (a list, or vllm_default on
     an aggregated vllm deployment), a fixed timing becoming linear.  Both are
     drawn after everything else.
+    ``prefix_pressure`` (aggregated, vllm) makes it prefix caching on one rank
+    under heavy eviction: 30-60 requests with long prompts that mostly share
+    long hash_ids chains (a fifth of the scenarios also repeat hashes inside a
+    prompt), on a cache a few prompts fill, with a waiting queue (head-of-line
+    blocking, preemption); drawn last.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -212,6 +218,31 @@ def random_scenario(
             config["timing"]["cuda_graph_sizes"] = "vllm_default"
         else:  # small sizes, some passes beyond the largest (eager, unpadded)
             config["timing"]["cuda_graph_sizes"] = rnd.sample(range(1, rnd.choice([8, 16, 40])), rnd.randint(1, 6))
+    if prefix_pressure:
+        n = rnd.randint(30, 60)
+        block_size = rnd.choice([1, 2, 4])
+        trace_block = rnd.choice([2, 4, 8])
+        inputs = [rnd.randint(8, 96) for _ in range(n)]
+        outputs = [rnd.randint(1, 12) for _ in range(n)]
+        largest = -(-max(inputs) // block_size)
+        config["workload"].update(num_requests=n, source="mooncake", path="scenario.jsonl", block_size=trace_block)
+        config["workload"].pop("prefix_tokens", None)
+        config["engine"]["aggregated"].update(
+            replicas=1, attention_dp=1, prefix_caching=True, block_size=block_size,
+            num_blocks=largest + rnd.randint(1, largest), max_sequences=rnd.randint(2, 8),
+            max_batched_tokens=rnd.randint(8, 64), context_length=None,
+        )
+        config["max_time_ms"] = None
+        hash_ids = _prefix_chained_hash_ids(rnd, inputs, trace_block, long_shares=True)[0]
+        if rnd.random() < 0.2:  # not prefix-chained: some prompts repeat a hash
+            hash_ids = [[rnd.choice(ids) if rnd.random() < 0.3 else h for h in ids] for ids in hash_ids]
+        if closed:
+            config["load"]["concurrency"] = rnd.randint(2, 12)
+        else:  # bursts: a queue builds up
+            t, send_ns = 0, []
+            for _ in range(n):
+                send_ns.append(t)
+                t += rnd.choice([0, 0, 0, 100_000, rnd.randint(0, 3_000_000)])
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 
@@ -243,16 +274,17 @@ def _random_curve_file(rnd: random.Random, directory: str, seed: int, tp: int) -
     return path
 
 
-def _prefix_chained_hash_ids(rnd: random.Random, inputs: list[int], trace_block: int):
+def _prefix_chained_hash_ids(rnd: random.Random, inputs: list[int], trace_block: int, long_shares: bool = False):
     """Mooncake-like hash_ids: each prompt follows one of a few shared block
-    chains for a random number of leading blocks, then gets fresh blocks."""
+    chains for a random number of leading blocks (``long_shares``: all but 0-2
+    of its blocks), then gets fresh blocks."""
     chains = [[1000 * c + b for b in range(64)] for c in range(3)]
     fresh = 10**6
     out = []
     for n in inputs:
         blocks = -(-n // trace_block)
         chain = rnd.choice(chains)
-        shared = rnd.randint(0, blocks)
+        shared = max(0, blocks - rnd.randint(0, 2)) if long_shares else rnd.randint(0, blocks)
         ids = chain[:shared]
         for _ in range(blocks - shared):
             ids.append(fresh)

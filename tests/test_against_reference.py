@@ -11,6 +11,7 @@ import pytest
 
 from simcore.config import load_config, merge_config
 from tests.reference.metrics import summarize as reference_summarize
+from tests.reference.sim import ReferenceSim
 from tests.reference.sim import simulate as reference_simulate
 from tests.scenarios import fast_as_reference, random_scenario, run_fast
 
@@ -24,6 +25,7 @@ NUM_ASYNC_SCENARIOS = 400  # a third of them disaggregated; a quarter with prefi
 NUM_STEADY_SCENARIOS = 60  # per policy (vllm, trtllm)
 NUM_CURVE_SCENARIOS = 100  # a third of them disaggregated
 NUM_GRAPH_SCENARIOS = 300  # mixed with the other features
+NUM_PREFIX_PRESSURE_SCENARIOS = 150
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -77,6 +79,12 @@ def test_long_output_sglang_matches_reference(seed):
 @pytest.mark.parametrize("seed", range(NUM_PREFIX_SCENARIOS))
 def test_prefix_caching_matches_reference(seed):
     compare_with_reference(random_scenario(seed, prefix_caching=True, disaggregated=seed % 3 == 2))
+
+
+@pytest.mark.parametrize("seed", range(NUM_PREFIX_PRESSURE_SCENARIOS))
+def test_prefix_caching_under_eviction_pressure_matches_reference(seed):
+    """Long shared prefixes on a small cache: evictions, a blocked queue head re-asked every pass."""
+    compare_with_reference(random_scenario(seed, prefix_pressure=True))
 
 
 @pytest.mark.parametrize("seed", range(NUM_ALLREDUCE_SCENARIOS))
@@ -219,6 +227,31 @@ def test_prefix_caching_scenarios_cover_the_features():
         seen["shared_prefix"] += hit and s["hash_ids"] is None
         seen["preempted_with_hits"] += hit and any(r["num_preemptions"] > 0 for r in slow["requests"])
         seen["disaggregated_hits"] += hit and s["config"]["engine"].get("mode") == "disaggregated"
+    assert all(count >= 10 for count in seen.values()), seen
+
+
+def test_prefix_pressure_scenarios_evict_and_block():
+    """Guards the generator: the prompts' distinct blocks outnumber the cache (it
+    must evict), prompts hit, requests wait and are preempted, some repeat a hash."""
+    seen = dict(more_blocks_than_cache=0, hits=0, waited=0, preempted_with_hits=0, repeated_hash=0)
+    for seed in range(NUM_PREFIX_PRESSURE_SCENARIOS):
+        s = random_scenario(seed, prefix_pressure=True)
+        pool = s["config"]["engine"]["aggregated"]
+        trace_block = s["config"]["workload"]["block_size"]
+        distinct = {
+            ident
+            for k, (tokens, hashes) in enumerate(zip(s["inputs"], s["hash_ids"]))
+            for ident in ReferenceSim.block_identities(k, tokens, pool["block_size"], hashes, trace_block, 0)
+        }
+        _, slow = reference(s)
+        reqs = slow["requests"]
+        hit = any((r["cached_tokens"] or 0) > 0 for r in reqs)
+        seen["more_blocks_than_cache"] += len(distinct) > 2 * pool["num_blocks"]
+        seen["hits"] += hit
+        seen["waited"] += hit and any(r["first_admit_ns"] > r["arrival_ns"] for r in reqs if r["first_admit_ns"] is not None)
+        seen["preempted_with_hits"] += hit and any(r["num_preemptions"] > 0 for r in reqs)
+        seen["repeated_hash"] += hit and any(len(set(h)) < len(h) for h in s["hash_ids"])
+    assert seen["more_blocks_than_cache"] >= NUM_PREFIX_PRESSURE_SCENARIOS * 3 // 4, seen
     assert all(count >= 10 for count in seen.values()), seen
 
 

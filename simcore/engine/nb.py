@@ -896,7 +896,7 @@ def simulate_batch_nb(
     rank_prefix_caching : ndarray(bool, ndim=2)
         (C, ranks).
     prefix_cache : tuple of ndarray(int64, ndim=2)
-        The 15 ``simcore.scheduler.kv_nb`` state arrays, each stacked to (C, length).
+        The two ``simcore.scheduler.kv_nb`` arrays, each stacked to (C, length).
     timing_params, timing_table : ndarray(float64, ndim=2)
         (C, width), zero padded.
     arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns, handoff_ns, transfer_end_ns, decode_rank, cached_tokens, generated, num_preemptions : ndarray(int64, ndim=2)
@@ -922,10 +922,7 @@ def simulate_batch_nb(
     for c in prange(num_configs):
         pc = prefix_cache
         rc = receipts
-        state = (
-            pc[0][c], pc[1][c], pc[2][c], pc[3][c], pc[4][c], pc[5][c], pc[6][c], pc[7][c],
-            pc[8][c], pc[9][c], pc[10][c], pc[11][c], pc[12][c], pc[13][c], pc[14][c],
-        )
+        state = (pc[0][c], pc[1][c])
         code, rows, emitted = simulate_engine_nb(
             input_tokens[c],
             output_tokens,

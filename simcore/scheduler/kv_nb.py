@@ -1,15 +1,31 @@
 """KV-cache kernels for automatic prefix caching (docs/prefix-caching.md).
 
 Contract: ``@njit(cache=True)`` functions over flat int64 arrays.  The cache
-state is one tuple ``pc`` of int64 arrays (indices ``PC_*``):
+is a tuple ``pc`` of two arrays: the requests' prompt-block identities (read
+only, built once per configuration) and the state, every part of which lives
+in one int64 array at the offsets its header gives (``HDR_*``).  One array,
+not one per part, because numba counts references to every array a call
+receives, with atomic operations; a state of many arrays made each call cost
+more than the work it does.  The parts of the state:
 
-* a linear-probing hash map from ``identity x num_ranks + rank`` to a slot;
-* per slot (an identity-bearing physical block): its map key, reference count
-  and links in its rank's LRU queue of cached (unreferenced) blocks;
-* per rank: LRU head, tail and length (the cached blocks);
-* per request: which slot backs each settled prompt block (-1: anonymous) and
-  how many prompt blocks are settled (hit or registered);
-* per request prompt-block identities (dense ids, ragged by ``offset``).
+* a linear-probing hash map from ``identity x num_ranks + rank`` to a slot
+  (``(key, slot)`` pairs, key -1: empty);
+* per slot (an identity-bearing physical block, ``SLOT_WIDTH`` fields
+  ``S_*``): its map key, reference count, links in its rank's LRU queue of
+  cached (unreferenced) blocks, and the admission-memo stamp;
+* a stack of unused slots (its height in the header);
+* per rank (``RANK_WIDTH`` fields ``R_*``): LRU head, tail and length (the
+  cached blocks) and the admission memo;
+* per request: how many prompt blocks are settled (hit or registered), the
+  ``n + 1`` offsets of its prompt blocks in the identities, and which slot
+  backs each settled prompt block (-1: anonymous; written when the block
+  settles or is found, so never read before).
+
+The admission memo keeps the hit lookup of the request at the head of a
+rank's waiting queue while the head is blocked (it is looked up again at every
+pass): the slots found carry the memo's generation and their position, so
+that evicting one ends the memo's hits before it and releasing one counts it
+cached; lookups then resume at the first miss only.
 
 ``blocks_used[g]`` counts in-use blocks once (a shared slot once, however
 many requests reference it); cached blocks are free for capacity checks and are
@@ -21,21 +37,38 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-PC_MAP_KEYS = 0
-PC_MAP_SLOTS = 1
-PC_SLOT_KEY = 2
-PC_SLOT_REF = 3
-PC_SLOT_PREV = 4
-PC_SLOT_NEXT = 5
-PC_FREE_SLOTS = 6  # stack of unused slot indices; its height is PC_SCALARS[0]
-PC_SCALARS = 7
-PC_LRU_HEAD = 8
-PC_LRU_TAIL = 9
-PC_CACHED = 10
-PC_BLOCK_SLOT = 11
-PC_SETTLED = 12
-PC_IDENT_OFFSET = 13
-PC_IDENT = 14
+# Header: the free-stack height, the map's probe mask and hash shift, the last
+# memo generation, then the offset of each part.
+HDR_FREE_TOP = 0
+HDR_MAP_MASK = 1
+HDR_MAP_SHIFT = 2
+HDR_GENERATION = 3
+HDR_MAP = 4
+HDR_SLOTS = 5
+HDR_FREE = 6
+HDR_RANKS = 7
+HDR_SETTLED = 8
+HDR_OFFSET = 9
+HDR_BLOCK_SLOT = 10
+HEADER = 11
+
+S_KEY = 0
+S_REF = 1
+S_PREV = 2
+S_NEXT = 3
+S_STAMP = 4  # generation of the admission memo that found this slot
+S_POSITION = 5  # and where in that request's prompt
+SLOT_WIDTH = 6
+
+R_HEAD = 0
+R_TAIL = 1
+R_CACHED = 2
+R_MEMO_REQUEST = 3  # -1: no memo
+R_MEMO_GENERATION = 4
+R_MEMO_LIMIT = 5
+R_MEMO_HITS = 6
+R_MEMO_CACHED = 7
+RANK_WIDTH = 8
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -52,109 +85,136 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
     ident_offset : ndarray(int64, ndim=1)
         ``n + 1`` offsets of each request's prompt-block identities in ``ident``.
     ident : ndarray(int64, ndim=1)
-        Dense prompt-block identities, request by request.
+        Prompt-block identities (>= 0), request by request.
 
     Returns
     -------
     tuple of ndarray(int64, ndim=1)
-        The 15 state arrays at the ``PC_*`` indices (empty map, all slots free).
+        ``(state, ident)``: the state (empty map, all slots free, no memo)
+        and the identities, not copied.
     """
-    capacity = 1 << max(4, int(2 * max(num_slots, 1) - 1).bit_length())
+    bits = max(4, int(2 * max(num_slots, 1) - 1).bit_length())
     n = ident_offset.shape[0] - 1
-    return (
-        np.full(capacity, -1, dtype=np.int64),
-        np.zeros(capacity, dtype=np.int64),
-        np.full(num_slots, -1, dtype=np.int64),
-        np.zeros(num_slots, dtype=np.int64),
-        np.full(num_slots, -1, dtype=np.int64),
-        np.full(num_slots, -1, dtype=np.int64),
-        np.arange(num_slots - 1, -1, -1, dtype=np.int64),
-        np.array([num_slots], dtype=np.int64),
-        np.full(num_ranks, -1, dtype=np.int64),
-        np.full(num_ranks, -1, dtype=np.int64),
-        np.zeros(num_ranks, dtype=np.int64),
-        np.full(max(ident.shape[0], 1), -1, dtype=np.int64),
-        np.zeros(max(n, 1), dtype=np.int64),
-        np.ascontiguousarray(ident_offset, dtype=np.int64),
-        np.ascontiguousarray(ident, dtype=np.int64),
-    )
+    total = ident.shape[0]
+    sizes = [2 << bits, SLOT_WIDTH * num_slots, num_slots, RANK_WIDTH * num_ranks, max(n, 1), n + 1, total]
+    bases = HEADER + np.concatenate([[0], np.cumsum(sizes)])
+    state = np.empty(int(bases[-1]), dtype=np.int64)
+    state[:HEADER] = [num_slots, (1 << bits) - 1, 64 - bits, 0, *bases[:-1]]
+    state[bases[0] : bases[1]] = -1
+    slots = state[bases[1] : bases[2]].reshape(num_slots, SLOT_WIDTH)
+    slots[:] = -1
+    slots[:, S_REF] = 0
+    slots[:, S_STAMP] = 0
+    slots[:, S_POSITION] = 0
+    state[bases[2] : bases[3]] = np.arange(num_slots - 1, -1, -1)
+    ranks = state[bases[3] : bases[4]].reshape(num_ranks, RANK_WIDTH)
+    ranks[:] = 0
+    ranks[:, [R_HEAD, R_TAIL, R_MEMO_REQUEST]] = -1
+    state[bases[4] : bases[5]] = 0
+    state[bases[5] : bases[6]] = ident_offset
+    return (state, np.ascontiguousarray(ident, dtype=np.int64))
 
 
 @njit(cache=True)
-def _home_nb(key, mask):
-    return np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(20)) & mask
-
-
-@njit(cache=True)
-def _map_find_nb(keys, slots, key):
-    mask = keys.shape[0] - 1
-    i = _home_nb(key, mask)
-    while keys[i] != -1:
-        if keys[i] == key:
-            return slots[i]
+def _map_find_nb(s, key):
+    base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
+    i = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
+    while True:
+        here = s[base + 2 * i]
+        if here == key:
+            return s[base + 2 * i + 1]
+        if here == -1:
+            return -1
         i = (i + 1) & mask
-    return -1
 
 
 @njit(cache=True)
-def _map_insert_nb(keys, slots, key, slot):
-    mask = keys.shape[0] - 1
-    i = _home_nb(key, mask)
-    while keys[i] != -1:
+def _map_insert_nb(s, key, slot):
+    base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
+    i = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
+    while s[base + 2 * i] != -1:
         i = (i + 1) & mask
-    keys[i] = key
-    slots[i] = slot
+    s[base + 2 * i] = key
+    s[base + 2 * i + 1] = slot
 
 
 @njit(cache=True)
-def _map_delete_nb(keys, slots, key):
+def _map_delete_nb(s, key):
     """Remove ``key``, shifting later entries of its probe run back (no tombstones)."""
-    mask = keys.shape[0] - 1
-    i = _home_nb(key, mask)
-    while keys[i] != key:
+    base, mask, shift = s[HDR_MAP], s[HDR_MAP_MASK], np.uint64(s[HDR_MAP_SHIFT])
+    i = np.int64((np.uint64(key) * _GOLDEN) >> shift)
+    while s[base + 2 * i] != key:
         i = (i + 1) & mask
     j = i
     while True:
         j = (j + 1) & mask
-        if keys[j] == -1:
+        moved = s[base + 2 * j]
+        if moved == -1:
             break
-        home = _home_nb(keys[j], mask)
+        home = np.int64((np.uint64(moved) * _GOLDEN) >> shift)
         # Move entry j into the hole at i unless its home lies cyclically in (i, j].
         if (i < j and (home <= i or home > j)) or (i > j and home <= i and home > j):
-            keys[i] = keys[j]
-            slots[i] = slots[j]
+            s[base + 2 * i] = moved
+            s[base + 2 * i + 1] = s[base + 2 * j + 1]
             i = j
-    keys[i] = -1
+    s[base + 2 * i] = -1
 
 
 @njit(cache=True)
-def _lru_remove_nb(pc, g, slot):
-    prev, nxt = pc[PC_SLOT_PREV], pc[PC_SLOT_NEXT]
-    if prev[slot] >= 0:
-        nxt[prev[slot]] = nxt[slot]
+def _lru_remove_nb(s, rank, slot):
+    """Unlink ``slot`` from the LRU queue of the rank whose fields start at offset ``rank``."""
+    slots = s[HDR_SLOTS]
+    at = slots + SLOT_WIDTH * slot
+    prev, nxt = s[at + S_PREV], s[at + S_NEXT]
+    if prev >= 0:
+        s[slots + SLOT_WIDTH * prev + S_NEXT] = nxt
     else:
-        pc[PC_LRU_HEAD][g] = nxt[slot]
-    if nxt[slot] >= 0:
-        prev[nxt[slot]] = prev[slot]
+        s[rank + R_HEAD] = nxt
+    if nxt >= 0:
+        s[slots + SLOT_WIDTH * nxt + S_PREV] = prev
     else:
-        pc[PC_LRU_TAIL][g] = prev[slot]
-    prev[slot] = -1
-    nxt[slot] = -1
-    pc[PC_CACHED][g] -= 1
+        s[rank + R_TAIL] = prev
+    s[at + S_PREV] = -1
+    s[at + S_NEXT] = -1
+    s[rank + R_CACHED] -= 1
 
 
 @njit(cache=True)
-def _lru_push_tail_nb(pc, g, slot):
-    prev, nxt = pc[PC_SLOT_PREV], pc[PC_SLOT_NEXT]
-    tail = pc[PC_LRU_TAIL][g]
-    prev[slot] = tail
-    nxt[slot] = -1
+def _lru_push_tail_nb(s, rank, slot):
+    slots = s[HDR_SLOTS]
+    tail = s[rank + R_TAIL]
+    s[slots + SLOT_WIDTH * slot + S_PREV] = tail
+    s[slots + SLOT_WIDTH * slot + S_NEXT] = -1
     if tail >= 0:
-        nxt[tail] = slot
+        s[slots + SLOT_WIDTH * tail + S_NEXT] = slot
     else:
-        pc[PC_LRU_HEAD][g] = slot
-    pc[PC_LRU_TAIL][g] = slot
-    pc[PC_CACHED][g] += 1
+        s[rank + R_HEAD] = slot
+    s[rank + R_TAIL] = slot
+    s[rank + R_CACHED] += 1
+
+
+@njit(cache=True)
+def _in_memo_nb(s, rank, at):
+    """Whether the slot at offset ``at`` is one of the hits the rank's memo holds."""
+    return s[at + S_STAMP] == s[rank + R_MEMO_GENERATION] and s[at + S_POSITION] < s[rank + R_MEMO_HITS]
+
+
+@njit(cache=True)
+def _truncate_memo_nb(s, rank, position):
+    """The memo's hit at ``position`` is being evicted: the hits end before it.
+
+    The cached hits dropped are recounted from their slots (each hit is
+    dropped once per memo: as many reads as lookups made it).
+    """
+    request = s[rank + R_MEMO_REQUEST]
+    if request < 0:
+        return
+    slots = s[HDR_SLOTS]
+    block_slot = s[HDR_BLOCK_SLOT] + s[s[HDR_OFFSET] + request]
+    for j in range(position, s[rank + R_MEMO_HITS]):
+        if s[slots + SLOT_WIDTH * s[block_slot + j] + S_REF] == 0:
+            s[rank + R_MEMO_CACHED] -= 1
+    s[rank + R_MEMO_HITS] = position
 
 
 @njit(cache=True)
@@ -165,7 +225,7 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (``PC_*`` indices), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     count : int
@@ -175,14 +235,21 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
     num_blocks : int
         KV blocks of rank g.
     """
-    shortfall = blocks_used[g] + count + pc[PC_CACHED][g] - num_blocks
+    s = pc[0]
+    rank = s[HDR_RANKS] + RANK_WIDTH * g
+    slots = s[HDR_SLOTS]
+    shortfall = blocks_used[g] + count + s[rank + R_CACHED] - num_blocks
     for _ in range(shortfall):
-        slot = pc[PC_LRU_HEAD][g]
-        _lru_remove_nb(pc, g, slot)
-        _map_delete_nb(pc[PC_MAP_KEYS], pc[PC_MAP_SLOTS], pc[PC_SLOT_KEY][slot])
-        top = pc[PC_SCALARS][0]
-        pc[PC_FREE_SLOTS][top] = slot
-        pc[PC_SCALARS][0] = top + 1
+        slot = s[rank + R_HEAD]
+        at = slots + SLOT_WIDTH * slot
+        _lru_remove_nb(s, rank, slot)
+        _map_delete_nb(s, s[at + S_KEY])
+        if _in_memo_nb(s, rank, at):
+            _truncate_memo_nb(s, rank, s[at + S_POSITION])
+        s[at + S_STAMP] = 0  # a stamp holds only while the slot keeps its identity
+        top = s[HDR_FREE_TOP]
+        s[s[HDR_FREE] + top] = slot
+        s[HDR_FREE_TOP] = top + 1
     blocks_used[g] += count
 
 
@@ -193,12 +260,16 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
 
     The slots found are noted in request k's block-slot entries (beyond its
     settled blocks, which a waiting request has none of), for
-    :func:`kv_take_hits_nb` to take without looking them up again.
+    :func:`kv_take_hits_nb` to take without looking them up again.  Asked
+    again for the same request on the same rank (a blocked queue head), the
+    rank's admission memo gives the hits of the last call, still resident,
+    and the lookups resume at the first miss.
 
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (read only but request k's block-slot entries).
+        The prefix cache ``(state, ident)`` (read only but request k's
+        block-slot entries and rank g's memo).
     g : int
         Global rank.
     num_ranks : int
@@ -217,19 +288,42 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
     cached : int
         Of those, blocks unreferenced (in the LRU queue), blocks.
     """
-    offset = pc[PC_IDENT_OFFSET]
-    ident = pc[PC_IDENT]
-    limit = min(offset[k + 1] - offset[k], (known - 1) // block_size)
-    hits = 0
-    cached = 0
+    s = pc[0]
+    rank = s[HDR_RANKS] + RANK_WIDTH * g
+    slots = s[HDR_SLOTS]
+    first = s[s[HDR_OFFSET] + k]
+    limit = min(s[s[HDR_OFFSET] + k + 1] - first, (known - 1) // block_size)
+    if s[rank + R_MEMO_REQUEST] == k and s[rank + R_MEMO_LIMIT] == limit:
+        generation = s[rank + R_MEMO_GENERATION]
+        hits = s[rank + R_MEMO_HITS]
+        cached = s[rank + R_MEMO_CACHED]
+    else:
+        generation = s[HDR_GENERATION] + 1
+        s[HDR_GENERATION] = generation
+        hits = 0
+        cached = 0
+    keep = True
+    ident = pc[1]
+    block_slot = s[HDR_BLOCK_SLOT] + first
     while hits < limit:
-        slot = _map_find_nb(pc[PC_MAP_KEYS], pc[PC_MAP_SLOTS], ident[offset[k] + hits] * num_ranks + g)
+        slot = _map_find_nb(s, ident[first + hits] * num_ranks + g)
         if slot < 0:
             break
-        if pc[PC_SLOT_REF][slot] == 0:
+        at = slots + SLOT_WIDTH * slot
+        # A slot met twice (an identity repeated in one prompt) would be
+        # counted once by the memo's updates: keep no memo then.
+        keep = keep and not (s[at + S_STAMP] == generation and s[at + S_POSITION] < hits)
+        s[at + S_STAMP] = generation
+        s[at + S_POSITION] = hits
+        if s[at + S_REF] == 0:
             cached += 1
-        pc[PC_BLOCK_SLOT][offset[k] + hits] = slot
+        s[block_slot + hits] = slot
         hits += 1
+    s[rank + R_MEMO_REQUEST] = k if keep else -1
+    s[rank + R_MEMO_GENERATION] = generation
+    s[rank + R_MEMO_LIMIT] = limit
+    s[rank + R_MEMO_HITS] = hits
+    s[rank + R_MEMO_CACHED] = cached
     return hits, cached
 
 
@@ -238,12 +332,12 @@ def kv_take_hits_nb(pc, g, k, hits, blocks_used):
     """Reference request k's first ``hits`` prompt blocks (resident on rank g).
 
     Their slots are those :func:`kv_hits_nb` just noted (the cache has not
-    changed since).
+    changed since).  Request k leaves the waiting queue: rank g's memo ends.
 
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (``PC_*`` indices), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     k : int
@@ -254,15 +348,19 @@ def kv_take_hits_nb(pc, g, k, hits, blocks_used):
     blocks_used : ndarray(int64, ndim=1)
         In-use blocks per rank; grows by the cached blocks taken out of the LRU.
     """
-    offset = pc[PC_IDENT_OFFSET]
-    ref = pc[PC_SLOT_REF]
+    s = pc[0]
+    rank = s[HDR_RANKS] + RANK_WIDTH * g
+    slots = s[HDR_SLOTS]
+    s[rank + R_MEMO_REQUEST] = -1
+    block_slot = s[HDR_BLOCK_SLOT] + s[s[HDR_OFFSET] + k]
     for j in range(hits):
-        slot = pc[PC_BLOCK_SLOT][offset[k] + j]
-        if ref[slot] == 0:
-            _lru_remove_nb(pc, g, slot)
+        slot = s[block_slot + j]
+        at = slots + SLOT_WIDTH * slot
+        if s[at + S_REF] == 0:
+            _lru_remove_nb(s, rank, slot)
             blocks_used[g] += 1
-        ref[slot] += 1
-    pc[PC_SETTLED][k] = hits
+        s[at + S_REF] += 1
+    s[s[HDR_SETTLED] + k] = hits
 
 
 @njit(cache=True)
@@ -273,7 +371,7 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (``PC_*`` indices), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     num_ranks : int
@@ -285,22 +383,27 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     block_size : int
         Tokens per block.
     """
-    offset = pc[PC_IDENT_OFFSET]
-    ident = pc[PC_IDENT]
-    complete = min(tokens // block_size, offset[k + 1] - offset[k])
-    for j in range(pc[PC_SETTLED][k], complete):
-        key = ident[offset[k] + j] * num_ranks + g
+    s = pc[0]
+    settled = s[HDR_SETTLED] + k
+    first = s[s[HDR_OFFSET] + k]
+    complete = min(tokens // block_size, s[s[HDR_OFFSET] + k + 1] - first)
+    if complete <= s[settled]:
+        return
+    slots = s[HDR_SLOTS]
+    ident = pc[1]
+    block_slot = s[HDR_BLOCK_SLOT] + first
+    for j in range(s[settled], complete):
+        key = ident[first + j] * num_ranks + g
         slot = -1
-        if _map_find_nb(pc[PC_MAP_KEYS], pc[PC_MAP_SLOTS], key) < 0:
-            top = pc[PC_SCALARS][0] - 1
-            slot = pc[PC_FREE_SLOTS][top]
-            pc[PC_SCALARS][0] = top
-            pc[PC_SLOT_KEY][slot] = key
-            pc[PC_SLOT_REF][slot] = 1
-            _map_insert_nb(pc[PC_MAP_KEYS], pc[PC_MAP_SLOTS], key, slot)
-        pc[PC_BLOCK_SLOT][offset[k] + j] = slot
-    if complete > pc[PC_SETTLED][k]:
-        pc[PC_SETTLED][k] = complete
+        if _map_find_nb(s, key) < 0:
+            top = s[HDR_FREE_TOP] - 1
+            slot = s[s[HDR_FREE] + top]
+            s[HDR_FREE_TOP] = top
+            s[slots + SLOT_WIDTH * slot + S_KEY] = key
+            s[slots + SLOT_WIDTH * slot + S_REF] = 1
+            _map_insert_nb(s, key, slot)
+        s[block_slot + j] = slot
+    s[settled] = complete
 
 
 @njit(cache=True)
@@ -311,7 +414,7 @@ def kv_release_nb(pc, g, k, held, blocks_used):
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (``PC_*`` indices), mutated in place.
+        The prefix cache ``(state, ident)``; the state is mutated in place.
     g : int
         Global rank.
     k : int
@@ -321,18 +424,60 @@ def kv_release_nb(pc, g, k, held, blocks_used):
     blocks_used : ndarray(int64, ndim=1)
         In-use blocks per rank; ``blocks_used[g]`` shrinks accordingly.
     """
-    offset = pc[PC_IDENT_OFFSET]
-    ref = pc[PC_SLOT_REF]
-    settled = pc[PC_SETTLED][k]
+    s = pc[0]
+    settled = s[HDR_SETTLED] + k
     anonymous = held[k]
-    for j in range(settled - 1, -1, -1):
-        slot = pc[PC_BLOCK_SLOT][offset[k] + j]
-        if slot >= 0:
-            anonymous -= 1
-            ref[slot] -= 1
-            if ref[slot] == 0:
-                blocks_used[g] -= 1
-                _lru_push_tail_nb(pc, g, slot)
+    if s[settled] > 0:
+        rank = s[HDR_RANKS] + RANK_WIDTH * g
+        slots = s[HDR_SLOTS]
+        block_slot = s[HDR_BLOCK_SLOT] + s[s[HDR_OFFSET] + k]
+        for j in range(s[settled] - 1, -1, -1):
+            slot = s[block_slot + j]
+            if slot >= 0:
+                anonymous -= 1
+                at = slots + SLOT_WIDTH * slot
+                s[at + S_REF] -= 1
+                if s[at + S_REF] == 0:
+                    blocks_used[g] -= 1
+                    _lru_push_tail_nb(s, rank, slot)
+                    if _in_memo_nb(s, rank, at):
+                        s[rank + R_MEMO_CACHED] += 1  # a hit of the blocked head is now cached
+        s[settled] = 0
     blocks_used[g] -= anonymous
-    pc[PC_SETTLED][k] = 0
     held[k] = 0
+
+
+@njit(cache=True)
+def trace_block_identities_nb(offset, list_offsets, hash_rank, block_size, trace_block, unique_base, ident):
+    """Identities of the complete prompt blocks of a trace with ``hash_ids``.
+
+    Block j of request k ends at token ``e = (j+1)·bs``, in trace block ``m =
+    (e - 1) div T``; its identity is the pair (``hash_ids[m]``, ``e - m·T``),
+    numbered ``hash_rank x T + e - m·T - 1``.  A block past the request's
+    hash_ids (a short list) is unique to it: ``unique_base`` + its flat index.
+
+    Parameters
+    ----------
+    offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's prompt blocks in ``ident``.
+    list_offsets : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's hash_ids in ``hash_rank``.
+    hash_rank : ndarray(int64, ndim=1)
+        Each hash_ids entry's rank among the distinct hashes.
+    block_size, trace_block : int
+        Engine block and hash_ids block, tokens.
+    unique_base : int
+        Distinct hashes x ``trace_block``: the first identity past every pair.
+    ident : ndarray(int64, ndim=1)
+        Out, per prompt block.
+    """
+    for k in range(offset.shape[0] - 1):
+        first_hash = list_offsets[k]
+        num_hashes = list_offsets[k + 1] - first_hash
+        for b in range(offset[k], offset[k + 1]):
+            end = (b - offset[k] + 1) * block_size
+            m = (end - 1) // trace_block
+            if m < num_hashes:
+                ident[b] = hash_rank[first_hash + m] * trace_block + end - m * trace_block - 1
+            else:
+                ident[b] = unique_base + b

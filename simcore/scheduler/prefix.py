@@ -1,7 +1,7 @@
 """Prompt-block identities for prefix caching (docs/prefix-caching.md).
 
 Engine block j of a request (tokens ``[j·bs, (j+1)·bs)``, complete prompt
-blocks only) gets a dense int64 identity; equal identities mean equal token
+blocks only) gets an int64 identity >= 0; equal identities mean equal token
 prefixes.  They come from Mooncake ``hash_ids`` (prefix-chained hashes of
 ``T``-token trace blocks), from a synthetic shared prefix, or are unique.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from simcore.scheduler.kv_nb import trace_block_identities_nb
 from simcore.workload.api import RequestTable
 
 
@@ -35,36 +36,29 @@ def prompt_block_identities(
     offset : ndarray(int64, ndim=1)
         ``n + 1`` offsets; request k's identities are ``ident[offset[k]:offset[k+1]]``.
     ident : ndarray(int64, ndim=1)
-        Dense identities (0 ...).
+        Identities, >= 0 and below distinct hashes x ``T`` + prompt blocks
+        (synthetic: below prompt blocks + shared blocks); not dense.
     """
     counts = requests.input_tokens // block_size
     offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offset[1:])
     total = int(offset[-1])
-    request = np.repeat(np.arange(counts.shape[0]), counts)
-    j = np.arange(total, dtype=np.int64) - offset[:-1][request]
     if requests.hash_ids is not None:
-        trace_block = trace_block_size or 512
-        end = (j + 1) * block_size
-        m = (end - 1) // trace_block
         hash_ids = requests.hash_ids
         if isinstance(hash_ids, pa.ChunkedArray):
             hash_ids = hash_ids.combine_chunks()
         list_offsets = hash_ids.offsets.to_numpy().astype(np.int64)
         values = hash_ids.flatten().to_numpy().astype(np.int64)
-        # A block past the request's hash_ids (a short list) is unique to it.
-        covered = m < (list_offsets[1:] - list_offsets[:-1])[request]
-        position = np.where(covered, list_offsets[request] + m, 0)
-        key = np.stack(
-            [
-                ~covered,
-                np.where(covered, values[position] if values.size else 0, np.arange(total)),
-                np.where(covered, end - m * trace_block, 0),
-            ],
-            axis=1,
-        ).astype(np.int64)
-        _, ident = np.unique(key, axis=0, return_inverse=True)
-        return offset, ident.reshape(-1).astype(np.int64)
+        distinct, hash_rank = np.unique(values, return_inverse=True)
+        trace_block = trace_block_size or 512
+        ident = np.empty(total, dtype=np.int64)
+        trace_block_identities_nb(
+            offset, list_offsets - list_offsets[0], hash_rank.reshape(-1).astype(np.int64), block_size,
+            trace_block, distinct.shape[0] * trace_block, ident,
+        )
+        return offset, ident
+    request = np.repeat(np.arange(counts.shape[0]), counts)
+    j = np.arange(total, dtype=np.int64) - offset[:-1][request]
     shared = (j + 1) * block_size <= prefix_tokens
     # Shared prefix blocks are identified by their index; every other block by
     # its position in the flat array, past the shared ids.
