@@ -41,7 +41,8 @@ builder; it writes exactly what the general loop would.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from simcore.metrics.nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_release_nb
@@ -52,6 +53,7 @@ from simcore.scheduler.nb import (
     build_sglang_batch_nb,
     reset_ratio_if_idle_nb,
     build_vllm_batch_nb,
+    scheduler_state_nb,
     wait_push_back_nb,
 )
 from simcore.enums import (  # noqa: F401  shared with the metrics stage
@@ -141,185 +143,80 @@ def _has_work_nb(first_rank, num_ranks, run_len, wait_head):
 
 
 @njit(cache=True, nogil=True)
-def simulate_engine_nb(
-    input_tokens,
-    output_tokens,
-    token_offset,
-    send_ns,
-    closed_loop,
-    concurrency,
-    think_ns,
-    recv_rank,
-    tok_server,
-    tok_service_ns,
-    num_tok_servers,
-    transfer_ns,
-    detok_mode,
-    detok_server,
-    detok_workers,
-    detok_params,
-    chunk_size,
-    worker_role,
-    worker_first_rank,
-    worker_num_ranks,
-    num_decode_workers,
-    worker_async,
-    rank_max_batched_tokens,
-    rank_max_sequences,
-    rank_num_blocks,
-    rank_block_size,
-    rank_seq_limit,
-    rank_policy,
-    rank_chunk_tokens,
-    rank_max_prefill_tokens,
-    ratio_params,
-    rank_prefix_caching,
-    prefix_cache,
-    timing_model,
-    timing_params,
-    timing_table,
-    cap_ns,
-    arrival_ns,
-    first_admit_ns,
-    first_emit_ns,
-    finish_ns,
-    reject_ns,
-    handoff_ns,
-    transfer_end_ns,
-    decode_rank,
-    cached_tokens,
-    generated,
-    num_preemptions,
-    token_emit_ns,
-    token_recv_ns,
-    receipts,
-    emit_log,
-    pass_log,
-    pass_ms,
-    bad_batch,
-    progress,
-):
+def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs):
     """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
 
     Workers have global indices: the aggregated pool, or the prefill pool then
     the decode pool (SPEC §3); ranks are numbered globally, worker by worker.
+    The typed parameters are the NamedTuples of ``simcore.engine.state``
+    (members, dtypes and units there).
 
     Parameters
     ----------
-    input_tokens, output_tokens : ndarray(int64, ndim=1)
-        Per-request prompt and requested output lengths, tokens (n requests).
-    token_offset : ndarray(int64, ndim=1)
-        ``n + 1`` offsets of each request's tokens in the per-token arrays.
+    requests : Requests
+        Per-request inputs (n requests).
+    load : Load
+        Closed or open loop, concurrency, think time, time cap (ns).
+    client : Client
+        Tokenizer and detokenizer servers and the detokenizer mode.
     send_ns : ndarray(int64, ndim=1)
         Send instants, ns.  Open loop: given, non-decreasing.  Closed loop:
         filled in (``-1`` stays for rows never sent).
-    closed_loop : bool
-        Closed loop (``concurrency`` clients, each sending on receipt).
-    concurrency : int
-        Number of closed-loop clients.
-    think_ns : int
-        Closed-loop think time between a request's end and the next send, ns.
-    recv_rank : ndarray(int64, ndim=1)
-        Global rank that receives each request (aggregated or prefill pool).
-    tok_server : ndarray(int64, ndim=1)
-        Global tokenizer server of each request.
-    tok_service_ns : ndarray(int64, ndim=1)
-        Tokenizer job service of each request, ns (all 0: stage off).
-    num_tok_servers : int
-        Number of tokenizer servers over all workers.
-    transfer_ns : ndarray(int64, ndim=1)
-        KV-transfer duration of each request, ns (P/D).
-    detok_mode : int
-        ``DETOK_OFF``, ``DETOK_IN_KERNEL`` or ``DETOK_DEFERRED``.
-    detok_server : ndarray(int64, ndim=1)
-        Detokenizer server of each request within its worker (``0 .. workers-1``).
-    detok_workers : int
-        Detokenizer servers per token-emitting worker.
-    detok_params : ndarray(float64, ndim=1)
-        ``[base_ms, per_output_us, first_output_us, final_output_us]``.
-    chunk_size : int
-        Most outputs per detokenizer job (0: no limit).
-    worker_role : ndarray(int64, ndim=1)
-        ``ROLE_AGGREGATED``, ``ROLE_PREFILL`` or ``ROLE_DECODE`` per worker.
-    worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
-        Each worker's first global rank and number of attention-DP ranks.
-    num_decode_workers : int
-        Decode workers (the last ones); 0 when aggregated.
-    worker_async : ndarray(bool, ndim=1)
-        Asynchronous scheduling per worker (vllm policy; docs/semantics.md): the
-        next pass is built when a pass starts, from the state before its outputs.
-    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
-        Per-rank scheduler limits and KV cache (blocks, tokens per block).
-    rank_seq_limit : ndarray(int64, ndim=1)
-        Per-rank sequence limit L, tokens.
-    rank_policy : ndarray(int64, ndim=1)
-        ``POLICY_VLLM``, ``POLICY_SGLANG`` or ``POLICY_TRTLLM`` per rank.
-    rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=1)
-        SGLang per-rank prefill budgets (chunked_prefill_size / attention_dp,
-        max_prefill_tokens), tokens; unused by other policies.
-    ratio_params : ndarray(float64, ndim=2)
-        SGLang ``[init, min, decay]`` of new_token_ratio per rank.
-    rank_prefix_caching : ndarray(bool, ndim=1)
-        Prefix caching on each rank (vllm policy).
+    topology : Topology
+        Workers, their roles, ranks and asynchronous scheduling.
+    ranks : Ranks
+        Per-rank scheduler limits, KV cache, policy and prefix caching.
     prefix_cache : tuple of ndarray(int64, ndim=1)
         The prefix-cache state of ``simcore.scheduler.kv_nb`` (with the requests'
-        prompt-block identities).
-    timing_model : int
-        Timing-model code of ``simcore.timing.nb``.
-    timing_params : ndarray(float64, ndim=1)
-        Its parameters.
-    timing_table : ndarray(float64, ndim=1)
-        Its flat lookup tables (empty for fixed and linear).
-    cap_ns : int
-        Time cap, ns (``NO_CAP`` for none): events after it are not processed.
-    arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns : ndarray(int64, ndim=1)
-        Out, per request, ns, ``-1`` initialised: engine arrival, first
-        admission (pass start), first token emission, engine finish, rejection.
-    handoff_ns, transfer_end_ns, decode_rank : ndarray(int64, ndim=1)
-        Out, per request, ``-1`` initialised (P/D): end of the prefill pass that
-        computed the prompt, KV-transfer end, global decode rank.
-    cached_tokens : ndarray(int64, ndim=1)
-        Out, per request, zero initialised: prompt tokens reused from the
-        prefix cache at the first admission.
-    generated, num_preemptions : ndarray(int64, ndim=1)
-        Out, per request, zero initialised: tokens emitted, preemptions.
-    token_emit_ns, token_recv_ns : ndarray(int64, ndim=1)
-        Out, per token, ``-1`` initialised: emission and receipt instants, ns
-        (receipts are left at -1 in ``DETOK_DEFERRED`` mode); empty in the
-        bounded output mode.
+        prompt-block identities); updated.
+    timing : Timing
+        The pass-time model of ``simcore.timing.nb``.
+    out : Outputs
+        Out, ``-1`` (instants) or zero (counts) initialised: per-request
+        instants (ns) and counts, per-token emission and receipt instants (ns;
+        receipts left at -1 in ``DETOK_DEFERRED`` mode; empty in the bounded
+        output mode), and the progress counter (requests finished or rejected
+        so far: the kernel releases the GIL, so another thread can read it).
     receipts : tuple of ndarray(int64, ndim=1)
         The bounded output mode's state (``simcore.metrics.nb.STREAM_FIELDS``),
         updated at every pass end instead of the per-token arrays; arrays of
         length 0 in the detailed mode.  Bounded needs ``DETOK_OFF`` or
         ``DETOK_IN_KERNEL``.
-    emit_log : ndarray(int64, ndim=1)
-        Out: token indices in emission order (``DETOK_DEFERRED`` only; else
-        may be empty).
-    pass_log : ndarray(int64, ndim=2)
-        Out: one row per rank per pass (``PASS_*`` columns); may have 0 rows
-        to record nothing.
-    pass_ms : ndarray(float64, ndim=1)
-        Out: the rank's own time of each pass-log row, ms.
-    bad_batch : ndarray(float64, ndim=1)
-        Out on ``BAD_TIMING``: worker, rank, the five batch summary values and
-        the model's result.
-    progress : ndarray(int64, ndim=1)
-        Out, one element, zero initialised: requests finished or rejected so
-        far, updated as the run goes (the kernel releases the GIL, so another
-        thread can read it).
+    logs : Logs
+        Out: the emission log (``DETOK_DEFERRED`` only), the pass log (0 rows:
+        record nothing) with each row's rank time (ms), and on ``BAD_TIMING``
+        the batch whose time was not finite and >= 0.
 
     Returns
     -------
     status : int
         ``OK``, ``PASS_LOG_FULL`` (rerun with a larger log) or ``BAD_TIMING``.
     num_pass_rows : int
-        Rows written to ``pass_log``.
+        Rows written to ``logs.pass_log``.
     num_emitted : int
-        Tokens emitted (rows written to ``emit_log`` in deferred mode).
+        Tokens emitted (rows written to ``logs.emit_log`` in deferred mode).
     """
+    # Local names for the members the loop reads (a member read is free, but
+    # names keep the loop short).
+    input_tokens, output_tokens, token_offset = requests.input_tokens, requests.output_tokens, requests.token_offset
+    recv_rank, transfer_ns = requests.recv_rank, requests.transfer_ns
+    closed_loop, concurrency, think_ns, cap_ns = load.closed_loop, load.concurrency, load.think_ns, load.cap_ns
+    tok_server, tok_service_ns = client.tok_server, client.tok_service_ns
+    detok_mode, detok_server, detok_workers = client.detok_mode, client.detok_server, client.detok_workers
+    detok_params, chunk_size = client.detok_params, client.chunk_size
+    worker_role, worker_first_rank = topology.worker_role, topology.worker_first_rank
+    worker_num_ranks, num_decode_workers, worker_async = (
+        topology.worker_num_ranks, topology.num_decode_workers, topology.worker_async
+    )
+    rank_max_batched_tokens, rank_max_sequences = ranks.max_batched_tokens, ranks.max_sequences
+    rank_block_size, rank_seq_limit = ranks.block_size, ranks.seq_limit
+    rank_policy, rank_prefix_caching, ratio_params = ranks.policy, ranks.prefix_caching, ranks.ratio_params
+    timing_model, timing_params, timing_table = timing
+    first_emit_ns, finish_ns, handoff_ns = out.first_emit_ns, out.finish_ns, out.handoff_ns
+    generated, token_emit_ns, token_recv_ns, progress = out.generated, out.token_emit_ns, out.token_recv_ns, out.progress
+    emit_log, pass_log, pass_ms, bad_batch = logs.emit_log, logs.pass_log, logs.pass_ms, logs.bad_batch
     n = input_tokens.shape[0]
     num_workers = worker_role.shape[0]
-    num_ranks = rank_num_blocks.shape[0]
     first_decode_worker = num_workers - num_decode_workers
     record_passes = pass_log.shape[0] > 0
     bounded = receipts[0].shape[0] > 0
@@ -327,23 +224,10 @@ def simulate_engine_nb(
     num_emitted = 0
     num_handoffs = 0
 
-    # Per-request engine state.
-    computed = np.zeros(n, dtype=np.int64)
-    held = np.zeros(n, dtype=np.int64)
-    sched_n = np.zeros(n, dtype=np.int64)
-    wait_next = np.full(n, -1, dtype=np.int64)
-    wait_prev = np.full(n, -1, dtype=np.int64)
-
-    # Per-rank state.
-    wait_head = np.full(num_ranks, -1, dtype=np.int64)
-    wait_tail = np.full(num_ranks, -1, dtype=np.int64)
-    running = np.empty((num_ranks, rank_max_sequences.max()), dtype=np.int64)
-    run_len = np.zeros(num_ranks, dtype=np.int64)
-    blocks_used = np.zeros(num_ranks, dtype=np.int64)
-    rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
-    rank_chunked = np.full(num_ranks, -1, dtype=np.int64)  # SGLang chunked request
-    rank_extend = np.zeros(num_ranks, dtype=np.bool_)  # SGLang: the batch is an extend batch
-    rank_inflight = np.zeros(num_ranks, dtype=np.int64)  # KV transfers from or to the rank
+    # The scheduler's per-request and per-rank state.
+    sched = scheduler_state_nb(n, rank_max_sequences, ratio_params)
+    computed, held, sched_n, running, run_len = sched.computed, sched.held, sched.sched_n, sched.running, sched.run_len
+    blocks_used, wait_head, rank_inflight = sched.blocks_used, sched.wait_head, sched.inflight
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
@@ -368,7 +252,7 @@ def simulate_engine_nb(
     planned = np.zeros(n, dtype=np.int64) if any_async else generated
 
     # Servers and the outputs of the pass being ended.
-    tok_free = np.zeros(num_tok_servers, dtype=np.int64)
+    tok_free = np.zeros(client.num_tok_servers, dtype=np.int64)
     detok_free = np.zeros(num_workers * detok_workers, dtype=np.int64)
     max_outputs = max_ranks * rank_max_sequences.max()
     # A pass's outputs: where the detokenizer stamps each receipt (the token's
@@ -613,8 +497,7 @@ def simulate_engine_nb(
                     run_len[g] = keep
                 if not _has_work_nb(worker_first_rank[w], worker_num_ranks[w], run_len, wait_head):
                     reset_ratio_if_idle_nb(
-                        worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE,
-                        wait_head, rank_inflight, rank_ratio, ratio_params,
+                        worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE, sched, ratio_params
                     )
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
@@ -681,12 +564,8 @@ def simulate_engine_nb(
                 k = arr_val[0]
                 arr_size = _heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
-                arrival_ns[k] = t
-                send_size = _enter_rank_nb(
-                    k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
-                    think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
-                    progress,
-                )
+                out.arrival_ns[k] = t
+                send_size = _enter_rank_nb(k, recv_rank[k], t, requests, ranks, load, sched, out, send_key, send_val, send_size)
 
             # (d) KV-transfer ends at t, in handoff order: free the prefill
             # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
@@ -696,17 +575,13 @@ def simulate_engine_nb(
                 progressed = True
                 k = handoff_req[h]
                 kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
-                transfer_end_ns[k] = t
+                out.transfer_end_ns[k] = t
                 g = _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks)
                 rank_inflight[recv_rank[k]] -= 1
                 rank_inflight[g] -= 1
-                decode_rank[k] = g
+                out.decode_rank[k] = g
                 computed[k] = input_tokens[k] - 1
-                send_size = _enter_rank_nb(
-                    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
-                    think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
-                    progress,
-                )
+                send_size = _enter_rank_nb(k, g, t, requests, ranks, load, sched, out, send_key, send_val, send_size)
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next
@@ -727,31 +602,19 @@ def simulate_engine_nb(
                 for r in range(num_dp):
                     g = first_rank + r
                     if rank_policy[g] == POLICY_SGLANG:
-                        preempted = build_sglang_batch_nb(
-                            g, t, input_tokens, output_tokens, generated, computed, held,
-                            sched_n, running, run_len, blocks_used, wait_head,
-                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            rank_max_sequences, rank_num_blocks, rank_block_size,
-                            rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-                            rank_chunked, rank_extend,
-                        )
+                        preempted = build_sglang_batch_nb(g, t, requests, ranks, sched, out)
                     else:
                         preempted = build_vllm_batch_nb(
-                            g, t, input_tokens, output_tokens, planned, computed, held,
-                            sched_n, running, run_len, blocks_used, wait_head,
-                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-                            rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
-                            worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                            cached_tokens, worker_async[w],
+                            g, t, requests, ranks, sched, out, planned, prefix_cache,
+                            rank_policy[g] == POLICY_TRTLLM, worker_role[w] == ROLE_PREFILL,
+                            rank_prefix_caching[g], worker_async[w],
                         )
                     batch_summary_nb(
-                        summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
-                        rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
+                        summary, r, g, sched, input_tokens, generated,
+                        rank_policy[g] == POLICY_SGLANG and sched.extend[g], worker_role[w] == ROLE_DECODE,
                     )
                     if worker_async[w]:
-                        _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
-                                    generated, planned, sample_flag, wait_head, wait_next)
+                        _enqueue_nb(g, slot, preempted, sched, input_tokens, generated, planned, sample_flag)
                     if summary[r, 0] + summary[r, 3] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
@@ -791,10 +654,7 @@ def simulate_engine_nb(
                     break
                 if not any_preempted:
                     # Nothing schedulable: the worker stays idle (or nothing is queued).
-                    reset_ratio_if_idle_nb(
-                        first_rank, num_dp, worker_role[w] == ROLE_DECODE, wait_head, rank_inflight,
-                        rank_ratio, ratio_params,
-                    )
+                    reset_ratio_if_idle_nb(first_rank, num_dp, worker_role[w] == ROLE_DECODE, sched, ratio_params)
                     break
                 # Only preemptions happened: try again at once (SPEC §5 (e)).
             if queue or not (worker_async[w] and pass_end[w] >= 0):
@@ -803,190 +663,80 @@ def simulate_engine_nb(
     return OK, pass_log_rows, num_emitted
 
 
-
 @njit(cache=True, parallel=True)
-def simulate_batch_nb(
-    input_tokens,
-    output_tokens,
-    token_offset,
-    send_ns,
-    closed_loop,
-    concurrency,
-    think_ns,
-    recv_rank,
-    tok_server,
-    tok_service_ns,
-    num_tok_servers,
-    transfer_ns,
-    detok_mode,
-    detok_server,
-    detok_workers,
-    detok_params,
-    chunk_size,
-    worker_role,
-    worker_first_rank,
-    worker_num_ranks,
-    num_decode_workers,
-    worker_async,
-    rank_max_batched_tokens,
-    rank_max_sequences,
-    rank_num_blocks,
-    rank_block_size,
-    rank_seq_limit,
-    rank_policy,
-    rank_chunk_tokens,
-    rank_max_prefill_tokens,
-    ratio_params,
-    rank_prefix_caching,
-    prefix_cache,
-    timing_model,
-    timing_params,
-    timing_table,
-    cap_ns,
-    arrival_ns,
-    first_admit_ns,
-    first_emit_ns,
-    finish_ns,
-    reject_ns,
-    handoff_ns,
-    transfer_end_ns,
-    decode_rank,
-    cached_tokens,
-    generated,
-    num_preemptions,
-    token_emit_ns,
-    token_recv_ns,
-    receipts,
-    emit_log,
-    pass_log,
-    pass_ms,
-    bad_batch,
-    progress,
-    status,
-):
+def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, status):
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
 
-    Configuration ``c`` reads row ``c`` of every per-configuration array and
-    writes row ``c`` of every output.  "One shape": the same requests count
-    ``n`` and output lengths, the same workers and ranks, one ``detok_mode`` and
-    no pass log.
+    Every member of every parameter has a leading configuration axis (scalars
+    become (C,) arrays, arrays gain a first dimension); configuration ``c``
+    reads and writes row ``c`` (:func:`row_nb`).  "One shape": the same
+    requests count ``n`` and output lengths, the same workers and ranks, one
+    detokenizer mode and no pass log (``logs.pass_log`` of shape (C, 0, columns)).
 
     Parameters
     ----------
-    input_tokens, send_ns, tok_server, tok_service_ns, transfer_ns, detok_server : ndarray(int64, ndim=2)
-        Per configuration (C, n); units as in ``simulate_engine_nb`` (tokens, ns).
-    output_tokens, token_offset, recv_rank : ndarray(int64, ndim=1)
-        Shared: output lengths (tokens), their ``n + 1`` token offsets, receiving ranks.
-    closed_loop : ndarray(bool, ndim=1)
-        Per configuration (C,).
-    concurrency, think_ns, num_tok_servers, detok_workers, chunk_size, timing_model, cap_ns : ndarray(int64, ndim=1)
-        Per configuration (C,); ``think_ns`` and ``cap_ns`` in ns.
-    detok_mode, num_decode_workers : int
-        Shared.
-    detok_params : ndarray(float64, ndim=2)
-        (C, 4) ``[base_ms, per_output_us, first_output_us, final_output_us]``.
-    worker_role, worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
-        Shared topology, per worker.
-    worker_async : ndarray(bool, ndim=2)
-        (C, workers) asynchronous scheduling.
-    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit, rank_policy, rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=2)
-        (C, ranks) scheduler limits (tokens, sequences, blocks, tokens per block).
-    ratio_params : ndarray(float64, ndim=3)
-        (C, ranks, 3) SGLang ``[init, min, decay]`` new_token_ratio.
-    rank_prefix_caching : ndarray(bool, ndim=2)
-        (C, ranks).
-    prefix_cache : tuple of ndarray(int64, ndim=2)
-        The 15 ``simcore.scheduler.kv_nb`` state arrays, each stacked to (C, length).
-    timing_params, timing_table : ndarray(float64, ndim=2)
-        (C, width), zero padded.
-    arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns, handoff_ns, transfer_end_ns, decode_rank, cached_tokens, generated, num_preemptions : ndarray(int64, ndim=2)
-        Out, (C, n), initialised as for ``simulate_engine_nb`` (instants in ns).
-    token_emit_ns, token_recv_ns : ndarray(int64, ndim=2)
-        Out, (C, tokens), ns, ``-1`` initialised ((C, 0) in the bounded mode).
-    receipts : tuple of ndarray(int64, ndim=2)
-        The 9 bounded-mode state arrays, each (C, length) (length 0: detailed).
-    emit_log : ndarray(int64, ndim=2)
-        Out, (C, tokens) in deferred mode, else (C, 0).
-    pass_log : ndarray(int64, ndim=2)
-        Shared and empty, (0, ``PASS_LOG_COLUMNS``).
-    pass_ms : ndarray(float64, ndim=1)
-        Shared and empty, (0,).
-    bad_batch : ndarray(float64, ndim=2)
-        Out, (C, 8), as for ``simulate_engine_nb``.
-    progress : ndarray(int64, ndim=2)
-        Out, (C, 1), as for ``simulate_engine_nb``.
+    requests, load, client, topology, ranks, timing, out, logs : NamedTuple
+        As in ``simulate_engine_nb``, stacked to (C, ...) member by member
+        (``timing.params`` and ``timing.table`` zero padded to the widest).
+    send_ns : ndarray(int64, ndim=2)
+        (C, n) send instants, ns, as in ``simulate_engine_nb``.
+    prefix_cache, receipts : tuple of ndarray(int64, ndim=2)
+        The ``simcore.scheduler.kv_nb`` and bounded-mode state arrays, each
+        stacked to (C, length).
     status : ndarray(int64, ndim=2)
         Out, (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
     """
-    num_configs = send_ns.shape[0]
-    for c in prange(num_configs):
-        pc = prefix_cache
-        rc = receipts
-        state = (
-            pc[0][c], pc[1][c], pc[2][c], pc[3][c], pc[4][c], pc[5][c], pc[6][c], pc[7][c],
-            pc[8][c], pc[9][c], pc[10][c], pc[11][c], pc[12][c], pc[13][c], pc[14][c],
-        )
+    for c in prange(send_ns.shape[0]):
         code, rows, emitted = simulate_engine_nb(
-            input_tokens[c],
-            output_tokens,
-            token_offset,
-            send_ns[c],
-            closed_loop[c],
-            concurrency[c],
-            think_ns[c],
-            recv_rank,
-            tok_server[c],
-            tok_service_ns[c],
-            num_tok_servers[c],
-            transfer_ns[c],
-            detok_mode,
-            detok_server[c],
-            detok_workers[c],
-            detok_params[c],
-            chunk_size[c],
-            worker_role,
-            worker_first_rank,
-            worker_num_ranks,
-            num_decode_workers,
-            worker_async[c],
-            rank_max_batched_tokens[c],
-            rank_max_sequences[c],
-            rank_num_blocks[c],
-            rank_block_size[c],
-            rank_seq_limit[c],
-            rank_policy[c],
-            rank_chunk_tokens[c],
-            rank_max_prefill_tokens[c],
-            ratio_params[c],
-            rank_prefix_caching[c],
-            state,
-            timing_model[c],
-            timing_params[c],
-            timing_table[c],
-            cap_ns[c],
-            arrival_ns[c],
-            first_admit_ns[c],
-            first_emit_ns[c],
-            finish_ns[c],
-            reject_ns[c],
-            handoff_ns[c],
-            transfer_end_ns[c],
-            decode_rank[c],
-            cached_tokens[c],
-            generated[c],
-            num_preemptions[c],
-            token_emit_ns[c],
-            token_recv_ns[c],
-            (rc[0][c], rc[1][c], rc[2][c], rc[3][c], rc[4][c], rc[5][c], rc[6][c], rc[7][c], rc[8][c]),
-            emit_log[c],
-            pass_log,
-            pass_ms,
-            bad_batch[c],
-            progress[c],
+            row_nb(requests, c), row_nb(load, c), row_nb(client, c), send_ns[c], row_nb(topology, c),
+            row_nb(ranks, c), row_nb(prefix_cache, c), row_nb(timing, c), row_nb(out, c),
+            row_nb(receipts, c), row_nb(logs, c),
         )
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+
+
+@intrinsic
+def row_nb(typingctx, state, c):
+    """Row ``c`` of every member of a tuple (or NamedTuple) of arrays: the batch's per-configuration view.
+
+    A member of shape (C,) gives its scalar, one of shape (C, ...) a C-contiguous
+    view of its row; a NamedTuple keeps its class, so the result has the type
+    of the single-configuration state (one compiled ``simulate_engine_nb``).
+
+    Parameters
+    ----------
+    state : tuple or NamedTuple of ndarray
+        Members with a leading configuration axis.
+    c : int
+        Configuration.
+
+    Returns
+    -------
+    tuple or NamedTuple
+        Row ``c`` of each member.
+    """
+    row_types = [
+        member.dtype if member.ndim == 1 else types.Array(member.dtype, member.ndim - 1, member.layout)
+        for member in state.types
+    ]
+    if isinstance(state, types.BaseNamedTuple):
+        row_type = types.NamedTuple(row_types, state.instance_class)
+    else:
+        row_type = types.Tuple(row_types)
+
+    def codegen(context, builder, signature, args):
+        value, index = args
+        rows = [
+            context.compile_internal(
+                builder, lambda array, i: array[i], row(member, c), (builder.extract_value(value, m), index)
+            )
+            for m, (member, row) in enumerate(zip(state.types, row_types))
+        ]
+        return context.make_tuple(builder, row_type, rows)
+
+    return row_type(state, c), codegen
 
 
 @njit(cache=True)
@@ -1015,8 +765,7 @@ def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_m
 
 
 @njit(cache=True)
-def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
-                sample_flag, wait_head, wait_next):
+def _enqueue_nb(g, slot, preempted, sched, input_tokens, generated, planned, sample_flag):
     """Asynchronous scheduling: rank g's just-built batch goes into sample slot ``slot``.
 
     The scheduled tokens count as computed at once (the next build follows them
@@ -1025,14 +774,15 @@ def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_t
     every waiting request's in-flight output is dropped (a preempted request
     recomputes and samples again after resumption; the others have none).
     """
+    running, sched_n, computed = sched.running, sched.sched_n, sched.computed
     if preempted:
-        k = wait_head[g]
+        k = sched.wait_head[g]
         while k >= 0:
             sample_flag[0, k] = False
             sample_flag[1, k] = False
             planned[k] = generated[k]
-            k = wait_next[k]
-    for i in range(run_len[g]):
+            k = sched.wait_next[k]
+    for i in range(sched.run_len[g]):
         k = running[g, i]
         if sched_n[k] == 0:
             continue
@@ -1045,22 +795,19 @@ def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_t
 
 
 @njit(cache=True)
-def _enter_rank_nb(
-    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop, think_ns,
-    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev, progress,
-):
+def _enter_rank_nb(k, g, t, requests, ranks, load, sched, out, send_key, send_val, send_size):
     """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
 
     A rejection ends at the client at once, releasing a closed-loop send.
     Returns the send-heap size.
     """
-    if input_tokens[k] >= rank_seq_limit[g]:
-        reject_ns[k] = t
-        progress[0] += 1
-        if closed_loop:
-            send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
+    if requests.input_tokens[k] >= ranks.seq_limit[g]:
+        out.reject_ns[k] = t
+        out.progress[0] += 1
+        if load.closed_loop:
+            send_size = _heap_push_nb(send_key, send_val, send_size, t + load.think_ns, 0)
     else:
-        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+        wait_push_back_nb(sched, g, k)
     return send_size
 
 
