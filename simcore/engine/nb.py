@@ -53,7 +53,6 @@ from simcore.scheduler.nb import (
     build_sglang_batch_nb,
     reset_ratio_if_idle_nb,
     build_vllm_batch_nb,
-    scheduler_state_nb,
     wait_push_back_nb,
 )
 from simcore.enums import (  # noqa: F401  shared with the metrics stage
@@ -225,9 +224,22 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
     num_handoffs = 0
 
     # The scheduler's per-request and per-rank state.
-    sched = scheduler_state_nb(n, rank_max_sequences, ratio_params)
-    computed, held, sched_n, running, run_len = sched.computed, sched.held, sched.sched_n, sched.running, sched.run_len
-    blocks_used, wait_head, rank_inflight = sched.blocks_used, sched.wait_head, sched.inflight
+    num_ranks = rank_max_sequences.shape[0]
+    computed = np.zeros(n, dtype=np.int64)
+    held = np.zeros(n, dtype=np.int64)
+    sched_n = np.zeros(n, dtype=np.int64)
+    wait_next = np.full(n, -1, dtype=np.int64)
+    wait_prev = np.full(n, -1, dtype=np.int64)
+    wait_head = np.full(num_ranks, -1, dtype=np.int64)
+    wait_tail = np.full(num_ranks, -1, dtype=np.int64)
+    running = np.empty((num_ranks, rank_max_sequences.max()), dtype=np.int64)
+    run_len = np.zeros(num_ranks, dtype=np.int64)
+    blocks_used = np.zeros(num_ranks, dtype=np.int64)
+    rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
+    rank_chunked = np.full(num_ranks, -1, dtype=np.int64)  # SGLang chunked request
+    rank_extend = np.zeros(num_ranks, dtype=np.bool_)  # SGLang: the batch is an extend batch
+    rank_inflight = np.zeros(num_ranks, dtype=np.int64)  # KV transfers from or to the rank
+    queues = (wait_head, wait_tail, wait_next, wait_prev)  # per-rank waiting lists through per-request links
 
     # Per-worker state and the batch summary of the pass being started.
     pass_end = np.full(num_workers, -1, dtype=np.int64)
@@ -497,7 +509,8 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
                     run_len[g] = keep
                 if not _has_work_nb(worker_first_rank[w], worker_num_ranks[w], run_len, wait_head):
                     reset_ratio_if_idle_nb(
-                        worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE, sched, ratio_params
+                        worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE,
+                        wait_head, rank_inflight, rank_ratio, ratio_params,
                     )
 
                 # (b) this pass's detokenizer jobs: per server, in server order,
@@ -565,7 +578,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
                 arr_size = _heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 out.arrival_ns[k] = t
-                send_size = _enter_rank_nb(k, recv_rank[k], t, requests, ranks, load, sched, out, send_key, send_val, send_size)
+                send_size = _enter_rank_nb(k, recv_rank[k], t, requests, ranks, load, queues, out, send_key, send_val, send_size)
 
             # (d) KV-transfer ends at t, in handoff order: free the prefill
             # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
@@ -581,7 +594,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
                 rank_inflight[g] -= 1
                 out.decode_rank[k] = g
                 computed[k] = input_tokens[k] - 1
-                send_size = _enter_rank_nb(k, g, t, requests, ranks, load, sched, out, send_key, send_val, send_size)
+                send_size = _enter_rank_nb(k, g, t, requests, ranks, load, queues, out, send_key, send_val, send_size)
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next
@@ -602,19 +615,31 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
                 for r in range(num_dp):
                     g = first_rank + r
                     if rank_policy[g] == POLICY_SGLANG:
-                        preempted = build_sglang_batch_nb(g, t, requests, ranks, sched, out)
+                        preempted = build_sglang_batch_nb(
+                            g, t, input_tokens, output_tokens, generated, computed, held,
+                            sched_n, running, run_len, blocks_used, wait_head,
+                            wait_tail, wait_next, wait_prev, out.first_admit_ns, out.num_preemptions,
+                            rank_max_sequences, ranks.num_blocks, rank_block_size,
+                            ranks.chunk_tokens, ranks.max_prefill_tokens, rank_ratio, ratio_params,
+                            rank_chunked, rank_extend,
+                        )
                     else:
                         preempted = build_vllm_batch_nb(
-                            g, t, requests, ranks, sched, out, planned, prefix_cache,
-                            rank_policy[g] == POLICY_TRTLLM, worker_role[w] == ROLE_PREFILL,
-                            rank_prefix_caching[g], worker_async[w],
+                            g, t, input_tokens, output_tokens, planned, computed, held,
+                            sched_n, running, run_len, blocks_used, wait_head,
+                            wait_tail, wait_next, wait_prev, out.first_admit_ns, out.num_preemptions,
+                            rank_max_batched_tokens, rank_max_sequences, ranks.num_blocks,
+                            rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
+                            worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
+                            out.cached_tokens, worker_async[w],
                         )
                     batch_summary_nb(
-                        summary, r, g, sched, input_tokens, generated,
-                        rank_policy[g] == POLICY_SGLANG and sched.extend[g], worker_role[w] == ROLE_DECODE,
+                        summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
+                        rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
                     )
                     if worker_async[w]:
-                        _enqueue_nb(g, slot, preempted, sched, input_tokens, generated, planned, sample_flag)
+                        _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
+                                    generated, planned, sample_flag, wait_head, wait_next)
                     if summary[r, 0] + summary[r, 3] > 0:
                         any_batch = True
                     any_preempted = any_preempted or preempted
@@ -654,7 +679,10 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
                     break
                 if not any_preempted:
                     # Nothing schedulable: the worker stays idle (or nothing is queued).
-                    reset_ratio_if_idle_nb(first_rank, num_dp, worker_role[w] == ROLE_DECODE, sched, ratio_params)
+                    reset_ratio_if_idle_nb(
+                        first_rank, num_dp, worker_role[w] == ROLE_DECODE, wait_head, rank_inflight,
+                        rank_ratio, ratio_params,
+                    )
                     break
                 # Only preemptions happened: try again at once (SPEC §5 (e)).
             if queue or not (worker_async[w] and pass_end[w] >= 0):
@@ -765,7 +793,8 @@ def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_m
 
 
 @njit(cache=True)
-def _enqueue_nb(g, slot, preempted, sched, input_tokens, generated, planned, sample_flag):
+def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
+                sample_flag, wait_head, wait_next):
     """Asynchronous scheduling: rank g's just-built batch goes into sample slot ``slot``.
 
     The scheduled tokens count as computed at once (the next build follows them
@@ -774,15 +803,14 @@ def _enqueue_nb(g, slot, preempted, sched, input_tokens, generated, planned, sam
     every waiting request's in-flight output is dropped (a preempted request
     recomputes and samples again after resumption; the others have none).
     """
-    running, sched_n, computed = sched.running, sched.sched_n, sched.computed
     if preempted:
-        k = sched.wait_head[g]
+        k = wait_head[g]
         while k >= 0:
             sample_flag[0, k] = False
             sample_flag[1, k] = False
             planned[k] = generated[k]
-            k = sched.wait_next[k]
-    for i in range(sched.run_len[g]):
+            k = wait_next[k]
+    for i in range(run_len[g]):
         k = running[g, i]
         if sched_n[k] == 0:
             continue
@@ -794,8 +822,8 @@ def _enqueue_nb(g, slot, preempted, sched, input_tokens, generated, planned, sam
             planned[k] += 1
 
 
-@njit(cache=True)
-def _enter_rank_nb(k, g, t, requests, ranks, load, sched, out, send_key, send_val, send_size):
+@njit(cache=True, inline="always")
+def _enter_rank_nb(k, g, t, requests, ranks, load, queues, out, send_key, send_val, send_size):
     """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
 
     A rejection ends at the client at once, releasing a closed-loop send.
@@ -807,7 +835,7 @@ def _enter_rank_nb(k, g, t, requests, ranks, load, sched, out, send_key, send_va
         if load.closed_loop:
             send_size = _heap_push_nb(send_key, send_val, send_size, t + load.think_ns, 0)
     else:
-        wait_push_back_nb(sched, g, k)
+        wait_push_back_nb(*queues, g, k)
     return send_size
 
 

@@ -1,20 +1,17 @@
 """Scheduler kernels: one rank's batch for each policy (SPEC §5, docs/policies.md).
 
-Contract: ``@njit(cache=True)`` functions over the scheduler's state
-(``simcore.scheduler.state.SchedulerState``, a NamedTuple of arrays:
-per-request token counts and block holdings, per-rank running arrays, waiting
-queues as doubly linked lists through per-request links, KV block counts) and
-the engine kernel's typed inputs (``simcore.engine.state``).  A builder sets ``sched_n`` (tokens
+Contract: ``@njit(cache=True)`` functions over the engine kernel's flat state
+arrays (``simcore.engine.nb``): per-request token counts and block holdings,
+per-rank running arrays, waiting queues (doubly linked lists through
+per-request links) and KV block counts.  A builder sets ``sched_n`` (tokens
 scheduled per request) and returns whether it preempted (or retracted) a
 request; ``batch_summary_nb`` then reads the SPEC §8 batch summary off it.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
-from simcore.scheduler.state import SchedulerState
 from simcore.scheduler.kv_nb import (
     kv_allocate_nb,
     kv_hits_nb,
@@ -32,62 +29,26 @@ CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
 
 
-@njit(cache=True)
-def scheduler_state_nb(n, max_sequences, ratio_params):
-    """The scheduler's state at the start of a run: nothing computed, held, waiting or running.
-
-    Parameters
-    ----------
-    n : int
-        Requests.
-    max_sequences : ndarray(int64, ndim=1)
-        Per rank, most running requests.
-    ratio_params : ndarray(float64, ndim=2)
-        (ranks, 3) SGLang ``[init, min, decay]`` of new_token_ratio (it starts at init).
-
-    Returns
-    -------
-    SchedulerState
-    """
-    num_ranks = max_sequences.shape[0]
-    return SchedulerState(
-        computed=np.zeros(n, dtype=np.int64),
-        held=np.zeros(n, dtype=np.int64),
-        sched_n=np.zeros(n, dtype=np.int64),
-        wait_next=np.full(n, -1, dtype=np.int64),
-        wait_prev=np.full(n, -1, dtype=np.int64),
-        wait_head=np.full(num_ranks, -1, dtype=np.int64),
-        wait_tail=np.full(num_ranks, -1, dtype=np.int64),
-        running=np.empty((num_ranks, max_sequences.max()), dtype=np.int64),
-        run_len=np.zeros(num_ranks, dtype=np.int64),
-        blocks_used=np.zeros(num_ranks, dtype=np.int64),
-        ratio=ratio_params[:, 0].copy(),
-        chunked=np.full(num_ranks, -1, dtype=np.int64),
-        extend=np.zeros(num_ranks, dtype=np.bool_),
-        inflight=np.zeros(num_ranks, dtype=np.int64),
-    )
-
-
 # ------------------------------------------------------------------ waiting queues
 # One doubly linked list per rank through per-request next/prev links (a request
 # waits on at most one rank), so pushes at either end and pops are O(1).
 
 
 @njit(cache=True)
-def wait_push_back_nb(sched, g, k):
+def wait_push_back_nb(head, tail, nxt, prv, g, k):
     """Append request k to rank g's waiting queue.
 
     Parameters
     ----------
-    sched : SchedulerState
-        Its ``wait_head``, ``wait_tail`` (per rank) and ``wait_next``,
-        ``wait_prev`` (per request) links; updated.
+    head, tail : ndarray(int64, ndim=1)
+        Per rank, first and last waiting request (-1: empty); updated.
+    nxt, prv : ndarray(int64, ndim=1)
+        Per request, next and previous links (-1: none); updated.
     g : int
         Global rank.
     k : int
         Request index.
     """
-    head, tail, nxt, prv = sched.wait_head, sched.wait_tail, sched.wait_next, sched.wait_prev
     nxt[k] = -1
     prv[k] = tail[g]
     if tail[g] >= 0:
@@ -98,8 +59,7 @@ def wait_push_back_nb(sched, g, k):
 
 
 @njit(cache=True)
-def _wait_push_front_nb(sched, g, k):
-    head, tail, nxt, prv = sched.wait_head, sched.wait_tail, sched.wait_next, sched.wait_prev
+def _wait_push_front_nb(head, tail, nxt, prv, g, k):
     prv[k] = -1
     nxt[k] = head[g]
     if head[g] >= 0:
@@ -110,8 +70,7 @@ def _wait_push_front_nb(sched, g, k):
 
 
 @njit(cache=True)
-def _wait_pop_front_nb(sched, g):
-    head, tail, nxt, prv = sched.wait_head, sched.wait_tail, sched.wait_next, sched.wait_prev
+def _wait_pop_front_nb(head, tail, nxt, prv, g):
     k = head[g]
     head[g] = nxt[k]
     if head[g] >= 0:
@@ -137,7 +96,12 @@ def _grow_nb(tokens, held, block_size):
 
 
 @njit(cache=True)
-def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict, prefill_role, caching, asynchronous):
+def build_vllm_batch_nb(
+    g, t, input_tokens, output_tokens, planned, computed, held, sched_n, running, run_len,
+    blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
+    num_preemptions, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
+    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens, asynchronous,
+):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
     With ``no_evict`` (TensorRT-LLM GUARANTEED_NO_EVICT), a waiting request is
@@ -155,22 +119,30 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
         Global rank.
     t : int
         Pass start, ns (stamped as a first admission).
-    requests : simcore.engine.state.Requests
-        Per request prompt and requested output lengths, tokens.
-    ranks : simcore.engine.state.Ranks
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Per request, prompt and requested output lengths, tokens.
+    planned, computed : ndarray(int64, ndim=1)
+        Per request, output tokens emitted (asynchronous scheduling: plus those in
+        flight) and tokens whose KV is computed or scheduled (before the pass).
+    held : ndarray(int64, ndim=1)
+        Per request, KV blocks held; updated.
+    sched_n : ndarray(int64, ndim=1)
+        Out, per request: tokens scheduled in this pass.
+    running : ndarray(int64, ndim=2)
+        (ranks, max sequences) running requests per rank, in running order; updated.
+    run_len : ndarray(int64, ndim=1)
+        Running requests per rank; updated.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use KV blocks per rank; updated.
+    wait_head, wait_tail, wait_next, wait_prev : ndarray(int64, ndim=1)
+        The waiting queues (per rank heads/tails, per request links); updated.
+    first_admit_ns : ndarray(int64, ndim=1)
+        Per request first admission, ns (-1: not yet); set to ``t``.
+    num_preemptions : ndarray(int64, ndim=1)
+        Per request preemption (retraction) count; updated.
+    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit : ndarray(int64, ndim=1)
         Per rank token budget (tokens), sequences, KV blocks, tokens per block,
         sequence limit L (tokens).
-    sched : SchedulerState
-        ``computed`` (tokens whose KV is computed or scheduled before the
-        pass), block holdings, running batches and waiting queues, updated;
-        ``sched_n`` (out): tokens scheduled per request in this pass.
-    out : simcore.engine.state.Outputs
-        ``first_admit_ns`` (ns, -1: not yet; set to ``t``), ``cached_tokens``
-        (prompt tokens reused at the first admission; set then) and
-        ``num_preemptions`` (updated), per request.
-    planned : ndarray(int64, ndim=1)
-        Per request, output tokens emitted (asynchronous scheduling: plus those
-        in flight).
     no_evict : bool
         TensorRT-LLM GUARANTEED_NO_EVICT admission.
     prefill_role : bool
@@ -179,6 +151,8 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
         Prefix caching on this rank.
     pc : tuple of ndarray(int64, ndim=1)
         The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
+    cached_tokens : ndarray(int64, ndim=1)
+        Per request prompt tokens reused at the first admission, tokens; set then.
     asynchronous : bool
         Asynchronous scheduling on this rank's worker (docs/semantics.md).
 
@@ -187,20 +161,16 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
     bool
         Whether a running request was preempted.
     """
-    input_tokens, output_tokens = requests.input_tokens, requests.output_tokens
-    computed, held, sched_n, running, run_len = sched.computed, sched.held, sched.sched_n, sched.running, sched.run_len
-    blocks_used, wait_head, num_preemptions = sched.blocks_used, sched.wait_head, out.num_preemptions
-    num_ranks = ranks.num_blocks.shape[0]
-    budget = ranks.max_batched_tokens[g]
-    block_size = ranks.block_size[g]
-    num_blocks = ranks.num_blocks[g]
-    seq_limit = ranks.seq_limit[g]
+    num_ranks = rank_num_blocks.shape[0]
+    budget = rank_max_batched_tokens[g]
+    block_size = rank_block_size[g]
+    num_blocks = rank_num_blocks[g]
     preempted = False
     # Step 1: running requests in running order.
     i = 0
     while i < run_len[g]:
         k = running[g, i]
-        if asynchronous and (planned[k] >= output_tokens[k] or input_tokens[k] + planned[k] >= seq_limit):
+        if asynchronous and (planned[k] >= output_tokens[k] or input_tokens[k] + planned[k] >= rank_seq_limit[g]):
             i += 1  # its last token is in flight: it leaves when that pass ends
             continue
         n_tok = min(input_tokens[k] + planned[k] - computed[k], budget)
@@ -214,7 +184,7 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
             kv_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1
-            _wait_push_front_nb(sched, g, victim)
+            _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
             preempted = True
             if victim == k:
                 self_preempted = True
@@ -236,9 +206,9 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
     if no_evict:
         for i in range(run_len[g]):
             k = running[g, i]
-            promised += _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill_role) - held[k]
+            promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role) - held[k]
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
-    while wait_head[g] >= 0 and run_len[g] < ranks.max_sequences[g] and budget > 0:
+    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         k = wait_head[g]
         known = input_tokens[k] + planned[k]
         hits = 0
@@ -252,11 +222,11 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
         if grow + cached_hits > num_blocks - blocks_used[g]:
             break
         if no_evict:
-            footprint = _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill_role)
+            footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
             if footprint > num_blocks - blocks_used[g] - promised:
                 break
             promised += footprint - grow
-        _wait_pop_front_nb(sched, g)
+        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
         running[g, run_len[g]] = k
         run_len[g] += 1
         if caching:
@@ -267,9 +237,9 @@ def build_vllm_batch_nb(g, t, requests, ranks, sched, out, planned, pc, no_evict
         held[k] += grow
         if caching:
             kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
-        if out.first_admit_ns[k] < 0:
-            out.first_admit_ns[k] = t
-            out.cached_tokens[k] = hits * block_size
+        if first_admit_ns[k] < 0:
+            first_admit_ns[k] = t
+            cached_tokens[k] = hits * block_size
         sched_n[k] = n_tok
         budget -= n_tok
     return False
@@ -293,7 +263,13 @@ def _ceil_page_nb(tokens, block_size):
 
 
 @njit(cache=True)
-def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
+def build_sglang_batch_nb(
+    g, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
+    blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
+    num_preemptions, rank_max_sequences, rank_num_blocks, rank_block_size,
+    rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
+    rank_chunked, rank_extend,
+):
     """Build rank g's batch with the SGLang policy (docs/policies.md); returns
     whether it retracted a request.
 
@@ -308,31 +284,47 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
         Global rank.
     t : int
         Pass start, ns (stamped as a first admission).
-    requests : simcore.engine.state.Requests
-        Per request prompt and requested output lengths, tokens.
-    ranks : simcore.engine.state.Ranks
-        Per rank sequences, KV blocks, tokens per block, chunked-prefill and
-        extend-batch budgets (tokens), ``[init, min, decay]`` of new_token_ratio.
-    sched : SchedulerState
-        ``computed`` (before the pass), block holdings, running batches,
-        waiting queues, the current new_token_ratio and the chunked request
-        (SGLang's ``Scheduler.chunked_req``, -1: none), updated; out:
-        ``sched_n`` (tokens scheduled per request in this pass) and
-        ``extend`` (whether rank g's batch is an extend batch).
-    out : simcore.engine.state.Outputs
-        ``generated`` (tokens emitted per request), ``first_admit_ns`` (ns,
-        -1: not yet; set to ``t``) and ``num_preemptions`` (updated).
+    input_tokens, output_tokens : ndarray(int64, ndim=1)
+        Per request, prompt and requested output lengths, tokens.
+    generated, computed : ndarray(int64, ndim=1)
+        Per request, tokens emitted and tokens whose KV is computed (before the pass).
+    held : ndarray(int64, ndim=1)
+        Per request, KV blocks held; updated.
+    sched_n : ndarray(int64, ndim=1)
+        Out, per request: tokens scheduled in this pass.
+    running : ndarray(int64, ndim=2)
+        (ranks, max sequences) running requests per rank, in running order; updated.
+    run_len : ndarray(int64, ndim=1)
+        Running requests per rank; updated.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use KV blocks per rank; updated.
+    wait_head, wait_tail, wait_next, wait_prev : ndarray(int64, ndim=1)
+        The waiting queues (per rank heads/tails, per request links); updated.
+    first_admit_ns : ndarray(int64, ndim=1)
+        Per request first admission, ns (-1: not yet); set to ``t``.
+    num_preemptions : ndarray(int64, ndim=1)
+        Per request preemption (retraction) count; updated.
+    rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
+        Per rank sequences, KV blocks, tokens per block.
+    rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=1)
+        Per rank chunked-prefill and extend-batch budgets, tokens.
+    rank_ratio : ndarray(float64, ndim=1)
+        Per rank current new_token_ratio; updated.
+    ratio_params : ndarray(float64, ndim=2)
+        (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
+    rank_chunked : ndarray(int64, ndim=1)
+        Per rank the chunked request (running, prompt not wholly scheduled;
+        -1: none), SGLang's ``Scheduler.chunked_req``; updated.
+    rank_extend : ndarray(bool, ndim=1)
+        Out, per rank: whether the batch built is an extend batch.
 
     Returns
     -------
     bool
         Whether a running request was retracted.
     """
-    input_tokens, output_tokens, generated = requests.input_tokens, requests.output_tokens, out.generated
-    computed, held, sched_n, running, run_len = sched.computed, sched.held, sched.sched_n, sched.running, sched.run_len
-    blocks_used, wait_head, rank_ratio, rank_chunked = sched.blocks_used, sched.wait_head, sched.ratio, sched.chunked
-    block_size = ranks.block_size[g]
-    num_blocks = ranks.num_blocks[g]
+    block_size = rank_block_size[g]
+    num_blocks = rank_num_blocks[g]
     empty_rank = run_len[g] == 0
     ratio = rank_ratio[g]
     chunked = rank_chunked[g]
@@ -345,8 +337,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
         k = running[g, i]
         if k != chunked:
             offset += min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) * ratio
-    rem_input = ranks.max_prefill_tokens[g]
-    rem_chunk = ranks.chunk_tokens[g]
+    rem_input = rank_max_prefill_tokens[g]
+    rem_chunk = rank_chunk_tokens[g]
     scheduled = 0
     if chunked >= 0:
         k = chunked
@@ -369,7 +361,7 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
             offset += charge + reserve  # one int, added at once as in SGLang
             rem_input -= charge
             rem_chunk -= charge
-    while wait_head[g] >= 0 and run_len[g] < ranks.max_sequences[g]:
+    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
         k = wait_head[g]
         need = input_tokens[k] + generated[k] - computed[k]
         # On an empty rank the first request only needs its blocks to fit: a
@@ -391,13 +383,13 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow > num_blocks - blocks_used[g]:
             break
-        _wait_pop_front_nb(sched, g)
+        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
         running[g, run_len[g]] = k
         run_len[g] += 1
         blocks_used[g] += grow
         held[k] += grow
-        if out.first_admit_ns[k] < 0:
-            out.first_admit_ns[k] = t
+        if first_admit_ns[k] < 0:
+            first_admit_ns[k] = t
         sched_n[k] = n_tok
         scheduled += 1
         charge = _ceil_page_nb(n_tok, block_size)
@@ -409,7 +401,7 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
             break  # a chunked admission closes the extend batch
         if free_tokens - offset <= 0 or rem_input <= 0 or rem_chunk <= 0:
             break
-    sched.extend[g] = scheduled > 0
+    rank_extend[g] = scheduled > 0
     if scheduled > 0:
         return False
 
@@ -439,7 +431,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
                 victim_i = i
         v = running[g, victim_i]
         needed -= _grow_nb(computed[v] + 1, held[v], block_size)
-        _retract_nb(g, victim_i, sched, out.num_preemptions)
+        _retract_nb(g, victim_i, running, run_len, blocks_used, held, computed,
+                    num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
         decoders -= 1
         retracted = True
     if needed > num_blocks - blocks_used[g] and chunked >= 0:
@@ -447,7 +440,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
         # because its chunk did not fit, holds the missing blocks.
         for i in range(run_len[g]):
             if running[g, i] == chunked:
-                _retract_nb(g, i, sched, out.num_preemptions)
+                _retract_nb(g, i, running, run_len, blocks_used, held, computed,
+                            num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
                 break
         chunked = -1
         rank_chunked[g] = -1
@@ -462,7 +456,7 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
                 max_new += output_tokens[k]
         rank_ratio[g] = min(1.0, (decoded + RETRACT_DECODE_STEPS * decoders) / max_new)
     elif decoders > 0:
-        rank_ratio[g] = max(rank_ratio[g] - ranks.ratio_params[g, 2], ranks.ratio_params[g, 1])
+        rank_ratio[g] = max(rank_ratio[g] - ratio_params[g, 2], ratio_params[g, 1])
     for i in range(run_len[g]):
         k = running[g, i]
         if k != chunked:
@@ -474,23 +468,24 @@ def build_sglang_batch_nb(g, t, requests, ranks, sched, out):
 
 
 @njit(cache=True)
-def _retract_nb(g, i, sched, num_preemptions):
+def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preemptions,
+                wait_head, wait_tail, wait_next, wait_prev):
     """Retract ``running[g, i]`` (SGLang): the others keep their order, it frees
     its blocks, recomputes from scratch later and joins the back of waiting."""
-    running, run_len, blocks_used, held = sched.running, sched.run_len, sched.blocks_used, sched.held
     k = running[g, i]
     for j in range(i, run_len[g] - 1):
         running[g, j] = running[g, j + 1]
     run_len[g] -= 1
     blocks_used[g] -= held[k]
     held[k] = 0
-    sched.computed[k] = 0
+    computed[k] = 0
     num_preemptions[k] += 1
-    wait_push_back_nb(sched, g, k)
+    wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
 
 
 @njit(cache=True)
-def reset_ratio_if_idle_nb(first_rank, num_ranks, decode_role, sched, ratio_params):
+def reset_ratio_if_idle_nb(first_rank, num_ranks, decode_role, wait_head, rank_inflight,
+                           rank_ratio, ratio_params):
     """SGLang's idle reset of new_token_ratio, for a worker that found nothing to run.
 
     SGLang's event loop resets the ratio to its init on an iteration with no
@@ -506,21 +501,25 @@ def reset_ratio_if_idle_nb(first_rank, num_ranks, decode_role, sched, ratio_para
         The worker's first global rank and number of ranks.
     decode_role : bool
         The worker is in a P/D decode pool.
-    sched : SchedulerState
-        Per rank, the waiting queues and KV transfers in flight read, the
-        current new_token_ratio updated.
+    wait_head : ndarray(int64, ndim=1)
+        Per rank, first waiting request (-1: none).
+    rank_inflight : ndarray(int64, ndim=1)
+        Per rank, KV transfers in flight from or to it.
+    rank_ratio : ndarray(float64, ndim=1)
+        Per rank current new_token_ratio; updated.
     ratio_params : ndarray(float64, ndim=2)
         (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
     """
     for g in range(first_rank, first_rank + num_ranks):
-        if sched.inflight[g] > 0 or (decode_role and sched.wait_head[g] >= 0):
+        if rank_inflight[g] > 0 or (decode_role and wait_head[g] >= 0):
             return
     for g in range(first_rank, first_rank + num_ranks):
-        sched.ratio[g] = ratio_params[g, 0]
+        rank_ratio[g] = ratio_params[g, 0]
 
 
 @njit(cache=True)
-def batch_summary_nb(summary, r, g, sched, input_tokens, generated, extend_batch, decode_role):
+def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens,
+                     generated, extend_batch, decode_role):
     """Rank g's batch summary (SPEC §8) into ``summary[r]``, from ``sched_n``.
 
     Computed once per rank and pass, after the builder: a helper taking arrays,
@@ -540,9 +539,14 @@ def batch_summary_nb(summary, r, g, sched, input_tokens, generated, extend_batch
         Rank index within its worker.
     g : int
         Global rank.
-    sched : SchedulerState
-        The running batches, ``sched_n`` (tokens scheduled per request in this
-        pass) and ``computed`` (tokens computed per request before the pass).
+    running : ndarray(int64, ndim=2)
+        (ranks, max sequences) running requests per rank.
+    run_len : ndarray(int64, ndim=1)
+        Running requests per rank.
+    sched_n : ndarray(int64, ndim=1)
+        Tokens scheduled per request in this pass.
+    computed : ndarray(int64, ndim=1)
+        Tokens computed per request before the pass.
     input_tokens : ndarray(int64, ndim=1)
         Prompt lengths, tokens.
     generated : ndarray(int64, ndim=1)
@@ -552,13 +556,12 @@ def batch_summary_nb(summary, r, g, sched, input_tokens, generated, extend_batch
     decode_role : bool
         The rank is in a P/D decode pool.
     """
-    running, sched_n, computed = sched.running, sched.sched_n, sched.computed
     num_prefill = 0
     prefill_tokens = 0
     prefill_kv_tokens = 0
     num_decode = 0
     decode_kv_tokens = 0
-    for i in range(sched.run_len[g]):
+    for i in range(run_len[g]):
         k = running[g, i]
         n_tok = sched_n[k]
         if n_tok == 0:
