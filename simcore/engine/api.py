@@ -14,7 +14,7 @@ import numpy as np
 
 from simcore.client.api import (
     detokenization_params,
-    detokenize_after_run,
+    receipts_after_run,
     server_index,
     tokenization_service_ns,
 )
@@ -474,28 +474,19 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         )
     cap_ns = None if prep.load.cap_ns == nb.NO_CAP else prep.load.cap_ns
     token_offset = prep.requests.token_offset
-    detok = cfg.detokenization
 
     token_recv = out.token_recv_ns
     receipts = Receipts.from_stream(buffers.receipts) if prep.bounded else None
     if prep.mode == nb.DETOK_DEFERRED:
-        emit_log = logs.emit_log[:num_emitted]
-        request_of_token = np.repeat(np.arange(prep.n, dtype=np.int64), prep.requests.output_tokens)
-        finished = out.finish_ns >= 0
-        is_final = np.zeros(prep.num_tokens, dtype=bool)
-        is_final[(token_offset[:-1] + out.generated - 1)[finished]] = True
-        is_first = np.zeros(prep.num_tokens, dtype=bool)
-        is_first[token_offset[:-1]] = True
-        detok_server = prep.client.detok_server
-        token_recv = detokenize_after_run(
-            emit_log,
+        token_recv = receipts_after_run(
+            logs.emit_log[:num_emitted],
             out.token_emit_ns,
-            (rank_worker[out.decode_rank] * detok.workers + detok_server)[request_of_token]
-            if cfg.engine.mode == "disaggregated"
-            else (worker * detok.workers + detok_server)[request_of_token],
-            is_first,
-            is_final,
-            detok,
+            token_offset,
+            out.generated,
+            out.finish_ns >= 0,
+            rank_worker[out.decode_rank] if cfg.engine.mode == "disaggregated" else worker,
+            prep.client.detok_server,
+            cfg.detokenization,
         )
     if cap_ns is not None:  # nothing stamped after the cap happened (SPEC §9)
         token_recv[token_recv > cap_ns] = -1

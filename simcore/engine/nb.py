@@ -57,7 +57,10 @@ from simcore.scheduler.nb import (
     build_vllm_batch_nb,
     wait_push_back_nb,
 )
-from simcore.enums import (  # noqa: F401  shared with the metrics stage
+from simcore.client.nb import detokenization_service_ns_nb, detokenize_pass_nb
+from simcore.heap_nb import heap_pop_nb, heap_push_nb
+from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
+    DETOK_OFF, DETOK_IN_KERNEL, DETOK_DEFERRED, OUT_FIRST, OUT_FINAL,
     ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
     PASS_NUM_PREFILL, PASS_PREFILL_TOKENS, PASS_PREFILL_KV_TOKENS, PASS_NUM_DECODE,
     PASS_DECODE_KV_TOKENS, PASS_BLOCKS_IN_USE, PASS_LOG_COLUMNS,
@@ -68,60 +71,8 @@ OK = 0
 PASS_LOG_FULL = 1
 BAD_TIMING = 2
 
-DETOK_OFF = 0
-DETOK_IN_KERNEL = 1
-DETOK_DEFERRED = 2
-
 NO_CAP = np.iinfo(np.int64).max
 
-# Flags of a pass output for the detokenizer's per-job costs.
-OUT_FIRST = 1  # the request's first token
-OUT_FINAL = 2  # the token that finished the request
-
-
-
-# ------------------------------------------------------------------ min-heaps
-
-
-@njit(cache=True)
-def _heap_push_nb(keys, vals, size, key, val):
-    """Push (key, val) on a min-heap ordered by (key, val); returns the new size."""
-    i = size
-    keys[i] = key
-    vals[i] = val
-    while i > 0:
-        parent = (i - 1) >> 1
-        if keys[parent] < keys[i] or (keys[parent] == keys[i] and vals[parent] <= vals[i]):
-            break
-        keys[parent], keys[i] = keys[i], keys[parent]
-        vals[parent], vals[i] = vals[i], vals[parent]
-        i = parent
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop_nb(keys, vals, size):
-    """Remove the top of the heap; returns the new size."""
-    size -= 1
-    keys[0] = keys[size]
-    vals[0] = vals[size]
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        right = left + 1
-        if right < size and (
-            keys[right] < keys[left] or (keys[right] == keys[left] and vals[right] < vals[left])
-        ):
-            child = right
-        if keys[i] < keys[child] or (keys[i] == keys[child] and vals[i] <= vals[child]):
-            break
-        keys[child], keys[i] = keys[i], keys[child]
-        vals[child], vals[i] = vals[i], vals[child]
-        i = child
-    return size
 
 
 # ------------------------------------------------------------------ the kernel
@@ -366,7 +317,7 @@ def _replay_nb(
 
     if closed_loop:
         for _ in range(min(concurrency, n)):
-            send_size = _heap_push_nb(send_key, send_val, send_size, 0, 0)
+            send_size = heap_push_nb(send_key, send_val, send_size, 0, 0)
         for k in range(n):
             send_ns[k] = -1
 
@@ -437,16 +388,16 @@ def _replay_nb(
                 num_emitted += 1
             if num_out > 0 and chunk_size == 0:
                 # One job per server, none with a first or final token (as in
-                # _detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
+                # detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
                 for s in range(detok_workers):
                     if job_count[s] > 0:
-                        job_ends[s] = max(t, detok_free[s]) + _detok_service_ns_nb(detok_params, job_count[s], 0, 0)
+                        job_ends[s] = max(t, detok_free[s]) + detokenization_service_ns_nb(detok_params, job_count[s], 0, 0)
                         detok_free[s] = job_ends[s]
                         job_count[s] = 0
                 for e in range(num_out):
                     token_recv_ns[out_token[e]] = job_ends[out_server[e]]
             elif num_out > 0:  # no request-final token among them: no send is queued
-                send_size = _detokenize_pass_nb(
+                send_size = detokenize_pass_nb(
                     t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
                     detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
                     job_tokens, job_flags, closed_loop, think_ns, send_key, send_val, send_size,
@@ -521,7 +472,7 @@ def _replay_nb(
                                 leaves = True
                                 handoff_ns[k] = t
                                 handoff_req[num_handoffs] = k
-                                xfer_size = _heap_push_nb(
+                                xfer_size = heap_push_nb(
                                     xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
                                 )
                                 rank_inflight[g] += 1
@@ -549,7 +500,7 @@ def _replay_nb(
                                     recv_target[tok] = t  # received as emitted
                                     num_out += bounded  # bounded: streamed at the pass end
                                     if leaves and closed_loop:
-                                        send_size = _heap_push_nb(
+                                        send_size = heap_push_nb(
                                             send_key, send_val, send_size, t + think_ns, 0
                                         )
                                 elif detok_mode == DETOK_IN_KERNEL:
@@ -583,7 +534,7 @@ def _replay_nb(
                 # (b) this pass's detokenizer jobs: per server, in server order,
                 # the server's outputs in rank then running order, cut in chunks.
                 if detok_mode == DETOK_IN_KERNEL and num_out > 0:
-                    send_size = _detokenize_pass_nb(
+                    send_size = detokenize_pass_nb(
                         t,
                         w * detok_workers,
                         num_out,
@@ -626,7 +577,7 @@ def _replay_nb(
                 if closed_loop:
                     if send_size == 0 or send_key[0] != t:
                         break
-                    send_size = _heap_pop_nb(send_key, send_val, send_size)
+                    send_size = heap_pop_nb(send_key, send_val, send_size)
                     send_ns[next_row] = t
                 elif send_ns[next_row] != t:
                     break
@@ -637,12 +588,12 @@ def _replay_nb(
                 server = tok_server[k]
                 end = max(t, tok_free[server]) + tok_service_ns[k]
                 tok_free[server] = end
-                arr_size = _heap_push_nb(arr_key, arr_val, arr_size, end, k)
+                arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, k)
 
             # (d) engine arrivals at t, in send order; rejections end at once.
             while arr_size > 0 and arr_key[0] == t:
                 k = arr_val[0]
-                arr_size = _heap_pop_nb(arr_key, arr_val, arr_size)
+                arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 arrival_ns[k] = t
                 send_size = _enter_rank_nb(
@@ -655,7 +606,7 @@ def _replay_nb(
             # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
             while xfer_size > 0 and xfer_key[0] == t:
                 h = xfer_val[0]
-                xfer_size = _heap_pop_nb(xfer_key, xfer_val, xfer_size)
+                xfer_size = heap_pop_nb(xfer_key, xfer_val, xfer_size)
                 progressed = True
                 k = handoff_req[h]
                 kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
@@ -781,7 +732,7 @@ def _enter_rank_nb(
         reject_ns[k] = t
         progress[0] += 1
         if closed_loop:
-            send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
+            send_size = heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
     else:
         wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
     return send_size
@@ -916,101 +867,3 @@ def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_t
         sample_flag[slot, k] = samples
         if samples:
             planned[k] += 1
-
-
-@njit(cache=True)
-def _detok_service_ns_nb(detok_params, count, firsts, finals):
-    """Service of a detokenizer job of ``count`` outputs, ``firsts``/``finals`` of them request-first/-final, ns (SPEC §7)."""
-    ms = (
-        detok_params[0]
-        + detok_params[1] * count / 1000
-        + detok_params[2] * firsts / 1000
-        + detok_params[3] * finals / 1000
-    )
-    return np.int64(np.rint(ms * 1e6))
-
-
-@njit(cache=True)
-def _detokenize_pass_nb(
-    t,
-    first_server,
-    num_out,
-    out_token,
-    out_server,
-    out_flags,
-    chunk_size,
-    detok_params,
-    detok_free,
-    recv_target,
-    job_count,
-    job_firsts,
-    job_finals,
-    job_ends,
-    job_tokens,
-    job_flags,
-    closed_loop,
-    think_ns,
-    send_key,
-    send_val,
-    send_size,
-):
-    """Queue a worker's outputs of the pass ending at t as FIFO jobs (SPEC §7).
-
-    A sweep over the outputs (rank, then running order) sorts them by server;
-    then each server's outputs are cut into jobs of at most ``chunk_size``,
-    served in order.  Without chunking a server has one job, whose counts
-    (``job_count``, ``job_firsts``, ``job_finals``) the pass end kept as it
-    emitted: a single sweep stamps the job ends.  Servers are independent
-    queues, so this gives the same receipts as SPEC's job order.  Stamps the
-    receipts (``recv_target[out_token[e]]``: the per-token array, or the
-    pass's receipt buffer in the bounded mode) and, in a closed loop, queues
-    the send released by each request-final token.  Returns the send-heap size.
-    """
-    if chunk_size == 0:
-        # One job per server, counted as the pass emitted: serve, then stamp.
-        for s in range(job_count.shape[0]):
-            if job_count[s] > 0:
-                server = first_server + s
-                job_ends[s] = max(t, detok_free[server]) + _detok_service_ns_nb(
-                    detok_params, job_count[s], job_firsts[s], job_finals[s]
-                )
-                detok_free[server] = job_ends[s]
-            job_count[s] = 0
-            job_firsts[s] = 0
-            job_finals[s] = 0
-        for e in range(num_out):
-            end = job_ends[out_server[e]]
-            recv_target[out_token[e]] = end
-            if closed_loop and out_flags[e] & OUT_FINAL:
-                send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
-        return send_size
-    # Chunked: the sweep below places every output in its job and counts per job.
-    job_count[:] = 0
-    job_firsts[:] = 0
-    job_finals[:] = 0
-    for e in range(num_out):
-        s = out_server[e]
-        q = job_count[s]
-        job_tokens[s, q] = out_token[e]
-        job_flags[s, q] = out_flags[e]
-        job_count[s] = q + 1
-    for s in range(job_count.shape[0]):
-        count = job_count[s]
-        server = first_server + s
-        lo = 0
-        while lo < count:
-            hi = min(lo + chunk_size, count)
-            n_first = 0
-            n_final = 0
-            for q in range(lo, hi):
-                n_first += job_flags[s, q] & OUT_FIRST
-                n_final += job_flags[s, q] >> 1
-            end = max(t, detok_free[server]) + _detok_service_ns_nb(detok_params, hi - lo, n_first, n_final)
-            detok_free[server] = end
-            for q in range(lo, hi):
-                recv_target[job_tokens[s, q]] = end
-                if closed_loop and job_flags[s, q] & OUT_FINAL:
-                    send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
-            lo = hi
-        job_count[s] = 0
-    return send_size
