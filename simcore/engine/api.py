@@ -22,8 +22,8 @@ from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Timing, Topology
-from simcore.metrics.nb import STREAM_FIELDS
-from simcore.metrics.receipts import Receipts, allocate_stream_state, completed_mask
+from simcore.receipts import Receipts, allocate_stream_state, completed_mask
+from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
 from simcore.scheduler.prefix import prompt_block_identities

@@ -14,7 +14,7 @@ Contract
 * Tokens of request ``k`` live at ``token_offset[k] .. token_offset[k + 1]``
   in the per-token arrays.  In the bounded output mode there are none: each
   pass's receipts are folded into per-request statistics
-  (``simcore.metrics.nb.stream_receipts_nb``) at the pass end.
+  (``simcore.receipts_nb.stream_receipts_nb``) at the pass end.
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
   (per-server FIFO evaluated at every pass end; the default, and the only one
   a closed loop, where receipts release sends, can use) or ``DETOK_DEFERRED``
@@ -46,7 +46,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from simcore.metrics.nb import stream_receipts_nb
+from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
@@ -130,7 +130,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         output mode), and the progress counter (requests finished or rejected
         so far: the kernel releases the GIL, so another thread can read it).
     receipts : tuple of ndarray(int64, ndim=1)
-        The bounded output mode's state (``simcore.metrics.nb.STREAM_FIELDS``),
+        The bounded output mode's state (``simcore.receipts_nb.STREAM_FIELDS``),
         updated at every pass end instead of the per-token arrays; arrays of
         length 0 in the detailed mode.  Bounded needs ``DETOK_OFF`` or
         ``DETOK_IN_KERNEL``.
