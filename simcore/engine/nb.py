@@ -535,27 +535,9 @@ def _replay_nb(
                 # the server's outputs in rank then running order, cut in chunks.
                 if detok_mode == DETOK_IN_KERNEL and num_out > 0:
                     send_size = detokenize_pass_nb(
-                        t,
-                        w * detok_workers,
-                        num_out,
-                        out_token,
-                        out_server,
-                        out_flags,
-                        chunk_size,
-                        detok_params,
-                        detok_free,
-                        recv_target,
-                        job_count,
-                        job_firsts,
-                        job_finals,
-                        job_ends,
-                        job_tokens,
-                        job_flags,
-                        closed_loop,
-                        think_ns,
-                        send_key,
-                        send_val,
-                        send_size,
+                        t, w * detok_workers, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
+                        detok_free, recv_target, job_count, job_firsts, job_finals, job_ends, job_tokens,
+                        job_flags, closed_loop, think_ns, send_key, send_val, send_size,
                     )
                 if bounded and num_out > 0:
                     stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
