@@ -43,7 +43,7 @@ def fnv1a64_mod_nb(data, offsets, modulus, out):
         out[i] = np.int64(h % mod)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def detokenization_job_ms_nb(params, k, n_first, n_final):
     """Service of a detokenizer job of ``k`` outputs, ms (SPEC §7), evaluated left to right.
 
@@ -67,7 +67,7 @@ def detokenization_job_ms_nb(params, k, n_first, n_final):
     return params[0] + params[1] * k / 1000 + params[2] * n_first / 1000 + params[3] * n_final / 1000
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def detokenization_service_ns_nb(params, k, n_first, n_final):
     """Service of one detokenizer job, ns: :func:`detokenization_job_ms_nb` rounded to the nearest ns.
 

@@ -18,7 +18,7 @@ Contract
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
   (per-server FIFO evaluated at every pass end; the default, and the only one
   a closed loop, where receipts release sends, can use) or ``DETOK_DEFERRED``
-  (emission order is logged and ``simcore.client.api.detokenize_after_run``
+  (emission order is logged and ``simcore.client.api.receipts_after_run``
   computes receipts afterwards).
 
 The equal-time rule of SPEC §5 is the loop in ``_replay_nb``: at an
