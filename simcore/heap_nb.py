@@ -11,7 +11,7 @@ from __future__ import annotations
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def heap_push_nb(keys, vals, size, key, val):
     """Push (key, val) on a min-heap ordered by (key, val).
 
@@ -42,7 +42,7 @@ def heap_push_nb(keys, vals, size, key, val):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def heap_pop_nb(keys, vals, size):
     """Remove the top of the heap (the smallest (key, val)).
 
