@@ -24,3 +24,13 @@ PASS_NUM_DECODE = 7
 PASS_DECODE_KV_TOKENS = 8
 PASS_BLOCKS_IN_USE = 9
 PASS_LOG_COLUMNS = 10
+
+# Where receipts are computed (``Client.detok_mode``): none (receipt = emission),
+# in the engine kernel at every pass end, or after the run (simcore.client.api).
+DETOK_OFF = 0
+DETOK_IN_KERNEL = 1
+DETOK_DEFERRED = 2
+
+# Flags of a pass output, for the detokenizer's per-job costs.
+OUT_FIRST = 1  # the request's first token
+OUT_FINAL = 2  # the token that finished the request

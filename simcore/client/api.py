@@ -178,3 +178,48 @@ def detokenize_after_run(
         end[lo:hi] = s_after + np.maximum.accumulate(release[lo:hi] - s_before)
     recv[tokens] = np.repeat(end, k)
     return recv
+
+
+def receipts_after_run(
+    emit_log: np.ndarray,
+    token_emit_ns: np.ndarray,
+    token_offset: np.ndarray,
+    generated: np.ndarray,
+    finished: np.ndarray,
+    request_worker: np.ndarray,
+    request_server: np.ndarray,
+    cfg: DetokenizationConfig,
+) -> np.ndarray:
+    """The deferred detokenizer's receipts, from the engine's emissions (:func:`detokenize_after_run`).
+
+    Parameters
+    ----------
+    emit_log : ndarray(int64, ndim=1)
+        Token indices in emission order.
+    token_emit_ns : ndarray(int64, ndim=1)
+        Emission instant of every token, ns.
+    token_offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's tokens.
+    generated : ndarray(int64, ndim=1)
+        Tokens emitted per request.
+    finished : ndarray(bool, ndim=1)
+        Requests whose last emitted token finished them.
+    request_worker : ndarray(int64, ndim=1)
+        The token-emitting worker of each request (P/D: its decode worker).
+    request_server : ndarray(int64, ndim=1)
+        Its detokenizer server within that worker.
+    cfg : DetokenizationConfig
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Receipt instant of every token, ns (-1 for tokens never emitted).
+    """
+    num_tokens = token_emit_ns.shape[0]
+    request_of_token = np.repeat(np.arange(token_offset.shape[0] - 1, dtype=np.int64), np.diff(token_offset))
+    is_final = np.zeros(num_tokens, dtype=bool)
+    is_final[(token_offset[:-1] + generated - 1)[finished]] = True
+    is_first = np.zeros(num_tokens, dtype=bool)
+    is_first[token_offset[:-1]] = True
+    token_server = (request_worker * cfg.workers + request_server)[request_of_token]
+    return detokenize_after_run(emit_log, token_emit_ns, token_server, is_first, is_final, cfg)

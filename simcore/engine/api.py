@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from simcore.client.api import (
     detokenization_params,
-    detokenize_after_run,
+    receipts_after_run,
     server_index,
     tokenization_service_ns,
 )
 from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
-from simcore.metrics.nb import STREAM_FIELDS
-from simcore.metrics.receipts import Receipts, allocate_stream_state, completed_mask
+from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Timing, Topology
+from simcore.receipts import Receipts, allocate_stream_state, completed_mask
+from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
 from simcore.scheduler.prefix import prompt_block_identities
@@ -85,38 +86,31 @@ class EngineRun:
     pass_ms: np.ndarray | None
 
 
-#: The kernel's input arguments, in order (``simulate_engine_nb``).  ``send_ns``
-#: is an in/out buffer and ``prefix_cache`` mutable state: both are allocated
-#: per call; every other value is prepared once by :func:`prepare`.
-KERNEL_INPUTS = (
-    "input_tokens", "output_tokens", "token_offset", "send_ns", "closed_loop", "concurrency",
-    "think_ns", "recv_rank", "tok_server", "tok_service_ns", "num_tok_servers", "transfer_ns",
-    "detok_mode", "detok_server", "detok_workers", "detok_params", "chunk_size", "worker_role",
-    "worker_first_rank", "worker_num_ranks", "num_decode_workers", "worker_async", "rank_max_batched_tokens",
-    "rank_max_sequences", "rank_num_blocks", "rank_block_size", "rank_seq_limit", "rank_policy",
-    "rank_chunk_tokens", "rank_max_prefill_tokens", "ratio_params", "rank_prefix_caching",
-    "prefix_cache", "timing_model", "timing_params", "timing_table", "cap_ns",
-)
-#: The kernel's caller-allocated outputs, in order (see :func:`_allocate`).
-KERNEL_OUTPUTS = (
-    "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
-    "transfer_end_ns", "decode_rank", "cached_tokens", "generated", "num_preemptions",
-    "token_emit_ns", "token_recv_ns", "receipts", "emit_log", "pass_log", "pass_ms", "bad_batch",
-    "progress",
-)
+class Buffers(NamedTuple):
+    """What one kernel call writes: the send instants (in/out), the outputs, the bounded receipt state, the logs."""
+
+    send_ns: np.ndarray
+    out: Outputs
+    receipts: tuple
+    logs: Logs
 
 
 @dataclass
 class Prepared:
     """One configuration's kernel inputs and what turning its outputs into an EngineRun needs.
 
-    ``args`` holds every name of ``KERNEL_INPUTS`` but ``send_ns`` (``send``
-    gives the open-loop instants) and ``prefix_cache`` (:meth:`prefix_cache`
-    allocates a fresh state).
+    The typed inputs (``simcore.engine.state``) are built once by
+    :func:`prepare`; the send instants (``send`` gives the open-loop ones),
+    outputs and prefix cache (:meth:`prefix_cache`) are allocated per call.
     """
 
     cfg: SimConfig
-    args: dict
+    requests: Requests
+    load: Load
+    client: Client
+    topology: Topology
+    ranks: Ranks
+    timing: Timing
     send: np.ndarray | None
     n: int
     num_tokens: int
@@ -125,24 +119,45 @@ class Prepared:
     bounded: bool
     worker: np.ndarray
     rank: np.ndarray
-    topo: dict
+    rank_worker: np.ndarray
     cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
 
     @property
     def closed(self) -> bool:
-        return self.args["closed_loop"]
+        return self.load.closed_loop
 
     @property
     def mode(self) -> int:
-        return self.args["detok_mode"]
+        return self.client.detok_mode
 
     def prefix_cache(self) -> tuple:
         return allocate_prefix_cache(*self.cache_shape)
 
-    def kernel_args(self, out: dict, prefix_cache: tuple) -> list:
-        """Positional arguments of ``simulate_engine_nb`` with the outputs ``out``."""
-        args = dict(self.args, send_ns=out["send_ns"], prefix_cache=prefix_cache)
-        return [args[name] for name in KERNEL_INPUTS] + [out[name] for name in KERNEL_OUTPUTS]
+    def kernel_args(self, buffers: Buffers, prefix_cache: tuple) -> tuple:
+        """Positional arguments of ``simulate_engine_nb`` (and, stacked, ``simulate_batch_nb``)."""
+        return kernel_args(self.requests, self.load, self.client, self.topology, self.ranks, self.timing,
+                           buffers, prefix_cache)
+
+
+def kernel_args(requests, load, client, topology, ranks, timing, buffers: Buffers, prefix_cache: tuple) -> tuple:
+    """The kernels' parameter order, written once.
+
+    Parameters
+    ----------
+    requests, load, client, topology, ranks, timing : NamedTuple
+        The typed inputs (``simcore.engine.state``), one configuration's or stacked.
+    buffers : Buffers
+        The send instants (ns) and caller-allocated outputs.
+    prefix_cache : tuple of ndarray(int64)
+        The ``simcore.scheduler.kv_nb`` state.
+
+    Returns
+    -------
+    tuple
+        The positional arguments of ``simulate_engine_nb`` / ``simulate_batch_nb`` (before ``status``).
+    """
+    return (requests, load, client, buffers.send_ns, topology, ranks, prefix_cache, timing,
+            buffers.out, buffers.receipts, buffers.logs)
 
 
 def simulate_engine(
@@ -214,27 +229,27 @@ def run_prepared(
     """
     pass_rows = prep.pass_rows
     while True:
-        out = _allocate(prep.n, prep.num_tokens, prep.mode, pass_rows, bounded=prep.bounded)
+        buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, pass_rows, bounded=prep.bounded)
         if itl_include is not None:
-            out["receipts"][STREAM_INCLUDE][:] = itl_include
+            buffers.receipts[STREAM_INCLUDE][:] = itl_include
         if not prep.closed:
-            out["send_ns"][:] = prep.send
-        args = prep.kernel_args(out, prep.prefix_cache())
+            buffers.send_ns[:] = prep.send
+        args = prep.kernel_args(buffers, prep.prefix_cache())
         if on_progress is None:
             status, rows, num_emitted = nb.simulate_engine_nb(*args)
         else:
-            status, rows, num_emitted = _kernel_with_progress(args, out["progress"], prep.n, on_progress)
+            status, rows, num_emitted = _kernel_with_progress(args, buffers.out.progress, prep.n, on_progress)
         if status == nb.PASS_LOG_FULL:
             pass_rows *= 2
             continue
         if status == nb.OK and itl_include is None:
-            itl_include = itl_rerun_mask(prep, out)
+            itl_include = itl_rerun_mask(prep, buffers)
             if itl_include is not None:
                 continue
-        return finish(prep, out, status, rows, num_emitted)
+        return finish(prep, buffers, status, rows, num_emitted)
 
 
-def _kernel_with_progress(args: list, progress: np.ndarray, total: int, on_progress: ProgressCallback):
+def _kernel_with_progress(args: tuple, progress: np.ndarray, total: int, on_progress: ProgressCallback):
     """Run the kernel in a worker thread (it releases the GIL) and report its progress counter."""
     outcome: list = []
 
@@ -256,7 +271,7 @@ def _kernel_with_progress(args: list, progress: np.ndarray, total: int, on_progr
     return outcome[0]
 
 
-def itl_rerun_mask(prep: Prepared, out: dict) -> np.ndarray | None:
+def itl_rerun_mask(prep: Prepared, buffers: Buffers) -> np.ndarray | None:
     """Bounded mode: the ITL-sketch mask for a second run, or None when the first one stands.
 
     The sketch takes every gap as it happens, but ITL pools completed
@@ -268,7 +283,7 @@ def itl_rerun_mask(prep: Prepared, out: dict) -> np.ndarray | None:
     Parameters
     ----------
     prep : Prepared
-    out : dict of str to ndarray
+    buffers : Buffers
         The first run's kernel outputs.
 
     Returns
@@ -278,8 +293,9 @@ def itl_rerun_mask(prep: Prepared, out: dict) -> np.ndarray | None:
     """
     if not prep.bounded:
         return None
-    received = out["receipts"][STREAM_RECEIVED]
-    completed = completed_mask(out["finish_ns"], out["reject_ns"], out["generated"], received)
+    received = buffers.receipts[STREAM_RECEIVED]
+    out = buffers.out
+    completed = completed_mask(out.finish_ns, out.reject_ns, out.generated, received)
     if not np.any(~completed & (received >= 2)):
         return None
     return completed.astype(np.int64)
@@ -335,14 +351,14 @@ def prepare(
     num_tokens = checked_total(output_tokens, "output_tokens")  # before the cumsum can wrap
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
-    topo = _topology(pools, cfg.engine.policy)
+    topology, ranks, rank_worker = _topology(pools, cfg.engine.policy)
 
     # Placement by send sequence number k over the receiving pool (SPEC §3).
     k = np.arange(n, dtype=np.int64)
     receiving = pools[0]
     worker = k % receiving.replicas
     rank = (k // receiving.replicas) % receiving.attention_dp
-    recv_rank = topo["worker_first_rank"][worker] + rank
+    recv_rank = topology.worker_first_rank[worker] + rank
 
     tok = cfg.tokenization
     tok_server = worker * tok.workers + server_index(requests.request_id, tok.workers)
@@ -357,8 +373,6 @@ def prepare(
         num_slots = receiving.num_blocks * receiving.num_ranks
     else:
         ident_offset, ident, num_slots = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), 1
-    rank_prefix_caching = np.zeros(len(topo["rank_policy"]), dtype=np.bool_)
-    rank_prefix_caching[: receiving.num_ranks] = receiving.prefix_caching
 
     detok = cfg.detokenization
     if not detok.enabled:
@@ -367,7 +381,6 @@ def prepare(
         mode = nb.DETOK_IN_KERNEL
     else:
         mode = nb.DETOK_DEFERRED
-    timing_model, timing_params, timing_table = timing_arrays(cfg.timing)
     cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms, "max_time_ms")
 
     # A worker pass either emits a token or fills some rank's token budget with
@@ -377,49 +390,37 @@ def prepare(
     if record_passes:
         budget = min(pool.max_batched_tokens or pool.chunked_prefill_size for pool in pools)
         chunks = checked_total(-(-input_tokens // budget), "input_tokens")
-        pass_rows = (num_tokens + chunks * len(pools) + len(topo["worker_role"])) * int(
-            topo["worker_num_ranks"].max()
+        pass_rows = (num_tokens + chunks * len(pools) + len(topology.worker_role)) * int(
+            topology.worker_num_ranks.max()
         )
-    args = {
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
-        "token_offset": token_offset,
-        "closed_loop": closed,
-        "concurrency": cfg.load.concurrency,
-        "think_ns": ms_to_ns(cfg.load.think_time_ms, "load.think_time_ms"),
-        "recv_rank": recv_rank,
-        "tok_server": tok_server,
-        "tok_service_ns": tok_service,
-        "num_tok_servers": receiving.replicas * tok.workers,
-        "transfer_ns": transfer_ns,
-        "detok_mode": mode,
-        "detok_server": server_index(requests.request_id, detok.workers),
-        "detok_workers": detok.workers,
-        "detok_params": detokenization_params(detok),
-        "chunk_size": detok.chunk_size or 0,
-        "worker_role": topo["worker_role"],
-        "worker_first_rank": topo["worker_first_rank"],
-        "worker_num_ranks": topo["worker_num_ranks"],
-        "num_decode_workers": pools[-1].replicas if cfg.engine.mode == "disaggregated" else 0,
-        "worker_async": topo["worker_async"],
-        "rank_max_batched_tokens": topo["rank_max_batched_tokens"],
-        "rank_max_sequences": topo["rank_max_sequences"],
-        "rank_num_blocks": topo["rank_num_blocks"],
-        "rank_block_size": topo["rank_block_size"],
-        "rank_seq_limit": topo["rank_seq_limit"],
-        "rank_policy": topo["rank_policy"],
-        "rank_chunk_tokens": topo["rank_chunk_tokens"],
-        "rank_max_prefill_tokens": topo["rank_max_prefill_tokens"],
-        "ratio_params": topo["ratio_params"],
-        "rank_prefix_caching": rank_prefix_caching,
-        "timing_model": timing_model,
-        "timing_params": timing_params,
-        "timing_table": timing_table,
-        "cap_ns": nb.NO_CAP if cap_ns is None else cap_ns,
-    }
     return Prepared(
         cfg=cfg,
-        args=args,
+        requests=Requests(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            token_offset=token_offset,
+            recv_rank=recv_rank,
+            transfer_ns=transfer_ns,
+        ),
+        load=Load(
+            closed_loop=closed,
+            concurrency=cfg.load.concurrency,
+            think_ns=ms_to_ns(cfg.load.think_time_ms, "load.think_time_ms"),
+            cap_ns=nb.NO_CAP if cap_ns is None else cap_ns,
+        ),
+        client=Client(
+            tok_server=tok_server,
+            tok_service_ns=tok_service,
+            num_tok_servers=receiving.replicas * tok.workers,
+            detok_mode=mode,
+            detok_server=server_index(requests.request_id, detok.workers),
+            detok_workers=detok.workers,
+            detok_params=detokenization_params(detok),
+            chunk_size=detok.chunk_size or 0,
+        ),
+        topology=topology,
+        ranks=ranks,
+        timing=Timing(*timing_arrays(cfg.timing)),
         send=None if closed else send_ns,
         n=n,
         num_tokens=num_tokens,
@@ -428,26 +429,26 @@ def prepare(
         bounded=bounded,
         worker=worker,
         rank=rank,
-        topo=topo,
-        cache_shape=(num_slots, len(rank_prefix_caching), ident_offset, ident),
+        rank_worker=rank_worker,
+        cache_shape=(num_slots, len(ranks.policy), ident_offset, ident),
     )
 
 
-def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) -> EngineRun:
+def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted: int) -> EngineRun:
     """Turn one configuration's kernel outputs into its EngineRun (or its timing error).
 
     Parameters
     ----------
     prep : Prepared
         The configuration's prepared inputs.
-    out : dict of str to ndarray
-        Its kernel outputs by ``KERNEL_OUTPUTS`` name, plus ``send_ns`` (int64 ns).
+    buffers : Buffers
+        Its kernel outputs (instants int64 ns).
     status : int
         Kernel status: ``nb.OK`` or ``nb.BAD_TIMING``.
     rows : int
-        Rows written to ``out["pass_log"]``.
+        Rows written to the pass log.
     num_emitted : int
-        Tokens emitted (rows of ``out["emit_log"]`` in deferred detokenization).
+        Tokens emitted (rows of the emission log in deferred detokenization).
 
     Returns
     -------
@@ -461,48 +462,40 @@ def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) 
         ``status`` is ``BAD_TIMING`` (the message gives the batch summary).
     """
     cfg = prep.cfg
-    topo, worker = prep.topo, prep.worker
+    worker, rank_worker = prep.worker, prep.rank_worker
+    out, logs, send_ns = buffers.out, buffers.logs, buffers.send_ns
     if status == nb.BAD_TIMING:
-        b = out["bad_batch"]
+        b = logs.bad_batch
         raise ConfigError(
             f"timing.type={cfg.timing.type} gave {b[7]!r} ms for worker {int(b[0])} rank "
             f"{int(b[1])}'s batch (num_prefill={int(b[2])}, prefill_tokens={int(b[3])}, "
             f"prefill_kv_tokens={int(b[4])}, num_decode={int(b[5])}, decode_kv_tokens={int(b[6])}); "
             "a pass time must be finite and >= 0"
         )
-    cap_ns = None if prep.args["cap_ns"] == nb.NO_CAP else prep.args["cap_ns"]
-    token_offset = prep.args["token_offset"]
-    detok = cfg.detokenization
+    cap_ns = None if prep.load.cap_ns == nb.NO_CAP else prep.load.cap_ns
+    token_offset = prep.requests.token_offset
 
-    token_recv = out["token_recv_ns"]
-    receipts = Receipts.from_stream(out["receipts"]) if prep.bounded else None
+    token_recv = out.token_recv_ns
+    receipts = Receipts.from_stream(buffers.receipts) if prep.bounded else None
     if prep.mode == nb.DETOK_DEFERRED:
-        emit_log = out["emit_log"][:num_emitted]
-        request_of_token = np.repeat(np.arange(prep.n, dtype=np.int64), prep.args["output_tokens"])
-        finished = out["finish_ns"] >= 0
-        is_final = np.zeros(prep.num_tokens, dtype=bool)
-        is_final[(token_offset[:-1] + out["generated"] - 1)[finished]] = True
-        is_first = np.zeros(prep.num_tokens, dtype=bool)
-        is_first[token_offset[:-1]] = True
-        detok_server = prep.args["detok_server"]
-        token_recv = detokenize_after_run(
-            emit_log,
-            out["token_emit_ns"],
-            (topo["rank_worker"][out["decode_rank"]] * detok.workers + detok_server)[request_of_token]
-            if cfg.engine.mode == "disaggregated"
-            else (worker * detok.workers + detok_server)[request_of_token],
-            is_first,
-            is_final,
-            detok,
+        token_recv = receipts_after_run(
+            logs.emit_log[:num_emitted],
+            out.token_emit_ns,
+            token_offset,
+            out.generated,
+            out.finish_ns >= 0,
+            rank_worker[out.decode_rank] if cfg.engine.mode == "disaggregated" else worker,
+            prep.client.detok_server,
+            cfg.detokenization,
         )
     if cap_ns is not None:  # nothing stamped after the cap happened (SPEC §9)
         token_recv[token_recv > cap_ns] = -1
-        out["send_ns"][out["send_ns"] > cap_ns] = -1
+        send_ns[send_ns > cap_ns] = -1
 
     pass_log = pass_ms = None
     if prep.record_passes:
-        pass_log = out["pass_log"][:rows]
-        pass_ms = out["pass_ms"][:rows]
+        pass_log = logs.pass_log[:rows]
+        pass_ms = logs.pass_ms[:rows]
         if cap_ns is not None:
             ended = pass_log[:, nb.PASS_END] <= cap_ns
             pass_log, pass_ms = pass_log[ended], pass_ms[ended]
@@ -510,37 +503,38 @@ def finish(prep: Prepared, out: dict, status: int, rows: int, num_emitted: int) 
         order = np.lexsort((pass_log[:, nb.PASS_RANK], pass_log[:, nb.PASS_WORKER], pass_log[:, nb.PASS_END]))
         pass_log, pass_ms = pass_log[order], pass_ms[order]
 
-    decode = out["decode_rank"] >= 0
+    decode = out.decode_rank >= 0
+    decode_worker = rank_worker[out.decode_rank]
     return EngineRun(
-        send_ns=out["send_ns"],
-        arrival_ns=out["arrival_ns"],
-        first_admit_ns=out["first_admit_ns"],
-        first_emit_ns=out["first_emit_ns"],
-        finish_ns=out["finish_ns"],
-        reject_ns=out["reject_ns"],
-        generated=out["generated"],
-        num_preemptions=out["num_preemptions"],
+        send_ns=send_ns,
+        arrival_ns=out.arrival_ns,
+        first_admit_ns=out.first_admit_ns,
+        first_emit_ns=out.first_emit_ns,
+        finish_ns=out.finish_ns,
+        reject_ns=out.reject_ns,
+        generated=out.generated,
+        num_preemptions=out.num_preemptions,
         worker=worker,
         rank=prep.rank,
-        cached_tokens=out["cached_tokens"],
-        prompt_done_ns=out["handoff_ns"] if cfg.engine.mode == "disaggregated" else out["first_emit_ns"],
-        transfer_end_ns=out["transfer_end_ns"],
-        decode_worker=np.where(decode, topo["rank_worker"][out["decode_rank"]], -1),
-        decode_rank=np.where(decode, out["decode_rank"] - topo["worker_first_rank"][topo["rank_worker"][out["decode_rank"]]], -1),
+        cached_tokens=out.cached_tokens,
+        prompt_done_ns=out.handoff_ns if cfg.engine.mode == "disaggregated" else out.first_emit_ns,
+        transfer_end_ns=out.transfer_end_ns,
+        decode_worker=np.where(decode, decode_worker, -1),
+        decode_rank=np.where(decode, out.decode_rank - prep.topology.worker_first_rank[decode_worker], -1),
         token_offset=token_offset,
-        token_emit_ns=out["token_emit_ns"],
+        token_emit_ns=out.token_emit_ns,
         token_recv_ns=token_recv,
         receipts=receipts,
         cap_ns=cap_ns,
         disaggregated=cfg.engine.mode == "disaggregated",
-        worker_role=topo["worker_role"],
+        worker_role=prep.topology.worker_role,
         pass_log=pass_log,
         pass_ms=pass_ms,
     )
 
 
-def _topology(pools, policy: str) -> dict[str, np.ndarray]:
-    """Workers and ranks of the deployment as flat per-worker and per-rank arrays."""
+def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
+    """Workers and ranks of the deployment as flat per-worker and per-rank arrays, and each rank's worker."""
     roles = [nb.ROLE_AGGREGATED] if len(pools) == 1 else [nb.ROLE_PREFILL, nb.ROLE_DECODE]
     worker_role, worker_num_ranks, ranks, worker_async = [], [], [], []
     for role, pool in zip(roles, pools):
@@ -566,59 +560,88 @@ def _topology(pools, policy: str) -> dict[str, np.ndarray]:
             floor = min(init * 0.14, 1.0)
             ratio[g] = (init, floor, (init - floor) / 600)
             chunk[g] = max(pool.chunked_prefill_size // pool.attention_dp, 1)
+    # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
+    prefix_caching = np.zeros(len(ranks), dtype=np.bool_)
+    prefix_caching[: pools[0].num_ranks] = pools[0].prefix_caching
 
-    return {
-        "worker_role": np.array(worker_role, dtype=np.int64),
-        "worker_async": np.array(worker_async, dtype=np.bool_),
-        "worker_first_rank": first_rank,
-        "worker_num_ranks": worker_num_ranks,
-        "rank_worker": np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks),
-        "rank_max_batched_tokens": per_rank("max_batched_tokens"),
-        "rank_max_sequences": per_rank("max_sequences"),
-        "rank_num_blocks": per_rank("num_blocks"),
-        "rank_block_size": per_rank("block_size"),
-        "rank_seq_limit": per_rank("sequence_limit"),
-        "rank_policy": np.full(len(ranks), POLICY_CODES[policy], dtype=np.int64),
-        "rank_chunk_tokens": chunk,
-        "rank_max_prefill_tokens": per_rank("max_prefill_tokens"),
-        "ratio_params": ratio,
-    }
+    topology = Topology(
+        worker_role=np.array(worker_role, dtype=np.int64),
+        worker_first_rank=first_rank,
+        worker_num_ranks=worker_num_ranks,
+        num_decode_workers=pools[-1].replicas if len(pools) == 2 else 0,
+        worker_async=np.array(worker_async, dtype=np.bool_),
+    )
+    rank_limits = Ranks(
+        max_batched_tokens=per_rank("max_batched_tokens"),
+        max_sequences=per_rank("max_sequences"),
+        num_blocks=per_rank("num_blocks"),
+        block_size=per_rank("block_size"),
+        seq_limit=per_rank("sequence_limit"),
+        policy=np.full(len(ranks), POLICY_CODES[policy], dtype=np.int64),
+        chunk_tokens=chunk,
+        max_prefill_tokens=per_rank("max_prefill_tokens"),
+        ratio_params=ratio,
+        prefix_caching=prefix_caching,
+    )
+    return topology, rank_limits, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
 
 
-def _allocate(
+def allocate_buffers(
     n: int, num_tokens: int, mode: int, pass_rows: int, batch: int | None = None, *, bounded: bool = False
-) -> dict[str, np.ndarray]:
+) -> Buffers:
     """Caller-allocated kernel outputs, initialised to their "not yet" values.
 
-    ``batch``: a leading axis of that many configurations on every output but
-    the (shared, then empty) pass log.  ``bounded``: per-request receipt
-    state instead of the per-token arrays.
+    ``batch``: a leading axis of that many configurations on every array (the
+    pass log then has none: ``pass_rows`` must be 0).  ``bounded``: per-request
+    receipt state instead of the per-token arrays.
+
+    Parameters
+    ----------
+    n, num_tokens : int
+        Requests and output tokens.
+    mode : int
+        The detokenizer mode (``DETOK_DEFERRED`` sizes the emission log).
+    pass_rows : int
+        Pass-log capacity, rows.
+    batch : int, optional
+        Configurations.
+    bounded : bool
+        The bounded output mode.
+
+    Returns
+    -------
+    Buffers
+        Send instants and per-request instants ``-1`` (ns), counts 0.
     """
     lead = () if batch is None else (batch,)
-    out = {
-        name: np.full(lead + (n,), -1, dtype=np.int64)
-        for name in (
-            "send_ns",
-            "arrival_ns",
-            "first_admit_ns",
-            "first_emit_ns",
-            "finish_ns",
-            "reject_ns",
-            "handoff_ns",
-            "transfer_end_ns",
-            "decode_rank",
-        )
-    }
-    out["generated"] = np.zeros(lead + (n,), dtype=np.int64)
-    out["cached_tokens"] = np.zeros(lead + (n,), dtype=np.int64)
-    out["num_preemptions"] = np.zeros(lead + (n,), dtype=np.int64)
+
+    def not_yet(length):
+        return np.full(lead + (length,), -1, dtype=np.int64)
+
+    def zeros(length, dtype=np.int64):
+        return np.zeros(lead + (length,), dtype=dtype)
+
     per_token = 0 if bounded else num_tokens
-    out["token_emit_ns"] = np.full(lead + (per_token,), -1, dtype=np.int64)
-    out["token_recv_ns"] = np.full(lead + (per_token,), -1, dtype=np.int64)
-    out["receipts"] = allocate_stream_state(n if bounded else 0, batch)
-    out["emit_log"] = np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64)
-    out["pass_log"] = np.zeros((pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64)
-    out["pass_ms"] = np.zeros(pass_rows, dtype=np.float64)
-    out["bad_batch"] = np.zeros(lead + (8,), dtype=np.float64)
-    out["progress"] = np.zeros(lead + (1,), dtype=np.int64)
-    return out
+    out = Outputs(
+        arrival_ns=not_yet(n),
+        first_admit_ns=not_yet(n),
+        first_emit_ns=not_yet(n),
+        finish_ns=not_yet(n),
+        reject_ns=not_yet(n),
+        handoff_ns=not_yet(n),
+        transfer_end_ns=not_yet(n),
+        decode_rank=not_yet(n),
+        cached_tokens=zeros(n),
+        generated=zeros(n),
+        num_preemptions=zeros(n),
+        token_emit_ns=not_yet(per_token),
+        token_recv_ns=not_yet(per_token),
+        progress=zeros(1),
+    )
+    logs = Logs(
+        emit_log=np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64),
+        pass_log=np.zeros(lead + (pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64),
+        pass_ms=zeros(pass_rows, np.float64),
+        bad_batch=zeros(8, np.float64),
+    )
+    return Buffers(not_yet(n), out, allocate_stream_state(n if bounded else 0, batch), logs)

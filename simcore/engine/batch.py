@@ -26,31 +26,32 @@ import numpy as np
 from simcore.config import SimConfig
 from simcore.engine import nb
 from simcore.engine.api import (
-    KERNEL_INPUTS,
-    KERNEL_OUTPUTS,
     EngineRun,
     Prepared,
-    _allocate,
+    allocate_buffers,
     finish,
     itl_rerun_mask,
+    kernel_args,
     prepare,
     run_prepared,
 )
 from simcore.workload.api import RequestTable
 
-#: Kernel inputs shared by a batch (1-D or scalar), with the field a mismatch reports.
+#: Kernel inputs (state tuple, member) equal in a batch, with the field a mismatch reports.
 SHARED_INPUTS = {
-    "output_tokens": "the requests' output lengths (output_tokens)",
-    "token_offset": "the requests' output lengths (token_offset)",
-    "recv_rank": "topology (receiving rank of each request: replicas, attention_dp)",
-    "detok_mode": "detokenization mode (detok_mode: detokenization on or off, or evaluated after the run)",
-    "worker_role": "topology (worker roles: engine.mode, replicas)",
-    "worker_first_rank": "topology (first rank of each worker: replicas, attention_dp)",
-    "worker_num_ranks": "topology (ranks of each worker: attention_dp)",
-    "num_decode_workers": "topology (decode workers)",
+    ("requests", "output_tokens"): "the requests' output lengths (output_tokens)",
+    ("requests", "token_offset"): "the requests' output lengths (token_offset)",
+    ("requests", "recv_rank"): "topology (receiving rank of each request: replicas, attention_dp)",
+    ("client", "detok_mode"): "detokenization mode (detok_mode: detokenization on or off, or evaluated after the run)",
+    ("topology", "worker_role"): "topology (worker roles: engine.mode, replicas)",
+    ("topology", "worker_first_rank"): "topology (first rank of each worker: replicas, attention_dp)",
+    ("topology", "worker_num_ranks"): "topology (ranks of each worker: attention_dp)",
+    ("topology", "num_decode_workers"): "topology (decode workers)",
 }
-#: Per-configuration inputs that are padded to the widest row (read by index only).
-PADDED_INPUTS = ("timing_params", "timing_table")
+#: The typed inputs stacked member by member (``simcore.engine.state``).
+STACKED_INPUTS = ("requests", "load", "client", "topology", "ranks", "timing")
+#: Members that are padded to the widest row (read by index only).
+PADDED_INPUTS = (("timing", "params"), ("timing", "table"))
 
 
 def shape_of(prep: Prepared) -> dict[str, object]:
@@ -67,8 +68,8 @@ def shape_of(prep: Prepared) -> dict[str, object]:
         Human-readable field label -> comparable value (arrays as ``(shape, bytes)``).
     """
     shape: dict[str, object] = {"the number of requests (n)": prep.n}
-    for name, label in SHARED_INPUTS.items():
-        value = prep.args[name]
+    for (state, member), label in SHARED_INPUTS.items():
+        value = getattr(getattr(prep, state), member)
         shape[label] = (value.shape, value.tobytes()) if isinstance(value, np.ndarray) else value
     shape["record_passes (output.passes)"] = prep.record_passes
     shape["the output mode (output.mode)"] = prep.bounded
@@ -174,26 +175,18 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     """
     first = preps[0]
     count = len(preps)
-    args = []
-    for name in KERNEL_INPUTS:
-        if name == "send_ns":
-            out = _allocate(first.n, first.num_tokens, first.mode, 0, batch=count, bounded=first.bounded)
-            for c, prep in enumerate(preps):
-                if not prep.closed:
-                    out["send_ns"][c] = prep.send
-            args.append(out["send_ns"])
-        elif name == "prefix_cache":
-            states = [prep.prefix_cache() for prep in preps]
-            args.append(tuple(np.stack([state[i] for state in states]) for i in range(len(states[0]))))
-        elif name in SHARED_INPUTS:
-            args.append(first.args[name])
-        else:
-            args.append(_stack([prep.args[name] for prep in preps], pad=name in PADDED_INPUTS))
+    stacked = {name: _stack_state([getattr(prep, name) for prep in preps], name) for name in STACKED_INPUTS}
+    buffers = allocate_buffers(first.n, first.num_tokens, first.mode, 0, batch=count, bounded=first.bounded)
+    for c, prep in enumerate(preps):
+        if not prep.closed:
+            buffers.send_ns[c] = prep.send
+    caches = [prep.prefix_cache() for prep in preps]
+    prefix_cache = tuple(np.stack(arrays) for arrays in zip(*caches))
     status = np.zeros((count, 3), dtype=np.int64)
-    nb.simulate_batch_nb(*args, *(out[name] for name in KERNEL_OUTPUTS), status)
+    nb.simulate_batch_nb(*kernel_args(**stacked, buffers=buffers, prefix_cache=prefix_cache), status)
     runs = []
     for c, prep in enumerate(preps):
-        row = {name: _row(name, value, c) for name, value in out.items()}
+        row = _row(buffers, c)
         itl_include = itl_rerun_mask(prep, row) if status[c, 0] == nb.OK else None
         if itl_include is not None:  # bounded mode with incomplete requests
             runs.append(run_prepared(prep, itl_include))
@@ -202,17 +195,25 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     return runs
 
 
-def _row(name: str, value, c: int):
-    """Configuration c's part of a batched kernel output."""
-    if name in ("pass_log", "pass_ms"):
-        return value
-    if name == "receipts":
-        return tuple(array[c] for array in value)
+def _row(value, c: int):
+    """Configuration c's part of batched kernel outputs: row c of every array, tuples kept."""
+    if isinstance(value, tuple):
+        rows = [_row(member, c) for member in value]
+        return type(value)(*rows) if hasattr(value, "_fields") else tuple(rows)
     return value[c]
 
 
+def _stack_state(states: list, name: str):
+    """One state tuple (``simcore.engine.state``) per configuration as one with a leading configuration axis."""
+    members = (
+        _stack([getattr(state, member) for state in states], pad=(name, member) in PADDED_INPUTS)
+        for member in states[0]._fields
+    )
+    return type(states[0])(*members)
+
+
 def _stack(values: list, *, pad: bool) -> np.ndarray:
-    """Per-configuration values as one array with a leading configuration axis."""
+    """Per-configuration values as one C-contiguous array with a leading configuration axis."""
     first = values[0]
     if not isinstance(first, np.ndarray):
         dtype = np.bool_ if isinstance(first, (bool, np.bool_)) else np.int64
@@ -224,4 +225,3 @@ def _stack(values: list, *, pad: bool) -> np.ndarray:
             stacked[c, : v.shape[0]] = v
         return stacked
     return np.ascontiguousarray(np.stack(values))
-

@@ -2,24 +2,26 @@
 
 Contract
 --------
-* Every function is ``@njit(cache=True)``; arguments are flat contiguous numpy
-  arrays and scalars, never Python objects.  Requests are a struct of arrays
-  indexed by row ``k`` (= send sequence number); instants are int64 ns with
-  ``-1`` for "not yet".
+* Every function is ``@njit(cache=True)``; arguments are contiguous numpy
+  arrays, scalars and the NamedTuples of ``simcore.engine.state`` (typed
+  state, declared once), never Python objects.  The entry points take the
+  typed state; the event loop (``_replay_nb``) takes its members.  Requests
+  are a struct of arrays indexed by row ``k`` (= send sequence number);
+  instants are int64 ns with ``-1`` for "not yet".
 * Outputs are caller-allocated arrays filled in place; the kernel returns a
   status code (``OK``, ``PASS_LOG_FULL``, ``BAD_TIMING``) and the number of
   rows written to the logs.
 * Tokens of request ``k`` live at ``token_offset[k] .. token_offset[k + 1]``
   in the per-token arrays.  In the bounded output mode there are none: each
   pass's receipts are folded into per-request statistics
-  (``simcore.metrics.nb.stream_receipts_nb``) at the pass end.
+  (``simcore.receipts_nb.stream_receipts_nb``) at the pass end.
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
   (per-server FIFO evaluated at every pass end; the default, and the only one
   a closed loop, where receipts release sends, can use) or ``DETOK_DEFERRED``
-  (emission order is logged and ``simcore.client.api.detokenize_after_run``
+  (emission order is logged and ``simcore.client.api.receipts_after_run``
   computes receipts afterwards).
 
-The equal-time rule of SPEC §5 is the loop in ``simulate_engine_nb``: at an
+The equal-time rule of SPEC §5 is the loop in ``_replay_nb``: at an
 instant t it repeats (a) pass ends by worker, (b)+(c) receipts releasing sends
 and the sends themselves in table order, (d) tokenizer jobs, engine arrivals
 in send order and KV-transfer ends in handoff order, until nothing is left at t; then (e) idle workers start passes.
@@ -41,9 +43,10 @@ builder; it writes exactly what the general loop would.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
-from simcore.metrics.nb import stream_receipts_nb
+from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
@@ -54,7 +57,10 @@ from simcore.scheduler.nb import (
     build_vllm_batch_nb,
     wait_push_back_nb,
 )
-from simcore.enums import (  # noqa: F401  shared with the metrics stage
+from simcore.client.nb import detokenization_service_ns_nb, detokenize_pass_nb
+from simcore.heap_nb import heap_pop_nb, heap_push_nb
+from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
+    DETOK_OFF, DETOK_IN_KERNEL, DETOK_DEFERRED, OUT_FIRST, OUT_FINAL,
     ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
     PASS_NUM_PREFILL, PASS_PREFILL_TOKENS, PASS_PREFILL_KV_TOKENS, PASS_NUM_DECODE,
     PASS_DECODE_KV_TOKENS, PASS_BLOCKS_IN_USE, PASS_LOG_COLUMNS,
@@ -65,60 +71,8 @@ OK = 0
 PASS_LOG_FULL = 1
 BAD_TIMING = 2
 
-DETOK_OFF = 0
-DETOK_IN_KERNEL = 1
-DETOK_DEFERRED = 2
-
 NO_CAP = np.iinfo(np.int64).max
 
-# Flags of a pass output for the detokenizer's per-job costs.
-OUT_FIRST = 1  # the request's first token
-OUT_FINAL = 2  # the token that finished the request
-
-
-
-# ------------------------------------------------------------------ min-heaps
-
-
-@njit(cache=True)
-def _heap_push_nb(keys, vals, size, key, val):
-    """Push (key, val) on a min-heap ordered by (key, val); returns the new size."""
-    i = size
-    keys[i] = key
-    vals[i] = val
-    while i > 0:
-        parent = (i - 1) >> 1
-        if keys[parent] < keys[i] or (keys[parent] == keys[i] and vals[parent] <= vals[i]):
-            break
-        keys[parent], keys[i] = keys[i], keys[parent]
-        vals[parent], vals[i] = vals[i], vals[parent]
-        i = parent
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop_nb(keys, vals, size):
-    """Remove the top of the heap; returns the new size."""
-    size -= 1
-    keys[0] = keys[size]
-    vals[0] = vals[size]
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        right = left + 1
-        if right < size and (
-            keys[right] < keys[left] or (keys[right] == keys[left] and vals[right] < vals[left])
-        ):
-            child = right
-        if keys[i] < keys[child] or (keys[i] == keys[child] and vals[i] <= vals[child]):
-            break
-        keys[child], keys[i] = keys[i], keys[child]
-        vals[child], vals[i] = vals[i], vals[child]
-        i = child
-    return size
 
 
 # ------------------------------------------------------------------ the kernel
@@ -141,7 +95,76 @@ def _has_work_nb(first_rank, num_ranks, run_len, wait_head):
 
 
 @njit(cache=True, nogil=True)
-def simulate_engine_nb(
+def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs):
+    """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
+
+    Workers have global indices: the aggregated pool, or the prefill pool then
+    the decode pool (SPEC §3); ranks are numbered globally, worker by worker.
+    The typed parameters are the NamedTuples of ``simcore.engine.state``
+    (members, dtypes and units there).
+
+    Parameters
+    ----------
+    requests : Requests
+        Per-request inputs (n requests).
+    load : Load
+        Closed or open loop, concurrency, think time, time cap (ns).
+    client : Client
+        Tokenizer and detokenizer servers and the detokenizer mode.
+    send_ns : ndarray(int64, ndim=1)
+        Send instants, ns.  Open loop: given, non-decreasing.  Closed loop:
+        filled in (``-1`` stays for rows never sent).
+    topology : Topology
+        Workers, their roles, ranks and asynchronous scheduling.
+    ranks : Ranks
+        Per-rank scheduler limits, KV cache, policy and prefix caching.
+    prefix_cache : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state of ``simcore.scheduler.kv_nb`` (with the requests'
+        prompt-block identities); updated.
+    timing : Timing
+        The pass-time model of ``simcore.timing.nb``.
+    out : Outputs
+        Out, ``-1`` (instants) or zero (counts) initialised: per-request
+        instants (ns) and counts, per-token emission and receipt instants (ns;
+        receipts left at -1 in ``DETOK_DEFERRED`` mode; empty in the bounded
+        output mode), and the progress counter (requests finished or rejected
+        so far: the kernel releases the GIL, so another thread can read it).
+    receipts : tuple of ndarray(int64, ndim=1)
+        The bounded output mode's state (``simcore.receipts_nb.STREAM_FIELDS``),
+        updated at every pass end instead of the per-token arrays; arrays of
+        length 0 in the detailed mode.  Bounded needs ``DETOK_OFF`` or
+        ``DETOK_IN_KERNEL``.
+    logs : Logs
+        Out: the emission log (``DETOK_DEFERRED`` only), the pass log (0 rows:
+        record nothing) with each row's rank time (ms), and on ``BAD_TIMING``
+        the batch whose time was not finite and >= 0.
+
+    Returns
+    -------
+    status : int
+        ``OK``, ``PASS_LOG_FULL`` (rerun with a larger log) or ``BAD_TIMING``.
+    num_pass_rows : int
+        Rows written to ``logs.pass_log``.
+    num_emitted : int
+        Tokens emitted (rows written to ``logs.emit_log`` in deferred mode).
+    """
+    return _replay_nb(
+        requests.input_tokens, requests.output_tokens, requests.token_offset, send_ns, load.closed_loop,
+        load.concurrency, load.think_ns, requests.recv_rank, client.tok_server, client.tok_service_ns,
+        client.num_tok_servers, requests.transfer_ns, client.detok_mode, client.detok_server, client.detok_workers,
+        client.detok_params, client.chunk_size, topology.worker_role, topology.worker_first_rank,
+        topology.worker_num_ranks, topology.num_decode_workers, topology.worker_async, ranks.max_batched_tokens,
+        ranks.max_sequences, ranks.num_blocks, ranks.block_size, ranks.seq_limit, ranks.policy, ranks.chunk_tokens,
+        ranks.max_prefill_tokens, ranks.ratio_params, ranks.prefix_caching, prefix_cache, timing.model,
+        timing.params, timing.table, load.cap_ns, out.arrival_ns, out.first_admit_ns, out.first_emit_ns,
+        out.finish_ns, out.reject_ns, out.handoff_ns, out.transfer_end_ns, out.decode_rank, out.cached_tokens,
+        out.generated, out.num_preemptions, out.token_emit_ns, out.token_recv_ns, receipts, logs.emit_log,
+        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress,
+    )
+
+
+@njit(cache=True)
+def _replay_nb(
     input_tokens,
     output_tokens,
     token_offset,
@@ -199,123 +222,14 @@ def simulate_engine_nb(
     bad_batch,
     progress,
 ):
-    """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
+    """The event loop of ``simulate_engine_nb``, over the members of its typed state.
 
-    Workers have global indices: the aggregated pool, or the prefill pool then
-    the decode pool (SPEC §3); ranks are numbered globally, worker by worker.
-
-    Parameters
-    ----------
-    input_tokens, output_tokens : ndarray(int64, ndim=1)
-        Per-request prompt and requested output lengths, tokens (n requests).
-    token_offset : ndarray(int64, ndim=1)
-        ``n + 1`` offsets of each request's tokens in the per-token arrays.
-    send_ns : ndarray(int64, ndim=1)
-        Send instants, ns.  Open loop: given, non-decreasing.  Closed loop:
-        filled in (``-1`` stays for rows never sent).
-    closed_loop : bool
-        Closed loop (``concurrency`` clients, each sending on receipt).
-    concurrency : int
-        Number of closed-loop clients.
-    think_ns : int
-        Closed-loop think time between a request's end and the next send, ns.
-    recv_rank : ndarray(int64, ndim=1)
-        Global rank that receives each request (aggregated or prefill pool).
-    tok_server : ndarray(int64, ndim=1)
-        Global tokenizer server of each request.
-    tok_service_ns : ndarray(int64, ndim=1)
-        Tokenizer job service of each request, ns (all 0: stage off).
-    num_tok_servers : int
-        Number of tokenizer servers over all workers.
-    transfer_ns : ndarray(int64, ndim=1)
-        KV-transfer duration of each request, ns (P/D).
-    detok_mode : int
-        ``DETOK_OFF``, ``DETOK_IN_KERNEL`` or ``DETOK_DEFERRED``.
-    detok_server : ndarray(int64, ndim=1)
-        Detokenizer server of each request within its worker (``0 .. workers-1``).
-    detok_workers : int
-        Detokenizer servers per token-emitting worker.
-    detok_params : ndarray(float64, ndim=1)
-        ``[base_ms, per_output_us, first_output_us, final_output_us]``.
-    chunk_size : int
-        Most outputs per detokenizer job (0: no limit).
-    worker_role : ndarray(int64, ndim=1)
-        ``ROLE_AGGREGATED``, ``ROLE_PREFILL`` or ``ROLE_DECODE`` per worker.
-    worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
-        Each worker's first global rank and number of attention-DP ranks.
-    num_decode_workers : int
-        Decode workers (the last ones); 0 when aggregated.
-    worker_async : ndarray(bool, ndim=1)
-        Asynchronous scheduling per worker (vllm policy; docs/semantics.md): the
-        next pass is built when a pass starts, from the state before its outputs.
-    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
-        Per-rank scheduler limits and KV cache (blocks, tokens per block).
-    rank_seq_limit : ndarray(int64, ndim=1)
-        Per-rank sequence limit L, tokens.
-    rank_policy : ndarray(int64, ndim=1)
-        ``POLICY_VLLM``, ``POLICY_SGLANG`` or ``POLICY_TRTLLM`` per rank.
-    rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=1)
-        SGLang per-rank prefill budgets (chunked_prefill_size / attention_dp,
-        max_prefill_tokens), tokens; unused by other policies.
-    ratio_params : ndarray(float64, ndim=2)
-        SGLang ``[init, min, decay]`` of new_token_ratio per rank.
-    rank_prefix_caching : ndarray(bool, ndim=1)
-        Prefix caching on each rank (vllm policy).
-    prefix_cache : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state of ``simcore.scheduler.kv_nb`` (with the requests'
-        prompt-block identities).
-    timing_model : int
-        Timing-model code of ``simcore.timing.nb``.
-    timing_params : ndarray(float64, ndim=1)
-        Its parameters.
-    timing_table : ndarray(float64, ndim=1)
-        Its flat lookup tables (empty for fixed and linear).
-    cap_ns : int
-        Time cap, ns (``NO_CAP`` for none): events after it are not processed.
-    arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns : ndarray(int64, ndim=1)
-        Out, per request, ns, ``-1`` initialised: engine arrival, first
-        admission (pass start), first token emission, engine finish, rejection.
-    handoff_ns, transfer_end_ns, decode_rank : ndarray(int64, ndim=1)
-        Out, per request, ``-1`` initialised (P/D): end of the prefill pass that
-        computed the prompt, KV-transfer end, global decode rank.
-    cached_tokens : ndarray(int64, ndim=1)
-        Out, per request, zero initialised: prompt tokens reused from the
-        prefix cache at the first admission.
-    generated, num_preemptions : ndarray(int64, ndim=1)
-        Out, per request, zero initialised: tokens emitted, preemptions.
-    token_emit_ns, token_recv_ns : ndarray(int64, ndim=1)
-        Out, per token, ``-1`` initialised: emission and receipt instants, ns
-        (receipts are left at -1 in ``DETOK_DEFERRED`` mode); empty in the
-        bounded output mode.
-    receipts : tuple of ndarray(int64, ndim=1)
-        The bounded output mode's state (``simcore.metrics.nb.STREAM_FIELDS``),
-        updated at every pass end instead of the per-token arrays; arrays of
-        length 0 in the detailed mode.  Bounded needs ``DETOK_OFF`` or
-        ``DETOK_IN_KERNEL``.
-    emit_log : ndarray(int64, ndim=1)
-        Out: token indices in emission order (``DETOK_DEFERRED`` only; else
-        may be empty).
-    pass_log : ndarray(int64, ndim=2)
-        Out: one row per rank per pass (``PASS_*`` columns); may have 0 rows
-        to record nothing.
-    pass_ms : ndarray(float64, ndim=1)
-        Out: the rank's own time of each pass-log row, ms.
-    bad_batch : ndarray(float64, ndim=1)
-        Out on ``BAD_TIMING``: worker, rank, the five batch summary values and
-        the model's result.
-    progress : ndarray(int64, ndim=1)
-        Out, one element, zero initialised: requests finished or rejected so
-        far, updated as the run goes (the kernel releases the GIL, so another
-        thread can read it).
-
-    Returns
-    -------
-    status : int
-        ``OK``, ``PASS_LOG_FULL`` (rerun with a larger log) or ``BAD_TIMING``.
-    num_pass_rows : int
-        Rows written to ``pass_log``.
-    num_emitted : int
-        Tokens emitted (rows written to ``emit_log`` in deferred mode).
+    The parameters are the members of ``simcore.engine.state``'s tuples,
+    unpacked once per run by ``simulate_engine_nb`` (the only caller): the
+    loop reads arrays that are its own parameters, which numba compiles to
+    faster code than the same arrays taken out of tuple parameters (measured
+    on bench/bench_kernel.py: 8-12% of kernel time).  Returns as
+    ``simulate_engine_nb``.
     """
     n = input_tokens.shape[0]
     num_workers = worker_role.shape[0]
@@ -403,7 +317,7 @@ def simulate_engine_nb(
 
     if closed_loop:
         for _ in range(min(concurrency, n)):
-            send_size = _heap_push_nb(send_key, send_val, send_size, 0, 0)
+            send_size = heap_push_nb(send_key, send_val, send_size, 0, 0)
         for k in range(n):
             send_ns[k] = -1
 
@@ -474,16 +388,16 @@ def simulate_engine_nb(
                 num_emitted += 1
             if num_out > 0 and chunk_size == 0:
                 # One job per server, none with a first or final token (as in
-                # _detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
+                # detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
                 for s in range(detok_workers):
                     if job_count[s] > 0:
-                        job_ends[s] = max(t, detok_free[s]) + _detok_service_ns_nb(detok_params, job_count[s], 0, 0)
+                        job_ends[s] = max(t, detok_free[s]) + detokenization_service_ns_nb(detok_params, job_count[s], 0, 0)
                         detok_free[s] = job_ends[s]
                         job_count[s] = 0
                 for e in range(num_out):
                     token_recv_ns[out_token[e]] = job_ends[out_server[e]]
             elif num_out > 0:  # no request-final token among them: no send is queued
-                send_size = _detokenize_pass_nb(
+                send_size = detokenize_pass_nb(
                     t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
                     detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
                     job_tokens, job_flags, closed_loop, think_ns, send_key, send_val, send_size,
@@ -558,7 +472,7 @@ def simulate_engine_nb(
                                 leaves = True
                                 handoff_ns[k] = t
                                 handoff_req[num_handoffs] = k
-                                xfer_size = _heap_push_nb(
+                                xfer_size = heap_push_nb(
                                     xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
                                 )
                                 rank_inflight[g] += 1
@@ -586,7 +500,7 @@ def simulate_engine_nb(
                                     recv_target[tok] = t  # received as emitted
                                     num_out += bounded  # bounded: streamed at the pass end
                                     if leaves and closed_loop:
-                                        send_size = _heap_push_nb(
+                                        send_size = heap_push_nb(
                                             send_key, send_val, send_size, t + think_ns, 0
                                         )
                                 elif detok_mode == DETOK_IN_KERNEL:
@@ -620,28 +534,10 @@ def simulate_engine_nb(
                 # (b) this pass's detokenizer jobs: per server, in server order,
                 # the server's outputs in rank then running order, cut in chunks.
                 if detok_mode == DETOK_IN_KERNEL and num_out > 0:
-                    send_size = _detokenize_pass_nb(
-                        t,
-                        w * detok_workers,
-                        num_out,
-                        out_token,
-                        out_server,
-                        out_flags,
-                        chunk_size,
-                        detok_params,
-                        detok_free,
-                        recv_target,
-                        job_count,
-                        job_firsts,
-                        job_finals,
-                        job_ends,
-                        job_tokens,
-                        job_flags,
-                        closed_loop,
-                        think_ns,
-                        send_key,
-                        send_val,
-                        send_size,
+                    send_size = detokenize_pass_nb(
+                        t, w * detok_workers, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
+                        detok_free, recv_target, job_count, job_firsts, job_finals, job_ends, job_tokens,
+                        job_flags, closed_loop, think_ns, send_key, send_val, send_size,
                     )
                 if bounded and num_out > 0:
                     stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
@@ -663,7 +559,7 @@ def simulate_engine_nb(
                 if closed_loop:
                     if send_size == 0 or send_key[0] != t:
                         break
-                    send_size = _heap_pop_nb(send_key, send_val, send_size)
+                    send_size = heap_pop_nb(send_key, send_val, send_size)
                     send_ns[next_row] = t
                 elif send_ns[next_row] != t:
                     break
@@ -674,12 +570,12 @@ def simulate_engine_nb(
                 server = tok_server[k]
                 end = max(t, tok_free[server]) + tok_service_ns[k]
                 tok_free[server] = end
-                arr_size = _heap_push_nb(arr_key, arr_val, arr_size, end, k)
+                arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, k)
 
             # (d) engine arrivals at t, in send order; rejections end at once.
             while arr_size > 0 and arr_key[0] == t:
                 k = arr_val[0]
-                arr_size = _heap_pop_nb(arr_key, arr_val, arr_size)
+                arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 arrival_ns[k] = t
                 send_size = _enter_rank_nb(
@@ -692,7 +588,7 @@ def simulate_engine_nb(
             # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
             while xfer_size > 0 and xfer_key[0] == t:
                 h = xfer_val[0]
-                xfer_size = _heap_pop_nb(xfer_key, xfer_val, xfer_size)
+                xfer_size = heap_pop_nb(xfer_key, xfer_val, xfer_size)
                 progressed = True
                 k = handoff_req[h]
                 kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
@@ -804,186 +700,100 @@ def simulate_engine_nb(
 
 
 
-@njit(cache=True, parallel=True)
-def simulate_batch_nb(
-    input_tokens,
-    output_tokens,
-    token_offset,
-    send_ns,
-    closed_loop,
-    concurrency,
-    think_ns,
-    recv_rank,
-    tok_server,
-    tok_service_ns,
-    num_tok_servers,
-    transfer_ns,
-    detok_mode,
-    detok_server,
-    detok_workers,
-    detok_params,
-    chunk_size,
-    worker_role,
-    worker_first_rank,
-    worker_num_ranks,
-    num_decode_workers,
-    worker_async,
-    rank_max_batched_tokens,
-    rank_max_sequences,
-    rank_num_blocks,
-    rank_block_size,
-    rank_seq_limit,
-    rank_policy,
-    rank_chunk_tokens,
-    rank_max_prefill_tokens,
-    ratio_params,
-    rank_prefix_caching,
-    prefix_cache,
-    timing_model,
-    timing_params,
-    timing_table,
-    cap_ns,
-    arrival_ns,
-    first_admit_ns,
-    first_emit_ns,
-    finish_ns,
-    reject_ns,
-    handoff_ns,
-    transfer_end_ns,
-    decode_rank,
-    cached_tokens,
-    generated,
-    num_preemptions,
-    token_emit_ns,
-    token_recv_ns,
-    receipts,
-    emit_log,
-    pass_log,
-    pass_ms,
-    bad_batch,
-    progress,
-    status,
+@njit(cache=True)
+def _enter_rank_nb(
+    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop, think_ns,
+    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev, progress,
 ):
+    """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
+
+    A rejection ends at the client at once, releasing a closed-loop send.
+    Returns the send-heap size.
+    """
+    if input_tokens[k] >= rank_seq_limit[g]:
+        reject_ns[k] = t
+        progress[0] += 1
+        if closed_loop:
+            send_size = heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
+    else:
+        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+    return send_size
+
+
+@njit(cache=True, parallel=True)
+def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, status):
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
 
-    Configuration ``c`` reads row ``c`` of every per-configuration array and
-    writes row ``c`` of every output.  "One shape": the same requests count
-    ``n`` and output lengths, the same workers and ranks, one ``detok_mode`` and
-    no pass log.
+    Every member of every parameter has a leading configuration axis (scalars
+    become (C,) arrays, arrays gain a first dimension); configuration ``c``
+    reads and writes row ``c`` (:func:`row_nb`).  "One shape": the same
+    requests count ``n`` and output lengths, the same workers and ranks, one
+    detokenizer mode and no pass log (``logs.pass_log`` of shape (C, 0, columns)).
 
     Parameters
     ----------
-    input_tokens, send_ns, tok_server, tok_service_ns, transfer_ns, detok_server : ndarray(int64, ndim=2)
-        Per configuration (C, n); units as in ``simulate_engine_nb`` (tokens, ns).
-    output_tokens, token_offset, recv_rank : ndarray(int64, ndim=1)
-        Shared: output lengths (tokens), their ``n + 1`` token offsets, receiving ranks.
-    closed_loop : ndarray(bool, ndim=1)
-        Per configuration (C,).
-    concurrency, think_ns, num_tok_servers, detok_workers, chunk_size, timing_model, cap_ns : ndarray(int64, ndim=1)
-        Per configuration (C,); ``think_ns`` and ``cap_ns`` in ns.
-    detok_mode, num_decode_workers : int
-        Shared.
-    detok_params : ndarray(float64, ndim=2)
-        (C, 4) ``[base_ms, per_output_us, first_output_us, final_output_us]``.
-    worker_role, worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
-        Shared topology, per worker.
-    worker_async : ndarray(bool, ndim=2)
-        (C, workers) asynchronous scheduling.
-    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit, rank_policy, rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=2)
-        (C, ranks) scheduler limits (tokens, sequences, blocks, tokens per block).
-    ratio_params : ndarray(float64, ndim=3)
-        (C, ranks, 3) SGLang ``[init, min, decay]`` new_token_ratio.
-    rank_prefix_caching : ndarray(bool, ndim=2)
-        (C, ranks).
-    prefix_cache : tuple of ndarray(int64, ndim=2)
-        The two ``simcore.scheduler.kv_nb`` arrays, each stacked to (C, length).
-    timing_params, timing_table : ndarray(float64, ndim=2)
-        (C, width), zero padded.
-    arrival_ns, first_admit_ns, first_emit_ns, finish_ns, reject_ns, handoff_ns, transfer_end_ns, decode_rank, cached_tokens, generated, num_preemptions : ndarray(int64, ndim=2)
-        Out, (C, n), initialised as for ``simulate_engine_nb`` (instants in ns).
-    token_emit_ns, token_recv_ns : ndarray(int64, ndim=2)
-        Out, (C, tokens), ns, ``-1`` initialised ((C, 0) in the bounded mode).
-    receipts : tuple of ndarray(int64, ndim=2)
-        The 9 bounded-mode state arrays, each (C, length) (length 0: detailed).
-    emit_log : ndarray(int64, ndim=2)
-        Out, (C, tokens) in deferred mode, else (C, 0).
-    pass_log : ndarray(int64, ndim=2)
-        Shared and empty, (0, ``PASS_LOG_COLUMNS``).
-    pass_ms : ndarray(float64, ndim=1)
-        Shared and empty, (0,).
-    bad_batch : ndarray(float64, ndim=2)
-        Out, (C, 8), as for ``simulate_engine_nb``.
-    progress : ndarray(int64, ndim=2)
-        Out, (C, 1), as for ``simulate_engine_nb``.
+    requests, load, client, topology, ranks, timing, out, logs : NamedTuple
+        As in ``simulate_engine_nb``, stacked to (C, ...) member by member
+        (``timing.params`` and ``timing.table`` zero padded to the widest).
+    send_ns : ndarray(int64, ndim=2)
+        (C, n) send instants, ns, as in ``simulate_engine_nb``.
+    prefix_cache, receipts : tuple of ndarray(int64, ndim=2)
+        The ``simcore.scheduler.kv_nb`` and bounded-mode state arrays, each
+        stacked to (C, length).
     status : ndarray(int64, ndim=2)
         Out, (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
     """
-    num_configs = send_ns.shape[0]
-    for c in prange(num_configs):
-        pc = prefix_cache
-        rc = receipts
-        state = (pc[0][c], pc[1][c])
+    for c in prange(send_ns.shape[0]):
         code, rows, emitted = simulate_engine_nb(
-            input_tokens[c],
-            output_tokens,
-            token_offset,
-            send_ns[c],
-            closed_loop[c],
-            concurrency[c],
-            think_ns[c],
-            recv_rank,
-            tok_server[c],
-            tok_service_ns[c],
-            num_tok_servers[c],
-            transfer_ns[c],
-            detok_mode,
-            detok_server[c],
-            detok_workers[c],
-            detok_params[c],
-            chunk_size[c],
-            worker_role,
-            worker_first_rank,
-            worker_num_ranks,
-            num_decode_workers,
-            worker_async[c],
-            rank_max_batched_tokens[c],
-            rank_max_sequences[c],
-            rank_num_blocks[c],
-            rank_block_size[c],
-            rank_seq_limit[c],
-            rank_policy[c],
-            rank_chunk_tokens[c],
-            rank_max_prefill_tokens[c],
-            ratio_params[c],
-            rank_prefix_caching[c],
-            state,
-            timing_model[c],
-            timing_params[c],
-            timing_table[c],
-            cap_ns[c],
-            arrival_ns[c],
-            first_admit_ns[c],
-            first_emit_ns[c],
-            finish_ns[c],
-            reject_ns[c],
-            handoff_ns[c],
-            transfer_end_ns[c],
-            decode_rank[c],
-            cached_tokens[c],
-            generated[c],
-            num_preemptions[c],
-            token_emit_ns[c],
-            token_recv_ns[c],
-            (rc[0][c], rc[1][c], rc[2][c], rc[3][c], rc[4][c], rc[5][c], rc[6][c], rc[7][c], rc[8][c]),
-            emit_log[c],
-            pass_log,
-            pass_ms,
-            bad_batch[c],
-            progress[c],
+            row_nb(requests, c), row_nb(load, c), row_nb(client, c), send_ns[c], row_nb(topology, c),
+            row_nb(ranks, c), row_nb(prefix_cache, c), row_nb(timing, c), row_nb(out, c),
+            row_nb(receipts, c), row_nb(logs, c),
         )
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+
+
+@intrinsic
+def row_nb(typingctx, state, c):
+    """Row ``c`` of every member of a tuple (or NamedTuple) of arrays: the batch's per-configuration view.
+
+    A member of shape (C,) gives its scalar, one of shape (C, ...) a C-contiguous
+    view of its row; a NamedTuple keeps its class, so the result has the type
+    of the single-configuration state (one compiled ``simulate_engine_nb``).
+
+    Parameters
+    ----------
+    state : tuple or NamedTuple of ndarray
+        Members with a leading configuration axis.
+    c : int
+        Configuration.
+
+    Returns
+    -------
+    tuple or NamedTuple
+        Row ``c`` of each member.
+    """
+    row_types = [
+        member.dtype if member.ndim == 1 else types.Array(member.dtype, member.ndim - 1, member.layout)
+        for member in state.types
+    ]
+    if isinstance(state, types.BaseNamedTuple):
+        row_type = types.NamedTuple(row_types, state.instance_class)
+    else:
+        row_type = types.Tuple(row_types)
+
+    def codegen(context, builder, signature, args):
+        value, index = args
+        rows = [
+            context.compile_internal(
+                builder, lambda array, i: array[i], row(member, c), (builder.extract_value(value, m), index)
+            )
+            for m, (member, row) in enumerate(zip(state.types, row_types))
+        ]
+        return context.make_tuple(builder, row_type, rows)
+
+    return row_type(state, c), codegen
 
 
 @njit(cache=True)
@@ -1039,121 +849,3 @@ def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_t
         sample_flag[slot, k] = samples
         if samples:
             planned[k] += 1
-
-
-@njit(cache=True)
-def _enter_rank_nb(
-    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop, think_ns,
-    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev, progress,
-):
-    """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
-
-    A rejection ends at the client at once, releasing a closed-loop send.
-    Returns the send-heap size.
-    """
-    if input_tokens[k] >= rank_seq_limit[g]:
-        reject_ns[k] = t
-        progress[0] += 1
-        if closed_loop:
-            send_size = _heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
-    else:
-        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
-    return send_size
-
-
-@njit(cache=True)
-def _detok_service_ns_nb(detok_params, count, firsts, finals):
-    """Service of a detokenizer job of ``count`` outputs, ``firsts``/``finals`` of them request-first/-final, ns (SPEC §7)."""
-    ms = (
-        detok_params[0]
-        + detok_params[1] * count / 1000
-        + detok_params[2] * firsts / 1000
-        + detok_params[3] * finals / 1000
-    )
-    return np.int64(np.rint(ms * 1e6))
-
-
-@njit(cache=True)
-def _detokenize_pass_nb(
-    t,
-    first_server,
-    num_out,
-    out_token,
-    out_server,
-    out_flags,
-    chunk_size,
-    detok_params,
-    detok_free,
-    recv_target,
-    job_count,
-    job_firsts,
-    job_finals,
-    job_ends,
-    job_tokens,
-    job_flags,
-    closed_loop,
-    think_ns,
-    send_key,
-    send_val,
-    send_size,
-):
-    """Queue a worker's outputs of the pass ending at t as FIFO jobs (SPEC §7).
-
-    A sweep over the outputs (rank, then running order) sorts them by server;
-    then each server's outputs are cut into jobs of at most ``chunk_size``,
-    served in order.  Without chunking a server has one job, whose counts
-    (``job_count``, ``job_firsts``, ``job_finals``) the pass end kept as it
-    emitted: a single sweep stamps the job ends.  Servers are independent
-    queues, so this gives the same receipts as SPEC's job order.  Stamps the
-    receipts (``recv_target[out_token[e]]``: the per-token array, or the
-    pass's receipt buffer in the bounded mode) and, in a closed loop, queues
-    the send released by each request-final token.  Returns the send-heap size.
-    """
-    if chunk_size == 0:
-        # One job per server, counted as the pass emitted: serve, then stamp.
-        for s in range(job_count.shape[0]):
-            if job_count[s] > 0:
-                server = first_server + s
-                job_ends[s] = max(t, detok_free[server]) + _detok_service_ns_nb(
-                    detok_params, job_count[s], job_firsts[s], job_finals[s]
-                )
-                detok_free[server] = job_ends[s]
-            job_count[s] = 0
-            job_firsts[s] = 0
-            job_finals[s] = 0
-        for e in range(num_out):
-            end = job_ends[out_server[e]]
-            recv_target[out_token[e]] = end
-            if closed_loop and out_flags[e] & OUT_FINAL:
-                send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
-        return send_size
-    # Chunked: the sweep below places every output in its job and counts per job.
-    job_count[:] = 0
-    job_firsts[:] = 0
-    job_finals[:] = 0
-    for e in range(num_out):
-        s = out_server[e]
-        q = job_count[s]
-        job_tokens[s, q] = out_token[e]
-        job_flags[s, q] = out_flags[e]
-        job_count[s] = q + 1
-    for s in range(job_count.shape[0]):
-        count = job_count[s]
-        server = first_server + s
-        lo = 0
-        while lo < count:
-            hi = min(lo + chunk_size, count)
-            n_first = 0
-            n_final = 0
-            for q in range(lo, hi):
-                n_first += job_flags[s, q] & OUT_FIRST
-                n_final += job_flags[s, q] >> 1
-            end = max(t, detok_free[server]) + _detok_service_ns_nb(detok_params, hi - lo, n_first, n_final)
-            detok_free[server] = end
-            for q in range(lo, hi):
-                recv_target[job_tokens[s, q]] = end
-                if closed_loop and job_flags[s, q] & OUT_FINAL:
-                    send_size = _heap_push_nb(send_key, send_val, send_size, end + think_ns, 0)
-            lo = hi
-        job_count[s] = 0
-    return send_size
