@@ -213,6 +213,25 @@ def test_dataframes_as_requests_are_rejected():
     rejects({}, "got polars", requests=pl.DataFrame(data))
 
 
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"input_tokens": 99}, "workload.input_tokens"),
+        ({"output_dist": "uniform", "range_ratio": 0.5}, "workload.output_dist"),
+        ({"prefix_tokens": 4}, "workload.prefix_tokens"),
+        ({"num_requests": 5}, "workload.num_requests"),
+    ],
+)
+def test_workload_keys_beside_a_requests_table_are_rejected(workload, field):
+    table = pa.table({"input_tokens": [4, 4], "output_tokens": [1, 1]})
+    rejects({"workload": workload}, field, requests=table)
+
+
+def test_num_requests_may_state_the_row_count_of_a_requests_table():
+    table = pa.table({"input_tokens": [4, 4], "output_tokens": [1, 1]})
+    assert simcore.run({"workload": {"num_requests": 2}}, requests=table).summary["num_requests"] == 2
+
+
 def test_bad_config_and_progress_arguments_are_config_errors():
     rejects([("seed", 1)], "config must be a mapping")
     with pytest.raises(ConfigError, match="progress must be callable"):

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from simcore.config import TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
+from simcore.config import DEFAULTS, TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 from simcore.values import integral
 from simcore.workload.table import RequestTable, default_ids, first_duplicate
@@ -366,7 +366,9 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     RequestTable
     """
     if requests is not None:  # replaces the whole configured workload
-        return table_requests(requests, "requests", None)
+        table = table_requests(requests, "requests", None)
+        _check_workload_unset(cfg, len(table.request_id))
+        return table
     if cfg.workload.source == "table":
         table = read_table_file(cfg.workload.path)
         return table_requests(table, cfg.workload.path, cfg.workload.num_requests)
@@ -374,6 +376,24 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
 
         return read_trace(cfg.workload, send_times=cfg.load.type == "trace")
     return synthetic_requests(cfg.workload, rng)
+
+
+def _check_workload_unset(cfg: SimConfig, num_rows: int) -> None:
+    """A workload key set beside a ``requests`` table is an error: the table is the whole workload.
+
+    ``num_requests`` may state the table's row count (callers size the
+    configured bounds check with it); any other value, and any other workload
+    key that differs from its default, would be silently ignored.
+    """
+    for key, default in DEFAULTS["workload"].items():
+        value = cfg.resolved["workload"][key]
+        if key == "num_requests" and value == num_rows:
+            continue
+        if value != default:
+            raise ConfigError(
+                f"workload.{key} has no effect with a requests table passed to simcore.run "
+                f"(its {num_rows} rows are the whole workload), got {value!r}"
+            )
 
 
 def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Generator) -> np.ndarray | None:
