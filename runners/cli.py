@@ -123,6 +123,7 @@ def fail_environment(exc: OSError, out_dir: Path) -> NoReturn:
     path = exc.filename or out_dir
     # the errno's own text: pyarrow's strerror wraps it in a longer message
     reason = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+    remove_new_run_dir()  # no outputs/<date>/<time>/ left behind, as for bad input
     print(f"{PROG}: error: cannot write results to {path}: {reason}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_ENVIRONMENT)
 
@@ -273,6 +274,7 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
     own_search_path = args.config_dir is not None or args.config_path is not None or any(
         text.lstrip("+~").startswith("hydra.searchpath") for text in args.overrides)
     parser = OverridesParser.create()
+    hydra_texts = []
     for text in args.overrides:
         try:
             (override,) = parser.parse_overrides([text])
@@ -285,11 +287,38 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
         elif "/" in key or key in APP_GROUPS:
             message = None if own_search_path else group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:
+            hydra_texts.append(text)
             continue
         else:
             message = unknown_key_message(key)
         if message is not None:
             return message
+    if hydra_texts and not own_search_path:
+        return hydra_override_problem(args.config_name or "config", hydra_texts)
+    return None
+
+
+def hydra_override_problem(config_name: str, texts: Sequence[str]) -> str | None:
+    """Why Hydra's own config cannot take the ``hydra.*`` overrides ``texts``, or None.
+
+    Hydra reports its composition errors in one line (:func:`main`), but a key
+    below a null node (``hydra.sweeper.params.x=1`` with the basic sweeper)
+    fails an assertion inside OmegaConf instead, with a traceback.
+    """
+    try:
+        _config_loader().load_configuration(config_name=config_name, overrides=list(texts), run_mode=RunMode.RUN)
+        return None
+    except (CompactHydraException, OmegaConfBaseException):
+        return None  # Hydra's own one-line report (main)
+    except Exception:  # noqa: BLE001 - find the override that raised it
+        pass
+    for text in texts:
+        try:
+            _config_loader().load_configuration(config_name=config_name, overrides=[text], run_mode=RunMode.RUN)
+        except (CompactHydraException, OmegaConfBaseException):
+            continue
+        except Exception as exc:  # noqa: BLE001
+            return f"{text}: Hydra cannot apply this override to its config ({type(exc).__name__}: {exc})"
     return None
 
 

@@ -119,6 +119,8 @@ BAD_INPUT = {
     ),
     "duplicate-id": ([TABLE, ALL_ROWS], HEADER + "a,5,2\nb,6,3\na,7,1\n", ["requests.csv", "line 4", "'a'"]),
     "bad-value": ([TABLE, ALL_ROWS], HEADER + "a,5,2\nb,abc,3\n", ["requests.csv:3", "input_tokens", "abc"]),
+    # a key below a null node of Hydra's own config fails an assertion inside OmegaConf
+    "hydra-key-below-null": (["hydra.sweeper.params.x=1"], None, ["hydra.sweeper.params.x=1", "Hydra cannot apply"]),
 }
 
 

@@ -84,6 +84,8 @@ def csv_file(tmp_path, data: bytes) -> str:
     (b"input_tokens,output_tokens,output_tokens\n4,2,2\n", r":1: duplicate column\(s\) output_tokens in the header"),
     (b"input_tokens,output_tokens\n4,2\n1e30,3\n", rf":3: input_tokens must be an integer from 1 to {2**63 - 1}, got '1e30'"),
     (b"input_tokens,output_tokens\n4,2\n9223372036854775808,3\n", r":3: input_tokens must be an integer from 1 to"),
+    # pyarrow's integer parser takes hex; the scan's decimal rule is the one both readers keep
+    (b"input_tokens,output_tokens\n4,2\n0x10,3\n", r":3: input_tokens must be a number, got '0x10'"),
 ])
 def test_a_bad_csv_names_its_file_and_line(tmp_path, data, message):
     path = csv_file(tmp_path, data)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -140,6 +141,8 @@ def _read_csv(file: Path) -> pa.Table:
         )
     except (pa.ArrowException, OSError):
         return _scan_csv(file)
+    if _has_hex_prefix(file):  # pyarrow takes 0x10 as 16; the scan refuses it as a length
+        return _scan_csv(file)
     names = table.column_names
     if any(name != name.strip() for name in names) or len(set(names)) != len(names):
         return _scan_csv(file)
@@ -147,6 +150,12 @@ def _read_csv(file: Path) -> pa.Table:
         index = table.column_names.index("request_id")
         table = table.set_column(index, "request_id", pc.utf8_trim_whitespace(table.column(index)))
     return table
+
+
+def _has_hex_prefix(file: Path) -> bool:
+    """Whether ``0x`` or ``0X`` occurs anywhere in the file (searched in place, not read into memory)."""
+    with open(file, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(b"0x") >= 0 or data.find(b"0X") >= 0
 
 
 def _utf8_text(file: Path) -> str:
