@@ -29,14 +29,29 @@ import gc
 _GC_ENABLED_AT_IMPORT = gc.isenabled()
 gc.disable()
 
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+
+def _stopped_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM during the second of imports below: the one line and exit code of :func:`stopped`."""
+    name, code = ("SIGTERM", 143) if signum == signal.SIGTERM else ("SIGINT (Ctrl-C)", 130)
+    os.write(2, f"replaysim: stopped by {name}; results of unfinished runs were not written\n".encode())
+    os._exit(code)
+
+
+# Only as the command (not when a test or another module imports this one); main() installs its own.
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "replaysim":
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell ignores it
+        signal.signal(signal.SIGINT, _stopped_while_starting)
+    signal.signal(signal.SIGTERM, _stopped_while_starting)
+
 import atexit  # noqa: E402
 import difflib  # noqa: E402
 import functools  # noqa: E402
 import importlib.metadata  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
@@ -186,6 +201,8 @@ def _runner_key_message(key: str) -> str | None:
         axis = key.removeprefix("sweep.batch.")
         if params.is_runner_key(axis):
             return f"{key}: only config keys can be batch axes, got {axis}"
+        if axis == "output.dir":  # the points' directories are the batch's own, below its output.dir
+            return f"{key}: output.dir cannot be a batch axis (each point writes below the one output.dir)"
         message = unknown_key_message(axis)
         return None if message is None else f"sweep.batch.{axis}: {message}"
     top = key.split(".")[0]
@@ -281,6 +298,8 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
         except CompactHydraException as exc:
             return f"{text}: {str(exc).splitlines()[0]}"
         key = override.key_or_group
+        if not key:
+            return f"{text}: an override needs a key (key=value)"
         own = (own_keys or {}).get(key.split(".")[0])
         if own is not None:
             message = own(key)
@@ -531,6 +550,8 @@ def main() -> None:
         print(f"{PROG} {installed_version()}", flush=True)
         return
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    if signal.getsignal(signal.SIGINT) is _stopped_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, caught below
     signal.signal(signal.SIGTERM, _raise_terminated)
     # Composition errors the check leaves to Hydra (``+key=1`` where key has a
     # value, an unknown --config-name) then reach the except below instead of
@@ -547,6 +568,10 @@ def main() -> None:
         if not own_report:
             raise
         fail(str(exc).split("Config search path:")[0])  # the search path listing is Hydra's debugging aid
+    except OmegaConfBaseException as exc:  # Hydra resolving its own node (hydra.run.dir=${nope}); task catches the rest
+        if not own_report:
+            raise
+        fail(_fail_point(exc))
     except KeyboardInterrupt as exc:
         stopped(exc)
     if _single_run_done:

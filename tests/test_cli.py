@@ -121,6 +121,9 @@ BAD_INPUT = {
     "bad-value": ([TABLE, ALL_ROWS], HEADER + "a,5,2\nb,abc,3\n", ["requests.csv:3", "input_tokens", "abc"]),
     # a key below a null node of Hydra's own config fails an assertion inside OmegaConf
     "hydra-key-below-null": (["hydra.sweeper.params.x=1"], None, ["hydra.sweeper.params.x=1", "Hydra cannot apply"]),
+    "hydra-node-interpolation": (["hydra.run.dir=${nope}"], None, ["hydra.run.dir", "'nope' not found"]),
+    "no-key": (["=5"], None, ["=5: an override needs a key"]),
+    "output-dir-batch-axis": (["sweep.batch.output.dir=[a,b]"], None, ["sweep.batch.output.dir", "cannot be a batch axis"]),
 }
 
 

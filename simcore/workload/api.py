@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from simcore.config import DEFAULTS, TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 from simcore.values import integral
-from simcore.workload.table import RequestTable, default_ids, first_duplicate
+from simcore.workload.table import RequestTable, default_ids, first_duplicate, utf8_text
 from simcore.workload.traces import read_trace
 
 REQUIRED_COLUMNS = ("request_id", "input_tokens", "output_tokens")
@@ -158,19 +158,9 @@ def _has_hex_prefix(file: Path) -> bool:
         return data.find(b"0x") >= 0 or data.find(b"0X") >= 0
 
 
-def _utf8_text(file: Path) -> str:
-    """The file's text; bytes that are not UTF-8 are a ConfigError naming their line."""
-    data = file.read_bytes()
-    try:
-        return data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{file}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); expected a CSV request table") from None
-
-
 def _scan_csv(file: Path) -> pa.Table:
     """A small strict line-by-line CSV reader so that a bad row is reported with its line."""
-    reader = csv.reader(io.StringIO(_utf8_text(file), newline=""))
+    reader = csv.reader(io.StringIO(utf8_text(file.read_bytes(), str(file), "a CSV request table"), newline=""))
     try:
         header = [name.strip() for name in next(reader)]
     except StopIteration:
