@@ -494,9 +494,10 @@ def trace_cases(rng: random.Random) -> list[Case]:
         for row in (0, 2):
             lines = [ok.replace('"timestamp": 0', f'"timestamp": {i}') for i in range(3)]
             lines[row] = bad
-            expect = (f"m.jsonl:{row + 1}",)
             if '"timestamp": -5' in bad and row == 0:
-                expect = ("m.jsonl",)
+                continue  # a first row before the others is valid: the trace is shifted to t = 0
+            # a request_id on one row only: the rows without one are named
+            expect = ("m.jsonl:1",) if '"request_id": 5' in bad else (f"m.jsonl:{row + 1}",)
             cases.extend(both("traces", f"mooncake row {row}: {bad[:50]}",
                               [("workload.source", "mooncake"), ("workload.path", "m.jsonl"),
                                ("workload.num_requests", None), ("load.type", "trace")],
@@ -551,7 +552,6 @@ def hydra_cases(rng: random.Random) -> list[Case]:
         (["+workload.num_requests=5"], ("workload.num_requests",)),
         (["+new_key=1"], ("new_key",)),
         (["++nested.new.key=1"], ("nested",)),
-        (["~workload"], ("workload",)),
         (["engine=nonexistent_preset"], ("engine", "nonexistent_preset")),
         (["workload=nonexistent_preset"], ("workload", "nonexistent_preset")),
         (["hydra/launcher=nope"], ("hydra/launcher", "nope")),
@@ -582,6 +582,9 @@ def hydra_cases(rng: random.Random) -> list[Case]:
         (["hydra.sweeper.params.x=1"], ("x",)),
         (["export.nope=1"], ("export.nope",)),
         (["force=maybe"], ("force",)),
+        (["workload.num_requests=4", "-m", "load.concurrency=1,2"], ("load.concurrency=1,2",)),
+        (["--no-such-flag"], ("--no-such-flag",)),
+        (["--cfg", "nope"], ("--cfg", "nope")),
     ]
     cases = [Case("hydra", "cli", " ".join(args), args=args, expect=expect) for args, expect in raw]
     keys = dotted_keys()

@@ -62,7 +62,7 @@ from hydra._internal.utils import create_config_search_path, get_args_parser  # 
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
 from hydra.core.override_parser.types import Glob, Override  # noqa: E402
-from hydra.errors import CompactHydraException  # noqa: E402
+from hydra.errors import CompactHydraException, HydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import to_absolute_path  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -259,6 +259,14 @@ def check_overrides(argv: Sequence[str]) -> None:
         fail(problem)
 
 
+class _ArgumentsError(Exception):
+    """The command line's flags cannot be parsed (argparse's message)."""
+
+
+def _refuse_arguments(message: str) -> NoReturn:
+    raise _ArgumentsError(message)
+
+
 def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str], str | None]] | None = None) -> str | None:
     """Why the first bad override is bad: Hydra cannot parse it, or it names an unknown key or preset.
 
@@ -283,7 +291,13 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
     other ``hydra.*`` keys are left to Hydra.  With ``--shell-completion`` the
     arguments (``install=bash``, ``query=bash``) are Hydra's own.
     """
-    args = get_args_parser().parse_args(list(argv))
+    parser = get_args_parser()
+    parser.error = _refuse_arguments  # argparse would print its usage, many lines, and exit
+    try:
+        args = parser.parse_args(list(argv))
+    except _ArgumentsError as exc:
+        hint = " (flags such as -m go before the overrides: replaysim [-m] key=value ...)"
+        return f"{exc}{hint if str(exc).startswith('unrecognized arguments') else ''}"
     if args.shell_completion:
         return None
     # Configs of the user's own (--config-dir, hydra.searchpath) may add options:
@@ -564,7 +578,7 @@ def main() -> None:
         if not get_args_parser().parse_args(argv).multirun:
             gc.disable()
         task()
-    except CompactHydraException as exc:
+    except HydraException as exc:  # composition errors, and a sweeper refusing a sweep type (interval(1,2))
         if not own_report:
             raise
         fail(str(exc).split("Config search path:")[0])  # the search path listing is Hydra's debugging aid
