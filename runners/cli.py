@@ -61,7 +61,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
 from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-from hydra.core.override_parser.types import Glob, Override  # noqa: E402
+from hydra.core.override_parser.types import Glob, IntervalSweep, Override  # noqa: E402
 from hydra.errors import CompactHydraException, HydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import to_absolute_path  # noqa: E402
@@ -317,6 +317,10 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
         own = (own_keys or {}).get(key.split(".")[0])
         if own is not None:
             message = own(key)
+        elif isinstance(override.value(), IntervalSweep) and not any(
+                t.startswith("hydra/sweeper=") for t in args.overrides):  # the basic sweeper refuses it
+            message = (f"{text}: interval() needs a sampling sweeper (hydra/sweeper=...); "
+                       "the basic sweeper takes lists, range() and choice()")
         elif "/" in key or key in APP_GROUPS:
             message = None if own_search_path else group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:

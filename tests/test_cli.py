@@ -124,7 +124,7 @@ BAD_INPUT = {
     "hydra-node-interpolation": (["hydra.run.dir=${nope}"], None, ["hydra.run.dir", "'nope' not found"]),
     "no-key": (["=5"], None, ["=5: an override needs a key"]),
     "sweep-type-the-sweeper-refuses": (["hydra.mode=MULTIRUN", "load.concurrency=interval(1,2)"], None,
-                                       ["BasicSweeper does not support sweep type"]),
+                                       ["load.concurrency=interval(1,2)", "interval() needs a sampling sweeper"]),
     "flag-after-the-overrides": (["-m", "load.concurrency=1,2"], None,
                                  ["unrecognized arguments: load.concurrency=1,2", "flags such as -m go before"]),
     "output-dir-batch-axis": (["sweep.batch.output.dir=[a,b]"], None, ["sweep.batch.output.dir", "cannot be a batch axis"]),

@@ -99,3 +99,13 @@ def test_an_azure_trace_with_a_duplicate_header_names_its_line(tmp_path):
     cfg = load_config({"workload": {"source": "azure", "path": str(path), "num_requests": None}}).workload
     with pytest.raises(ConfigError, match=rf"^{path}:2: duplicate column\(s\) ContextTokens in the header$"):
         read_trace(cfg, send_times=False)
+
+
+def test_a_damaged_parquet_file_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "requests.parquet"
+    pq.write_table(pa.table({"input_tokens": [4, 5], "output_tokens": [1, 2]}), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-12] + bytes(8) + data[-4:])  # the footer's length zeroed: pyarrow's message has a newline
+    with pytest.raises(ConfigError) as error:
+        read(str(path))
+    assert str(error.value).startswith(f"{path}: not a readable Parquet file") and "\n" not in str(error.value)

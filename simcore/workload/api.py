@@ -113,7 +113,7 @@ def read_table_file(path: str) -> pa.Table:
         try:
             return pq.read_table(file)
         except (pa.ArrowInvalid, OSError) as exc:
-            raise ConfigError(f"{path}: not a readable Parquet file ({exc})") from None
+            raise ConfigError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
     if suffix == ".csv":
         return _read_csv(file)
     raise ConfigError(f"workload.path: {path}: expected a .csv or .parquet file")
