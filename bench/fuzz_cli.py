@@ -776,7 +776,7 @@ def run_api_batch(batch: list[tuple[int, Case]], base: Path, env: dict) -> list[
     for index, case, work in works:
         if index not in verdicts:  # the worker died on this case (or before it)
             if len(batch) > 1:
-                return [r for r in out] + [
+                return out + [
                     r for i, c in batch if i not in verdicts for r in run_api_batch([(i, c)], base, env)
                 ]
             verdicts[index] = f"worker died (exit {proc.returncode}): {proc.stderr.strip()[-300:]!r}"

@@ -61,7 +61,7 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
 from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-from hydra.core.override_parser.types import Glob, IntervalSweep, Override  # noqa: E402
+from hydra.core.override_parser.types import Glob, IntervalSweep, Override, RangeSweep  # noqa: E402
 from hydra.errors import CompactHydraException, HydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import to_absolute_path  # noqa: E402
@@ -321,6 +321,8 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
                 t.startswith("hydra/sweeper=") for t in args.overrides):  # the basic sweeper refuses it
             message = (f"{text}: interval() needs a sampling sweeper (hydra/sweeper=...); "
                        "the basic sweeper takes lists, range() and choice()")
+        elif isinstance(override.value(), RangeSweep) and override.value().step == 0:  # Python's range() raises
+            message = f"{text}: the step of range() must not be 0"
         elif "/" in key or key in APP_GROUPS:
             message = None if own_search_path else group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:

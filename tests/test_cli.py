@@ -125,6 +125,8 @@ BAD_INPUT = {
     "no-key": (["=5"], None, ["=5: an override needs a key"]),
     "sweep-type-the-sweeper-refuses": (["hydra.mode=MULTIRUN", "load.concurrency=interval(1,2)"], None,
                                        ["load.concurrency=interval(1,2)", "interval() needs a sampling sweeper"]),
+    "range-step-zero": (["hydra.mode=MULTIRUN", "load.concurrency=range(1,5,0)"], None,
+                        ["load.concurrency=range(1,5,0)", "must not be 0"]),
     "flag-after-the-overrides": (["-m", "load.concurrency=1,2"], None,
                                  ["unrecognized arguments: load.concurrency=1,2", "flags such as -m go before"]),
     "output-dir-batch-axis": (["sweep.batch.output.dir=[a,b]"], None, ["sweep.batch.output.dir", "cannot be a batch axis"]),

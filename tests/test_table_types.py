@@ -86,6 +86,8 @@ def csv_file(tmp_path, data: bytes) -> str:
     (b"input_tokens,output_tokens\n4,2\n9223372036854775808,3\n", r":3: input_tokens must be an integer from 1 to"),
     # pyarrow's integer parser takes hex; the scan's decimal rule is the one both readers keep
     (b"input_tokens,output_tokens\n4,2\n0x10,3\n", r":3: input_tokens must be a number, got '0x10'"),
+    # binary: pyarrow reads a header of bytes it cannot name
+    (b"\xad\x01\x02\n\x03\n", r":1: not UTF-8 text \(byte 0xad\)"),
 ])
 def test_a_bad_csv_names_its_file_and_line(tmp_path, data, message):
     path = csv_file(tmp_path, data)

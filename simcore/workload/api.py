@@ -143,7 +143,10 @@ def _read_csv(file: Path) -> pa.Table:
         return _scan_csv(file)
     if _has_hex_prefix(file):  # pyarrow takes 0x10 as 16; the scan refuses it as a length
         return _scan_csv(file)
-    names = table.column_names
+    try:
+        names = table.column_names
+    except UnicodeDecodeError:  # a header that is not UTF-8: the scan names its line
+        return _scan_csv(file)
     if any(name != name.strip() for name in names) or len(set(names)) != len(names):
         return _scan_csv(file)
     if "request_id" in table.column_names:
