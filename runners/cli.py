@@ -29,13 +29,28 @@ import gc
 _GC_ENABLED_AT_IMPORT = gc.isenabled()
 gc.disable()
 
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+
+def _stopped_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM during the second of imports below: the one line and exit code of :func:`stopped`."""
+    name, code = ("SIGTERM", 143) if signum == signal.SIGTERM else ("SIGINT (Ctrl-C)", 130)
+    os.write(2, f"replaysim: stopped by {name}; results of unfinished runs were not written\n".encode())
+    os._exit(code)
+
+
+# Only as the command (not when a test or another module imports this one); main() installs its own.
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "replaysim":
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell ignores it
+        signal.signal(signal.SIGINT, _stopped_while_starting)
+    signal.signal(signal.SIGTERM, _stopped_while_starting)
+
 import atexit  # noqa: E402
 import difflib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
@@ -46,8 +61,8 @@ from hydra._internal.hydra import Hydra  # noqa: E402
 from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-from hydra.core.override_parser.types import Glob, Override  # noqa: E402
-from hydra.errors import CompactHydraException  # noqa: E402
+from hydra.core.override_parser.types import Glob, IntervalSweep, Override, RangeSweep  # noqa: E402
+from hydra.errors import CompactHydraException, HydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import to_absolute_path  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -125,6 +140,7 @@ def fail_environment(exc: OSError, out_dir: Path) -> NoReturn:
     path = exc.filename or out_dir
     # the errno's own text: pyarrow's strerror wraps it in a longer message
     reason = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+    remove_new_run_dir()  # no outputs/<date>/<time>/ left behind, as for bad input
     print(f"{PROG}: error: cannot write results to {path}: {reason}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_ENVIRONMENT)
 
@@ -189,6 +205,8 @@ def _runner_key_message(key: str) -> str | None:
         axis = key.removeprefix("sweep.batch.")
         if params.is_runner_key(axis):
             return f"{key}: only config keys can be batch axes, got {axis}"
+        if axis == "output.dir":  # the points' directories are the batch's own, below its output.dir
+            return f"{key}: output.dir cannot be a batch axis (each point writes below the one output.dir)"
         message = unknown_key_message(axis)
         return None if message is None else f"sweep.batch.{axis}: {message}"
     top = key.split(".")[0]
@@ -245,6 +263,14 @@ def check_overrides(argv: Sequence[str]) -> None:
         fail(problem)
 
 
+class _ArgumentsError(Exception):
+    """The command line's flags cannot be parsed (argparse's message)."""
+
+
+def _refuse_arguments(message: str) -> NoReturn:
+    raise _ArgumentsError(message)
+
+
 def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str], str | None]] | None = None) -> str | None:
     """Why the first bad override is bad: Hydra cannot parse it, or it names an unknown key or preset.
 
@@ -269,7 +295,13 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
     other ``hydra.*`` keys are left to Hydra.  With ``--shell-completion`` the
     arguments (``install=bash``, ``query=bash``) are Hydra's own.
     """
-    args = get_args_parser().parse_args(list(argv))
+    parser = get_args_parser()
+    parser.error = _refuse_arguments  # argparse would print its usage, many lines, and exit
+    try:
+        args = parser.parse_args(list(argv))
+    except _ArgumentsError as exc:
+        hint = " (flags such as -m go before the overrides: replaysim [-m] key=value ...)"
+        return f"{exc}{hint if str(exc).startswith('unrecognized arguments') else ''}"
     if args.shell_completion:
         return None
     # Configs of the user's own (--config-dir, hydra.searchpath) may add options:
@@ -277,23 +309,59 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
     own_search_path = args.config_dir is not None or args.config_path is not None or any(
         text.lstrip("+~").startswith("hydra.searchpath") for text in args.overrides)
     parser = OverridesParser.create()
+    hydra_texts = []
     for text in args.overrides:
         try:
             (override,) = parser.parse_overrides([text])
         except CompactHydraException as exc:
             return f"{text}: {str(exc).splitlines()[0]}"
         key = override.key_or_group
+        if not key:
+            return f"{text}: an override needs a key (key=value)"
         own = (own_keys or {}).get(key.split(".")[0])
         if own is not None:
             message = own(key)
+        elif isinstance(override.value(), IntervalSweep) and not any(
+                t.startswith("hydra/sweeper=") for t in args.overrides):  # the basic sweeper refuses it
+            message = (f"{text}: interval() needs a sampling sweeper (hydra/sweeper=...); "
+                       "the basic sweeper takes lists, range() and choice()")
+        elif isinstance(override.value(), RangeSweep) and override.value().step == 0:  # Python's range() raises
+            message = f"{text}: the step of range() must not be 0"
         elif "/" in key or key in APP_GROUPS:
             message = None if own_search_path else group_choice_message(override, text)
         elif override.is_hydra_override() or override.package is not None:
+            hydra_texts.append(text)
             continue
         else:
             message = unknown_key_message(key)
         if message is not None:
             return message
+    if hydra_texts and not own_search_path:
+        return hydra_override_problem(args.config_name or "config", hydra_texts)
+    return None
+
+
+def hydra_override_problem(config_name: str, texts: Sequence[str]) -> str | None:
+    """Why Hydra's own config cannot take the ``hydra.*`` overrides ``texts``, or None.
+
+    Hydra reports its composition errors in one line (:func:`main`), but a key
+    below a null node (``hydra.sweeper.params.x=1`` with the basic sweeper)
+    fails an assertion inside OmegaConf instead, with a traceback.
+    """
+    try:
+        _config_loader().load_configuration(config_name=config_name, overrides=list(texts), run_mode=RunMode.RUN)
+        return None
+    except (CompactHydraException, OmegaConfBaseException):
+        return None  # Hydra's own one-line report (main)
+    except Exception:  # noqa: BLE001 - find the override that raised it
+        pass
+    for text in texts:
+        try:
+            _config_loader().load_configuration(config_name=config_name, overrides=[text], run_mode=RunMode.RUN)
+        except (CompactHydraException, OmegaConfBaseException):
+            continue
+        except Exception as exc:  # noqa: BLE001
+            return f"{text}: Hydra cannot apply this override to its config ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -551,6 +619,8 @@ def main() -> None:
         print(f"{PROG} {installed_version()}", flush=True)
         return
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    if signal.getsignal(signal.SIGINT) is _stopped_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, caught below
     signal.signal(signal.SIGTERM, _raise_terminated)
     # Composition errors the check leaves to Hydra (``+key=1`` where key has a
     # value, an unknown --config-name) then reach the except below instead of
@@ -566,10 +636,14 @@ def main() -> None:
         if mode_only_from_command_line(args):
             Hydra.get_mode = _no_mode_from_configs
         task()
-    except CompactHydraException as exc:
+    except HydraException as exc:  # composition errors, and a sweeper refusing a sweep type (interval(1,2))
         if not own_report:
             raise
         fail(str(exc).split("Config search path:")[0])  # the search path listing is Hydra's debugging aid
+    except OmegaConfBaseException as exc:  # Hydra resolving its own node (hydra.run.dir=${nope}); task catches the rest
+        if not own_report:
+            raise
+        fail(_fail_point(exc))
     except KeyboardInterrupt as exc:
         stopped(exc)
     if _single_run_done:

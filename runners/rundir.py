@@ -20,6 +20,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 #: Directories of the current single run's path that this run creates, deepest first.
 _new_dirs: list[Path] = []
@@ -30,7 +31,10 @@ class RunDirCallback(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Same value as run_job's: ${now:...} is cached on this config object.
-        run_dir = Path(str(config.hydra.run.dir)).absolute()
+        try:
+            run_dir = Path(str(config.hydra.run.dir)).absolute()
+        except OmegaConfBaseException:  # Hydra meets it next and the command reports it in one line
+            return
         _new_dirs.clear()
         for directory in (run_dir, *run_dir.parents):
             if directory.exists():

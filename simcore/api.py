@@ -142,16 +142,18 @@ def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | N
     cfg = config if isinstance(config, SimConfig) else load_config(config)
     rng = np.random.default_rng(cfg.seed)
     table = build_requests(cfg, requests, rng)
-    try:
-        send_ns = send_instants_ns(cfg.load, table, rng)
-    except InstantOverflow as exc:  # a send instant beyond int64 ns: name the key that spread them
-        key = "speedup" if cfg.load.type == "trace" else "request_rate"
-        value = getattr(cfg.load, key)
-        raise ConfigError(f"load.{key}={value!r} gives send instants beyond int64 ns: {exc}") from None
     if requests is not None:
         where = "requests"
     else:
         where = "workload" if cfg.workload.source in GENERATED_SOURCES else cfg.workload.path
+    try:
+        send_ns = send_instants_ns(cfg.load, table, rng)
+    except InstantOverflow as exc:  # a send instant beyond int64 ns: name what spread them
+        if cfg.load.type == "trace":
+            raise ConfigError(f"{where}: send_ms at load.speedup={cfg.load.speedup!r} gives send instants "
+                              f"beyond int64 ns: {exc}") from None
+        raise ConfigError(f"load.request_rate={cfg.load.request_rate!r} gives send instants beyond int64 ns: "
+                          f"{exc}") from None
     size = bounds.table_size(cfg, table.input_tokens, table.output_tokens, send_ns, where)
     bounds.check_run(cfg, size, bounds.model_pass_ms(cfg))
     return cfg, table, send_ns

@@ -371,21 +371,51 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
         if t.type == "fixed":
             terms += [(f"timing.prefill_ms={t.prefill_ms!r}{each}", passes * t.prefill_ms),
                       (f"timing.decode_ms={t.decode_ms!r}{each}", passes * t.decode_ms)]
-        elif t.type == "linear":  # every term of SPEC §8 at its per-rank maximum
+        elif t.type == "linear":  # every term of SPEC §8 at its per-rank maximum, at the larger scale
+            scale_key = "prefill_scale" if t.prefill_scale >= t.decode_scale else "decode_scale"
+            scale = getattr(t, scale_key)
+            scaled = f"{each} x timing.{scale_key}={scale!r}" if scale != 1 else each
             terms += [
-                (f"timing.base_ms={t.base_ms!r}{each}", passes * t.base_ms),
-                (f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{each} of {prefill_tokens:.4g} tokens",
-                 passes * t.per_prefill_token_us * prefill_tokens / 1000),
-                (f"timing.per_decode_seq_us={t.per_decode_seq_us!r}{each} of {pool.max_sequences} sequences",
-                 passes * t.per_decode_seq_us * pool.max_sequences / 1000),
-                (f"timing.per_kv_token_ns={t.per_kv_token_ns!r}{each} of {capacity:.4g} KV tokens",
-                 passes * t.per_kv_token_ns * capacity / 1e6),
+                (f"timing.base_ms={t.base_ms!r}{scaled}", passes * t.base_ms * scale),
+                (f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{scaled} of {prefill_tokens:.4g} tokens",
+                 passes * t.per_prefill_token_us * prefill_tokens / 1000 * scale),
+                (f"timing.per_decode_seq_us={t.per_decode_seq_us!r}{scaled} of {pool.max_sequences} sequences",
+                 passes * t.per_decode_seq_us * pool.max_sequences / 1000 * scale),
+                (f"timing.per_kv_token_ns={t.per_kv_token_ns!r}{scaled} of {capacity:.4g} KV tokens",
+                 passes * t.per_kv_token_ns * capacity / 1e6 * scale),
+                (f"timing.pass_overhead_us={t.pass_overhead_us!r}{_allreduce_label(t)}{each}",
+                 passes * _linear_pass_terms_ms(cfg, prefill_tokens + pool.max_sequences)),
             ]
         elif model_ms is not None:
             layers = f", timing.num_layers={t.num_layers}" if t.type == "table" else ""
             terms.append((f"timing.type={t.type}{layers}: a largest batch of {model_ms[index]:.4g} ms{each}",
                           passes * model_ms[index]))
     return terms
+
+
+def _linear_pass_terms_ms(cfg: SimConfig, tokens: float) -> float:
+    """What ``linear`` timing adds to a pass of ``tokens`` tokens beyond its scaled model time, ms.
+
+    The pass overhead and the TP all-reduce of the kernel's own
+    ``pass_terms_ms_nb``, run as plain Python (no compilation in ``load_config``).
+    """
+    from simcore.timing.api import timing_arrays  # lazy: simcore.timing imports simcore.config
+    from simcore.timing.nb import LINEAR_NUM_PARAMS, pass_terms_ms_nb
+
+    _, params, table = timing_arrays(cfg.timing)
+    pass_terms = getattr(pass_terms_ms_nb, "py_func", pass_terms_ms_nb)  # NUMBA_DISABLE_JIT: the function itself
+    with np.errstate(all="ignore"):  # an overflow is the inf this check reports, not a warning line
+        ms = pass_terms(params, table, LINEAR_NUM_PARAMS, 0.0, 1, min(tokens, float(INT64_MAX)))
+    return float(ms) if math.isfinite(ms) else math.inf  # a Python float: products overflow to inf silently
+
+
+def _allreduce_label(t) -> str:
+    if not t.allreduce:
+        return ""
+    link = (f"allreduce.curve={t.allreduce_curve}" if t.allreduce_curve else
+            f"allreduce.latency_us={t.allreduce_latency_us!r}, "
+            f"allreduce.bandwidth_gb_per_second={t.allreduce_bandwidth_gb_per_second!r}")
+    return f" and the TP all-reduce (timing.tp={t.tp}, hidden_size={t.hidden_size}, {link})"
 
 
 def _pool_names(cfg: SimConfig) -> tuple[str, ...]:

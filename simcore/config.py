@@ -907,6 +907,7 @@ def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any], pol
     """timing.tp, scales, overhead, CUDA-graph sizes, the model dimensions and timing.allreduce.*
     (docs/timing.md)."""
     for key in ("tp", "num_layers", "hidden_size"):
+        _optional_count(f"timing.{key}", raw[key])  # the type first, whichever rule reads it
         if raw[key] is not None and kind not in ALLREDUCE_TYPES:
             raise ConfigError(
                 f"timing.{key} is only used by timing.type=linear, table or aic, got {raw[key]!r} "
@@ -936,6 +937,11 @@ def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any], pol
             )
         if kind == "linear" and raw["num_layers"] is not None:
             raise ConfigError("timing.num_layers is only used by timing.type=linear with timing.allreduce set")
+        if raw["hidden_size"] is not None:
+            raise ConfigError(
+                f"timing.hidden_size is only used with timing.allreduce set (the TP all-reduce's message size), "
+                f"got {_shown(raw['hidden_size'])}"
+            )
         return out
     if curve is not None and (bandwidth is not None or latency is not None):
         raise ConfigError(

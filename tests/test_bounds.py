@@ -213,6 +213,62 @@ def test_dataframes_as_requests_are_rejected():
     rejects({}, "got polars", requests=pl.DataFrame(data))
 
 
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"input_tokens": 99}, "workload.input_tokens"),
+        ({"output_dist": "uniform", "range_ratio": 0.5}, "workload.output_dist"),
+        ({"prefix_tokens": 4}, "workload.prefix_tokens"),
+        ({"num_requests": 5}, "workload.num_requests"),
+    ],
+)
+def test_workload_keys_beside_a_requests_table_are_rejected(workload, field):
+    table = pa.table({"input_tokens": [4, 4], "output_tokens": [1, 1]})
+    rejects({"workload": workload}, field, requests=table)
+
+
+def test_num_requests_may_state_the_row_count_of_a_requests_table():
+    table = pa.table({"input_tokens": [4, 4], "output_tokens": [1, 1]})
+    assert simcore.run({"workload": {"num_requests": 2}}, requests=table).summary["num_requests"] == 2
+
+
+@pytest.mark.parametrize(
+    ("timing", "field"),
+    [
+        ({"prefill_scale": 1e300}, "timing.prefill_scale=1e+300"),
+        ({"decode_scale": 1e300}, "timing.decode_scale=1e+300"),
+        ({"pass_overhead_us": 1e300}, "timing.pass_overhead_us=1e+300"),
+        ({"tp": 2, "num_layers": 32, "hidden_size": 4096,
+          "allreduce": {"latency_us": 1.0, "bandwidth_gb_per_second": 1e-300}},
+         "allreduce.bandwidth_gb_per_second=1e-300"),
+    ],
+)
+def test_linear_pass_scales_overhead_and_allreduce_count_in_the_worst_case(timing, field):
+    rejects({"timing": timing}, field)
+
+
+def test_a_scaled_linear_bound_is_the_unscaled_one_times_the_scale():
+    cfg = load_config(TINY)
+    scaled = load_config({**TINY, "timing": {"prefill_scale": 3.0, "decode_scale": 2.0}})
+    size = bounds.configured_size(cfg)
+    model = [ms for key, ms in bounds._time_terms(cfg, size, None) if key.startswith("timing.")]
+    times3 = [ms for key, ms in bounds._time_terms(scaled, size, None) if key.startswith("timing.")]
+    # the four linear terms scale by the larger factor; overhead and all-reduce are 0 in both
+    assert times3 == [3.0 * ms for ms in model]
+
+
+def test_hidden_size_without_an_allreduce_is_rejected():
+    rejects({"timing": {"hidden_size": []}}, "timing.hidden_size")
+    rejects({"timing": {"hidden_size": 4096}}, "timing.hidden_size")
+
+
+def test_trace_sends_beyond_int64_name_the_table_column():
+    table = pa.table({"input_tokens": [4, 4], "output_tokens": [1, 1],
+                      "send_ms": pa.array([0, 10**12], pa.duration("s"))})
+    message = rejects({"load": {"type": "trace"}}, "requests: send_ms", requests=table)
+    assert "load.speedup=1.0" in message
+
+
 def test_bad_config_and_progress_arguments_are_config_errors():
     rejects([("seed", 1)], "config must be a mapping")
     with pytest.raises(ConfigError, match="progress must be callable"):

@@ -119,6 +119,17 @@ BAD_INPUT = {
     ),
     "duplicate-id": ([TABLE, ALL_ROWS], HEADER + "a,5,2\nb,6,3\na,7,1\n", ["requests.csv", "line 4", "'a'"]),
     "bad-value": ([TABLE, ALL_ROWS], HEADER + "a,5,2\nb,abc,3\n", ["requests.csv:3", "input_tokens", "abc"]),
+    # a key below a null node of Hydra's own config fails an assertion inside OmegaConf
+    "hydra-key-below-null": (["hydra.sweeper.params.x=1"], None, ["hydra.sweeper.params.x=1", "Hydra cannot apply"]),
+    "hydra-node-interpolation": (["hydra.run.dir=${nope}"], None, ["hydra.run.dir", "'nope' not found"]),
+    "no-key": (["=5"], None, ["=5: an override needs a key"]),
+    "sweep-type-the-sweeper-refuses": (["hydra.mode=MULTIRUN", "load.concurrency=interval(1,2)"], None,
+                                       ["load.concurrency=interval(1,2)", "interval() needs a sampling sweeper"]),
+    "range-step-zero": (["hydra.mode=MULTIRUN", "load.concurrency=range(1,5,0)"], None,
+                        ["load.concurrency=range(1,5,0)", "must not be 0"]),
+    "flag-after-the-overrides": (["-m", "load.concurrency=1,2"], None,
+                                 ["unrecognized arguments: load.concurrency=1,2", "flags such as -m go before"]),
+    "output-dir-batch-axis": (["sweep.batch.output.dir=[a,b]"], None, ["sweep.batch.output.dir", "cannot be a batch axis"]),
 }
 
 

@@ -195,6 +195,14 @@ def test_a_real_full_or_read_only_file_system_is_one_line_and_exit_74(tmp_path, 
     assert not out.exists() or list(out.iterdir()) == []
 
 
+def test_an_environment_error_leaves_no_outputs_dir(tmp_path):
+    """As for bad input, the Hydra run directory made for the failed run is removed (output.dir elsewhere)."""
+    (tmp_path / "f").write_text("a file")
+    done = replaysim(tmp_path, "output.dir=f/out", *SMALL)
+    assert done.returncode == 74, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
 def test_a_manifest_naming_files_elsewhere_is_not_trusted(tmp_path, result):
     out = tmp_path / "out"
     write_results(result, out)

@@ -84,6 +84,10 @@ def csv_file(tmp_path, data: bytes) -> str:
     (b"input_tokens,output_tokens,output_tokens\n4,2,2\n", r":1: duplicate column\(s\) output_tokens in the header"),
     (b"input_tokens,output_tokens\n4,2\n1e30,3\n", rf":3: input_tokens must be an integer from 1 to {2**63 - 1}, got '1e30'"),
     (b"input_tokens,output_tokens\n4,2\n9223372036854775808,3\n", r":3: input_tokens must be an integer from 1 to"),
+    # pyarrow's integer parser takes hex; the scan's decimal rule is the one both readers keep
+    (b"input_tokens,output_tokens\n4,2\n0x10,3\n", r":3: input_tokens must be a number, got '0x10'"),
+    # binary: pyarrow reads a header of bytes it cannot name
+    (b"\xad\x01\x02\n\x03\n", r":1: not UTF-8 text \(byte 0xad\)"),
 ])
 def test_a_bad_csv_names_its_file_and_line(tmp_path, data, message):
     path = csv_file(tmp_path, data)
@@ -97,3 +101,13 @@ def test_an_azure_trace_with_a_duplicate_header_names_its_line(tmp_path):
     cfg = load_config({"workload": {"source": "azure", "path": str(path), "num_requests": None}}).workload
     with pytest.raises(ConfigError, match=rf"^{path}:2: duplicate column\(s\) ContextTokens in the header$"):
         read_trace(cfg, send_times=False)
+
+
+def test_a_damaged_parquet_file_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "requests.parquet"
+    pq.write_table(pa.table({"input_tokens": [4, 5], "output_tokens": [1, 2]}), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-12] + bytes(8) + data[-4:])  # the footer's length zeroed: pyarrow's message has a newline
+    with pytest.raises(ConfigError) as error:
+        read(str(path))
+    assert str(error.value).startswith(f"{path}: not a readable Parquet file") and "\n" not in str(error.value)

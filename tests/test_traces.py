@@ -199,7 +199,10 @@ MOONCAKE_BAD = {
     "null-hash-id": (mooncake_row(1, hash_ids=[1, None]), "hash_ids must be a list of integers, got a null item"),
     "string-timestamp": (mooncake_row("12:00"), "timestamp must be a number of ms, got '12:00'"),
     "nan-timestamp": ('{"timestamp": NaN, "input_length": 5, "output_length": 2, "hash_ids": [1]}',
-                      "timestamp must be a finite number of ms, got nan"),
+                      "timestamp must be a finite number of ms within +-4.612e+12 (int64 ns), got nan"),
+    # beyond the int64 ns clock: the row itself is bad (not the next one "before" it)
+    "huge-timestamp": (mooncake_row(1e300), "timestamp must be a finite number of ms within +-4.612e+12 (int64 ns), "
+                                            "got 1e+300"),
     "decreasing-timestamp": (mooncake_row(-1), "timestamp -1 is before 0 at line 1"),
     "alias-and-name": (mooncake_row(1, input_tokens=5), "input_length and its alias input_tokens are both given"),
     "created-time-and-timestamp": (mooncake_row(1, created_time=1), "timestamp and its alias created_time are both given"),
@@ -252,6 +255,14 @@ def test_azure_bad_rows_name_file_and_line(tmp_path, row, message):
     table = load("azure", path, drop_invalid=True)
     assert len(table) == 2 and table.num_dropped == 1
     assert table.send_ms.tolist() == [0.0, 1319.41]
+
+
+def test_azure_bytes_that_are_not_utf8_name_their_line_in_any_column(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(AZURE_HEADER.encode() + b"2023-11-16 18:15:46.68\xff,374,44\n")
+    # the timestamps are not read without load.type=trace; the file is still not text
+    with pytest.raises(ConfigError, match=rf"^{path}:2: not UTF-8 text \(byte 0xff\)"):
+        load("azure", path, load_type="closed_loop")
 
 
 def test_file_level_errors(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from simcore.config import TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
+from simcore.config import DEFAULTS, TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 from simcore.values import integral
 from simcore.workload.shared_prefix import shared_prefix_requests
-from simcore.workload.table import RequestTable, default_ids, first_duplicate
+from simcore.workload.table import RequestTable, default_ids, first_duplicate, utf8_text
 from simcore.workload.traces import read_trace
 
 REQUIRED_COLUMNS = ("request_id", "input_tokens", "output_tokens")
@@ -113,7 +114,7 @@ def read_table_file(path: str) -> pa.Table:
         try:
             return pq.read_table(file)
         except (pa.ArrowInvalid, OSError) as exc:
-            raise ConfigError(f"{path}: not a readable Parquet file ({exc})") from None
+            raise ConfigError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
     if suffix == ".csv":
         return _read_csv(file)
     raise ConfigError(f"workload.path: {path}: expected a .csv or .parquet file")
@@ -141,7 +142,12 @@ def _read_csv(file: Path) -> pa.Table:
         )
     except (pa.ArrowException, OSError):
         return _scan_csv(file)
-    names = table.column_names
+    if _has_hex_prefix(file):  # pyarrow takes 0x10 as 16; the scan refuses it as a length
+        return _scan_csv(file)
+    try:
+        names = table.column_names
+    except UnicodeDecodeError:  # a header that is not UTF-8: the scan names its line
+        return _scan_csv(file)
     if any(name != name.strip() for name in names) or len(set(names)) != len(names):
         return _scan_csv(file)
     if "request_id" in table.column_names:
@@ -150,19 +156,15 @@ def _read_csv(file: Path) -> pa.Table:
     return table
 
 
-def _utf8_text(file: Path) -> str:
-    """The file's text; bytes that are not UTF-8 are a ConfigError naming their line."""
-    data = file.read_bytes()
-    try:
-        return data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{file}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); expected a CSV request table") from None
+def _has_hex_prefix(file: Path) -> bool:
+    """Whether ``0x`` or ``0X`` occurs anywhere in the file (searched in place, not read into memory)."""
+    with open(file, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return data.find(b"0x") >= 0 or data.find(b"0X") >= 0
 
 
 def _scan_csv(file: Path) -> pa.Table:
     """A small strict line-by-line CSV reader so that a bad row is reported with its line."""
-    reader = csv.reader(io.StringIO(_utf8_text(file), newline=""))
+    reader = csv.reader(io.StringIO(utf8_text(file.read_bytes(), str(file), "a CSV request table"), newline=""))
     try:
         header = [name.strip() for name in next(reader)]
     except StopIteration:
@@ -367,7 +369,9 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     RequestTable
     """
     if requests is not None:  # replaces the whole configured workload
-        return table_requests(requests, "requests", None)
+        table = table_requests(requests, "requests", None)
+        _check_workload_unset(cfg, len(table.request_id))
+        return table
     if cfg.workload.source == "table":
         table = read_table_file(cfg.workload.path)
         return table_requests(table, cfg.workload.path, cfg.workload.num_requests)
@@ -376,6 +380,24 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     if cfg.workload.source == "shared_prefix":
         return shared_prefix_requests(cfg.workload.shared_prefix, cfg.workload.num_requests, rng)
     return synthetic_requests(cfg.workload, rng)
+
+
+def _check_workload_unset(cfg: SimConfig, num_rows: int) -> None:
+    """A workload key set beside a ``requests`` table is an error: the table is the whole workload.
+
+    ``num_requests`` may state the table's row count (callers size the
+    configured bounds check with it); any other value, and any other workload
+    key that differs from its default, would be silently ignored.
+    """
+    for key, default in DEFAULTS["workload"].items():
+        value = cfg.resolved["workload"][key]
+        if key == "num_requests" and value == num_rows:
+            continue
+        if value != default:
+            raise ConfigError(
+                f"workload.{key} has no effect with a requests table passed to simcore.run "
+                f"(its {num_rows} rows are the whole workload), got {value!r}"
+            )
 
 
 def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Generator) -> np.ndarray | None:

@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from simcore.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RequestTable:
@@ -79,3 +81,26 @@ def first_duplicate(ids: pa.Array) -> tuple[int, int] | None:
         return None
     where = np.flatnonzero(pc.equal(ids, repeated[0]["values"]).to_numpy(zero_copy_only=False))
     return int(where[0]), int(where[1])
+
+
+def utf8_text(data: bytes, origin: str, expected: str) -> str:
+    """``data`` decoded as UTF-8 (a leading BOM dropped); bytes that are not are a ConfigError naming their line.
+
+    Parameters
+    ----------
+    data : bytes
+        A text file's contents.
+    origin : str
+        The file, for the message.
+    expected : str
+        What the file should be (``"a CSV request table"``), for the message.
+
+    Returns
+    -------
+    str
+    """
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{origin}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); expected {expected}") from None

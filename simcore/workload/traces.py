@@ -48,9 +48,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from simcore.config import ConfigError, WorkloadConfig
-from simcore.units import NS_PER_MS, ms_to_ns
+from simcore.units import MAX_INSTANT_MS, NS_PER_MS, ms_to_ns
 from simcore.values import integral
-from simcore.workload.table import RequestTable, default_ids, first_duplicate
+from simcore.workload.table import RequestTable, default_ids, first_duplicate, utf8_text
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -416,14 +416,15 @@ def _mooncake_rows(
     if with_times:
         present = values["timestamp"].is_valid().to_numpy(zero_copy_only=False)
         time = values["timestamp"].fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64)
-        checks.add(
-            present & ~np.isfinite(time),
-            lambda row: f"{used('timestamp', row)} must be a finite number of ms, got {time[row]}",
+        checks.add(  # beyond the int64 ns clock no send instant can be derived from it (nan fails too)
+            present & ~(np.abs(time) < MAX_INSTANT_MS),
+            lambda row: f"{used('timestamp', row)} must be a finite number of ms within +-{MAX_INSTANT_MS:.4g} "
+                        f"(int64 ns), got {show_time(row)}",
         )
 
         def show_time(row: int) -> str:
             value = time[row]
-            return f"{int(value)}" if value.is_integer() else f"{value!r}"
+            return f"{int(value)}" if value.is_integer() and abs(value) < 1e15 else f"{float(value)!r}"
 
     return _Trace(
         path=path,
@@ -444,6 +445,7 @@ def _mooncake_rows(
 
 
 def _read_azure(path: str, data: bytes, with_times: bool) -> _Trace:
+    utf8_text(data, path, "an Azure LLM inference trace (CSV)")  # in any column, read or not
     lines = data.split(b"\n")
     numbers = _nonblank_lines(lines, lambda text: not text.rstrip(b"\r"))
     if not numbers:
