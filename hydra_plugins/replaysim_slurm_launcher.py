@@ -13,6 +13,12 @@ launcher submits the same sbatch array with the same parameters, waits for
 every job, and records each lost job's unfinished points as ``failed``
 (``failure.json``, error ``UncompletedJobError``), so the sweep ends normally
 and a rerun into the same sweep directory runs them again (resume).
+
+Stopping the launching process with Ctrl-C or SIGTERM cancels the sweep's
+array tasks (``scancel``) before it exits 130 or 143.  A launcher killed with
+SIGKILL cannot do that: its tasks belong to the cluster and run on
+(``scancel -n <hydra.launcher.name>`` stops them); a rerun resumes from the
+points whose manifest verifies.
 """
 
 from __future__ import annotations
@@ -95,6 +101,14 @@ def result_of(job) -> JobReturn:
         return job.results()[0]
 
 
+def cancel(job_ids: Sequence[str]) -> None:
+    """``scancel`` the given jobs, best effort: the launcher is stopping and must not hang or raise."""
+    try:
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
 class SlurmLauncher(SubmititSlurmLauncher or object):
     """Every job of the sweep as a Slurm array task; lost jobs become failed points."""
 
@@ -132,12 +146,16 @@ class SlurmLauncher(SubmititSlurmLauncher or object):
             [state] * len(job_overrides),
         )
         returns = []
-        for job, overrides, number in zip(jobs, job_overrides, numbers):
-            try:
-                returns.append(result_of(job))
-            except UncompletedJobError as exc:  # the job ended without a result
-                log.warning(f"job #{number} ({job.job_id}) ended without a result: {job.state}")
-                returns.append(self.record_lost(list(overrides), number, exc))
+        try:
+            for job, overrides, number in zip(jobs, job_overrides, numbers):
+                try:
+                    returns.append(result_of(job))
+                except UncompletedJobError as exc:  # the job ended without a result
+                    log.warning(f"job #{number} ({job.job_id}) ended without a result: {job.state}")
+                    returns.append(self.record_lost(list(overrides), number, exc))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (runners.cli.Terminated): the sweep's tasks stop with it
+            cancel([job.job_id for job in jobs])
+            raise
         return returns
 
     def record_lost(self, overrides: list[str], number: int, error: Exception) -> JobReturn:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -160,3 +161,38 @@ def test_cancelled_jobs_are_failed_points_and_a_rerun_completes_them(tmp_path):
     for job in ("1", "3"):
         assert not (sweep / job / "failure.json").exists()
         assert pl.read_parquet(sweep / job / "requests.parquet").height == NUM_REQUESTS
+
+
+def test_sigterm_to_the_launcher_cancels_its_array_tasks(tmp_path):
+    name = f"replaysim-test-{uuid.uuid4().hex[:8]}"
+    never = tmp_path / "never"  # never created: every task holds in its setup line until cancelled
+    hold = f"hydra.launcher.setup=['while test ! -e {never}; do sleep 0.2; done']"
+    command = sweep_command(tmp_path / "stopped", name, hold, "hydra.launcher.array_parallelism=2")
+    launched = subprocess.Popen(command, cwd=tmp_path, env=environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # two tasks running, two pending
+            listed = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%t"],
+                                    capture_output=True, text=True, timeout=30).stdout.split()
+            if sorted(listed) == ["PD", "PD", "R", "R"]:
+                break
+            assert launched.poll() is None and time.monotonic() < deadline, listed
+            time.sleep(0.5)
+        launched.send_signal(signal.SIGTERM)
+        _, stderr = launched.communicate(timeout=60)
+        assert launched.returncode == 143, stderr[-3000:]
+        assert stderr.splitlines()[-1] == "replaysim: stopped by SIGTERM; results of unfinished runs were not written"
+        # only the launcher cancelled them: nothing else here does before these checks
+        deadline = time.monotonic() + 60
+        while subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i"],
+                             capture_output=True, text=True, timeout=30).stdout.strip():
+            assert time.monotonic() < deadline, "array tasks still queued after the launcher stopped"
+            time.sleep(0.5)
+        # the running tasks are accounted as cancelled (pending ones may leave no record)
+        states = job_states(name, count=2)
+        assert len(states) >= 2 and all(state.startswith("CANCELLED") for state in states.values()), states
+    finally:
+        if launched.poll() is None:
+            launched.kill()
+        subprocess.run(["scancel", "-n", name], timeout=30)
