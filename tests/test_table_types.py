@@ -97,3 +97,14 @@ def test_an_azure_trace_with_a_duplicate_header_names_its_line(tmp_path):
     cfg = load_config({"workload": {"source": "azure", "path": str(path), "num_requests": None}}).workload
     with pytest.raises(ConfigError, match=rf"^{path}:2: duplicate column\(s\) ContextTokens in the header$"):
         read_trace(cfg, send_times=False)
+
+
+@pytest.mark.parametrize("n", [0, 1, 10, 11, 1001])
+def test_default_ids_are_r0_to_rn_as_a_plain_string_array(n):
+    """Built from buffers (no pandas import): the same array as from the Python list."""
+    from simcore.workload.table import default_ids
+
+    ids = default_ids(n)
+    ids.validate(full=True)
+    assert ids.type == pa.string() and ids.null_count == 0
+    assert ids.equals(pa.array([f"r{i}" for i in range(n)], type=pa.string()))
