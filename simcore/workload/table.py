@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from simcore.schema import string_array
+
 
 @dataclass(frozen=True)
 class RequestTable:
@@ -57,11 +59,7 @@ def default_ids(n: int) -> pa.Array:
     pyarrow.StringArray
         ``n`` ids.
     """
-    # From its buffers: pa.array of a Python list imports pandas (~0.15 s) on first use.
-    ids = [f"r{i}" for i in range(n)]
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.fromiter(map(len, ids), dtype=np.int32, count=n), out=offsets[1:])
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer("".join(ids).encode("ascii")))
+    return string_array([f"r{i}" for i in range(n)])
 
 
 def first_duplicate(ids: pa.Array) -> tuple[int, int] | None:
