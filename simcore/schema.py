@@ -17,8 +17,9 @@ SCHEMA_VERSION = "1"
 def string_array(strings: list[str]) -> pa.StringArray:
     """``pa.array(strings, type=pa.string())``, built from its buffers.
 
-    ``pa.array`` of Python (or numpy) strings imports pandas (~0.15 s) on
-    first use, which a run needs nowhere else.
+    ``pa.array`` of Python strings imports pandas (~0.15 s) on first use.
+    (pyarrow 26 imports it too on the first ``pa.array`` of an ndarray and the
+    first ``to_numpy``, which the result tables and exports still call.)
 
     Parameters
     ----------

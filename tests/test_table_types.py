@@ -101,7 +101,7 @@ def test_an_azure_trace_with_a_duplicate_header_names_its_line(tmp_path):
 
 @pytest.mark.parametrize("n", [0, 1, 10, 11, 1001])
 def test_default_ids_are_r0_to_rn_as_a_plain_string_array(n):
-    """Built from buffers (no pandas import): the same array as from the Python list."""
+    """Built from its buffers: the same array as ``pa.array`` of the Python list."""
     from simcore.workload.table import default_ids
 
     ids = default_ids(n)
