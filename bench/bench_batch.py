@@ -88,6 +88,13 @@ def reference_inputs(mapping: dict) -> dict:
     }
 
 
+#: Summary keys of ``simcore.run`` outside the reference's summary: trace rows dropped
+#: by the reader, rejections by limit, the saturation verdict (docs/metrics.md; the
+#: verdict's laws are tested in tests/test_summary_verdicts.py).
+RUN_ONLY_KEYS = ("dropped_requests", "rejected_context_length", "rejected_kv_capacity",
+                 "saturated", "arrival_rate_second_half", "departure_rate_second_half")
+
+
 def check_against_reference(mappings: list[dict], refs: list[dict]) -> None:
     """Fast paths == pure-Python reference on ``mappings`` (request instants and token
     receipts to the nanosecond, summaries as tests/test_against_reference.py); raises if not."""
@@ -116,11 +123,17 @@ def check_against_reference(mappings: list[dict], refs: list[dict]) -> None:
                 raise SystemExit(f"check failed: configuration {k}: run_batch {column} differs from the reference")
         summaries = [("run_batch", result.summary)] + ([("run", single.summary)] if k == 0 else [])
         for name, summary in summaries:
-            summary = {key: value for key, value in summary.items() if key != "dropped_requests"}
+            # simcore.run adds keys the reference's summary (SPEC §10) has no counterpart
+            # for: compare the rest, the rejection reasons by their sum (conservation)
+            extras = {key: summary[key] for key in RUN_ONLY_KEYS}
+            summary = {key: value for key, value in summary.items() if key not in RUN_ONLY_KEYS}
             try:
                 assert_summaries_equal(summary, slow_summary)
+                assert extras["dropped_requests"] == 0, "dropped_requests"  # generated workload
+                rejected = extras["rejected_context_length"] + extras["rejected_kv_capacity"]
+                assert rejected == slow_summary["rejected"], "rejected_context_length + rejected_kv_capacity"
             except AssertionError as error:
-                raise SystemExit(f"check failed: configuration {k}: {name} summary differs from the reference: {error or 'different keys'}")
+                raise SystemExit(f"check failed: configuration {k}: {name} summary differs from the reference: {str(error) or 'different keys'}")
     print(
         f"check: engine batch, run_batch and run == pure-Python reference on {len(refs)} configurations "
         f"(request instants, {sum(len(t) for t in slow['tokens'])} token receipts each, summaries)",

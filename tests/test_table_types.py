@@ -111,3 +111,14 @@ def test_a_damaged_parquet_file_is_one_line_naming_it(tmp_path):
     with pytest.raises(ConfigError) as error:
         read(str(path))
     assert str(error.value).startswith(f"{path}: not a readable Parquet file") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("n", [0, 1, 10, 11, 1001])
+def test_default_ids_are_r0_to_rn_as_a_plain_string_array(n):
+    """Built from its buffers: the same array as ``pa.array`` of the Python list."""
+    from simcore.workload.table import default_ids
+
+    ids = default_ids(n)
+    ids.validate(full=True)
+    assert ids.type == pa.string() and ids.null_count == 0
+    assert ids.equals(pa.array([f"r{i}" for i in range(n)], type=pa.string()))

@@ -17,7 +17,7 @@ from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import DISTRIBUTIONS, ITL, STATISTICS, Distribution, percentile_key, summary_key
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
-from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform
+from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform, string_array
 from simcore.units import NOT_YET
 
 COMPLETED, REJECTED, INCOMPLETE = 0, 1, 2
@@ -101,7 +101,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
     """
     run = cols.run
     status = pa.DictionaryArray.from_arrays(
-        pa.array(cols.status, type=pa.int8()), pa.array(STATUS_NAMES, type=pa.string())
+        pa.array(cols.status, type=pa.int8()), string_array(list(STATUS_NAMES))
     )
     data = {
         "request_id": request_id,

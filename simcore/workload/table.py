@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from simcore.errors import ConfigError
+from simcore.schema import string_array
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def default_ids(n: int) -> pa.Array:
     pyarrow.StringArray
         ``n`` ids.
     """
-    return pa.array([f"r{i}" for i in range(n)], type=pa.string())
+    return string_array([f"r{i}" for i in range(n)])
 
 
 def first_duplicate(ids: pa.Array) -> tuple[int, int] | None:
