@@ -76,7 +76,12 @@ STRING_KEYS = {
     "workload.path", "output.dir", "timing.model", "timing.gpu", "timing.backend_version", "timing.profile",
     "timing.allreduce.curve",
 }
-LIST_KEYS = {"metrics.percentiles"}
+LIST_KEYS = {"metrics.percentiles", "timing.cuda_graph_sizes"}
+#: Wrong values of each list key (a list of capture sizes may hold 101; percentiles may not).
+BAD_LISTS = {
+    "metrics.percentiles": ["abc", 5, [101], [-1], ["a"], [[1]], {"a": 1}, [math.nan]],
+    "timing.cuda_graph_sizes": ["abc", 5, [], [0], [-1], ["a"], [[1]], {"a": 1}, [math.nan], [1.5]],
+}
 
 
 def default_of(key: str):
@@ -174,7 +179,7 @@ def types_cases(rng: random.Random) -> list[Case]:
         elif key in FLAG_KEYS:
             bad = NOT_FLAGS
         elif key in LIST_KEYS:
-            bad = ["abc", 5, [101], [-1], ["a"], [[1]], {"a": 1}, [math.nan]]
+            bad = BAD_LISTS[key]
         else:
             bad = NOT_NUMBERS
         for value in bad:
@@ -227,7 +232,6 @@ def magnitude_cases(rng: random.Random) -> list[Case]:
         [("engine.aggregated.max_sequences", 2**60), ("engine.aggregated.num_blocks", 2**58)],
         [("engine.mode", "disaggregated"), ("engine.kv_transfer.bandwidth_gb_per_second", 1e-300),
          ("engine.kv_transfer.bytes_per_token", 1e300)],
-        [("load.type", "gamma"), ("load.request_rate", 1.0), ("load.burstiness", 1e-300)],
         [("workload.output_dist", "normal"), ("workload.output_std", 1e300)],
         [("workload.input_dist", "lognormal"), ("workload.input_std", 1e18)],
         [("output.mode", "bounded"), ("workload.num_requests", 10**15)],
