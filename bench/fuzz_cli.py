@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from simcore.config import DEFAULTS, KEY_SCOPES, dotted_keys  # noqa: E402
+from tests.config_trees import merged, nested  # noqa: E402
 
 BAD_INPUT, ENVIRONMENT = 2, 74
 TIMEOUT_S = 300
@@ -126,25 +127,6 @@ def hydra_value(value) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(value)
-
-
-def nested(key: str, value) -> dict:
-    *parents, leaf = key.split(".")
-    out: dict = {leaf: value}
-    for part in reversed(parents):
-        out = {part: out}
-    return out
-
-
-def merged(*parts: dict) -> dict:
-    out: dict = {}
-    for part in parts:
-        for name, value in part.items():
-            if isinstance(value, dict) and isinstance(out.get(name), dict):
-                out[name] = merged(out[name], value)
-            else:
-                out[name] = value
-    return out
 
 
 def as_config(pairs: list[tuple[str, object]]) -> dict:

@@ -24,6 +24,7 @@ import simcore
 from simcore import bounds
 from simcore.config import DEFAULTS, ConfigError
 from simcore.schema import TTFT_STAGES
+from tests.config_trees import merged, nested
 
 #: Examples per property (about 3 s each in CI); REPLAYSIM_FUZZ_EXAMPLES=2000 for a deeper search.
 FUZZ = settings(
@@ -60,22 +61,6 @@ BAD_COSTS = st.one_of(
     st.just(10**400), NOT_A_NUMBER,
 )
 BAD_RATES = st.one_of(st.floats(max_value=1e-200), st.sampled_from([math.nan, math.inf]), NOT_A_NUMBER)
-
-
-def nested(key: str, value) -> dict:
-    *parents, leaf = key.split(".")
-    out: dict = {leaf: value}
-    for part in reversed(parents):
-        out = {part: out}
-    return out
-
-
-def merged(*parts: dict) -> dict:
-    out: dict = {}
-    for part in parts:
-        for name, value in part.items():
-            out[name] = merged(out[name], value) if isinstance(value, dict) and isinstance(out.get(name), dict) else value
-    return out
 
 
 @st.composite
