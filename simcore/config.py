@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from simcore import bounds
+from simcore.enums import RANK_POLICIES, ROUTER_POLICIES
 from simcore.errors import ConfigError, InstantOverflow  # noqa: F401  raised and caught as simcore.config.*
 from simcore.timing import aic
 from simcore.timing.profile import read_num_layers
@@ -44,6 +45,8 @@ _POOL_DEFAULTS = {
     "prefix_caching": False,
     # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md)
     "async_scheduling": False,
+    # how a worker spreads its requests over its attention-DP ranks (docs/routing.md)
+    "rank_policy": "round_robin",
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -130,6 +133,11 @@ DEFAULTS: dict[str, Any] = {
         "prefill": dict(_POOL_DEFAULTS),
         "decode": dict(_POOL_DEFAULTS),
         "kv_transfer": {"bandwidth_gb_per_second": None, "bytes_per_token": None},
+        # Routing over workers (docs/routing.md): the receiving pool (aggregated
+        # or P/D prefill), then the P/D decode pool; weights of prefix_aware's
+        # scorers (llm-d's no-config default: prefix 3, queue 2, kv-cache 2).
+        "router": {"policy": "round_robin", "weights": {"prefix": 3.0, "queue": 2.0, "kv_cache": 2.0}},
+        "decode_router": {"policy": "round_robin"},
     },
     "timing": {
         "type": "linear",
@@ -193,6 +201,9 @@ OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
 ENGINE_MODES = ("aggregated", "disaggregated")
 POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 POLICIES = tuple(POLICY_DEFAULTS)
+#: The decode pool has no prefix cache: load-based and oblivious choices only.
+DECODE_ROUTER_POLICIES = tuple(p for p in ROUTER_POLICIES if p != "prefix_aware")
+ROUTER_WEIGHTS = ("prefix", "queue", "kv_cache")
 TIMING_TYPES = ("fixed", "linear", "aic", "table")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
 AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
@@ -429,6 +440,7 @@ class PoolConfig:
     schedule_conservativeness: float | None  # sglang
     prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
     async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
+    rank_policy: str = "round_robin"  # RANK_POLICIES (docs/routing.md)
 
     @property
     def num_ranks(self) -> int:
@@ -459,6 +471,15 @@ class KVTransferConfig:
 
 
 @dataclass(frozen=True)
+class RouterConfig:
+    """Routing over workers (docs/routing.md): names in ``simcore.enums.ROUTER_POLICIES``."""
+
+    policy: str = "round_robin"  # the receiving pool (aggregated, or P/D prefill)
+    decode_policy: str = "round_robin"  # the P/D decode pool
+    weights: tuple[float, float, float] = (3.0, 2.0, 2.0)  # prefix_aware: prefix, queue, kv_cache
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     mode: str
     policy: str
@@ -466,6 +487,7 @@ class EngineConfig:
     prefill: PoolConfig
     decode: PoolConfig
     kv_transfer: KVTransferConfig
+    router: RouterConfig = RouterConfig()
 
     @property
     def pools(self) -> tuple[PoolConfig, ...]:
@@ -674,6 +696,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
                     "engine.kv_transfer.bytes_per_token", e["kv_transfer"]["bytes_per_token"]
                 ),
             ),
+            router=_router(e["router"], e["decode_router"]),
         ),
         timing=timing,
         tokenization=TokenizationConfig(
@@ -818,6 +841,7 @@ def _pool(
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
+        rank_policy=_choice(f"{prefix}.rank_policy", raw["rank_policy"], RANK_POLICIES),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1078,8 +1102,23 @@ def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
     )
 
 
+def _router(raw: Mapping[str, Any], decode_raw: Mapping[str, Any]) -> RouterConfig:
+    weights = raw["weights"]
+    return RouterConfig(
+        policy=_choice("engine.router.policy", raw["policy"], ROUTER_POLICIES),
+        decode_policy=_choice("engine.decode_router.policy", decode_raw["policy"], DECODE_ROUTER_POLICIES),
+        weights=tuple(_number(f"engine.router.weights.{key}", weights[key]) for key in ROUTER_WEIGHTS),
+    )
+
+
 def _check_combinations(cfg: SimConfig) -> None:
     _check_key_scopes(cfg)
+    if cfg.engine.router.policy == "prefix_aware" and not cfg.engine.pools[0].prefix_caching:
+        receiving = POOLS[cfg.engine.mode][0]
+        raise ConfigError(
+            f"engine.router.policy=prefix_aware reads the prefix cache: it needs "
+            f"engine.{receiving}.prefix_caching=true"
+        )
     w, ld = cfg.workload, cfg.load
     if cfg.output.mode == "bounded" and cfg.output.tokens:
         raise ConfigError(
@@ -1150,7 +1189,9 @@ def _auto_pools(cfg: SimConfig) -> list[str]:
 
 
 #: The engine sections each mode reads (kv_transfer: the P/D hand-off).
-_SECTION_MODE = {pool: mode for mode, pools in POOLS.items() for pool in pools} | {"kv_transfer": "disaggregated"}
+_SECTION_MODE = {pool: mode for mode, pools in POOLS.items() for pool in pools} | {
+    "kv_transfer": "disaggregated", "decode_router": "disaggregated"
+}
 
 #: Which key applies when: every such rule, read in this order by :func:`_check_key_scopes`.
 KEY_SCOPES = (
@@ -1201,6 +1242,8 @@ KEY_SCOPES = (
              _setting("timing", "type"), _NO_EFFECT),
     KeyScope("workload", ("prefix_tokens",), lambda cfg: cfg.engine.pools[0].prefix_caching,
              "engine.{pool}.prefix_caching=true", lambda cfg: "prefix caching off", _NO_EFFECT),
+    KeyScope("engine.router.weights", ROUTER_WEIGHTS, lambda cfg: cfg.engine.router.policy == "prefix_aware",
+             "engine.router.policy=prefix_aware", lambda cfg: f"engine.router.policy={cfg.engine.router.policy}"),
     KeyScope("timing", ("memory_fraction",), lambda cfg: bool(_auto_pools(cfg)), "engine.<pool>.num_blocks=auto",
              lambda cfg: "no pool's num_blocks=auto", _NO_EFFECT),
 )

@@ -34,3 +34,17 @@ DETOK_DEFERRED = 2
 # Flags of a pass output, for the detokenizer's per-job costs.
 OUT_FIRST = 1  # the request's first token
 OUT_FINAL = 2  # the token that finished the request
+
+# Routing (docs/routing.md): the policy that picks a request's worker
+# (``engine.router.policy``, ``engine.decode_router.policy``) and its rank
+# inside the worker (``engine.<pool>.rank_policy``), by index in these tuples.
+ROUTE_ROUND_ROBIN = 0
+ROUTE_RANDOM = 1
+ROUTE_LEAST_OUTSTANDING = 2
+ROUTE_LEAST_TOKENS = 3
+ROUTE_POWER_OF_TWO = 4
+ROUTE_PREFIX_AWARE = 5
+ROUTER_POLICIES = ("round_robin", "random", "least_outstanding", "least_tokens", "power_of_two", "prefix_aware")
+RANK_ROUND_ROBIN = 0
+RANK_LEAST_LOADED = 1
+RANK_POLICIES = ("round_robin", "least_loaded")

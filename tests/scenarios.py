@@ -350,3 +350,36 @@ def fast_as_reference(run, cols) -> dict:
             for row, ms in zip(run.pass_log, run.pass_ms)
         ]
     return {"requests": requests, "tokens": tokens, "passes": passes}
+
+
+def routing_scenario(seed: int, policy: str, disaggregated: bool = False, rank_policy: str | None = None,
+                     decode_policy: str | None = None) -> dict:
+    """A random scenario (:func:`random_scenario`) routed by ``policy`` over 2-4 receiving workers.
+
+    ``prefix_aware`` turns prefix caching on.  ``rank_policy`` and
+    ``decode_policy`` (P/D) are drawn when None; every pool has 1-3 ranks and
+    the run seed is drawn (it seeds ``random`` and ``power_of_two``).  The
+    extra draws come from their own generator, after the base scenario's.
+    """
+    scenario = random_scenario(
+        seed, disaggregated=disaggregated, prefix_caching=policy == "prefix_aware" or seed % 4 == 1,
+    )
+    rnd = random.Random(seed + 1_000_003)
+    config = scenario["config"]
+    engine = config["engine"]
+    config["seed"] = rnd.randint(0, 10_000)
+    engine["router"] = {"policy": policy}
+    if policy == "prefix_aware" and rnd.random() < 0.5:
+        engine["router"]["weights"] = {key: rnd.choice([0.0, 0.5, 1.0, 3.0]) for key in ("prefix", "queue", "kv_cache")}
+    pools = ("prefill", "decode") if disaggregated else ("aggregated",)
+    engine[pools[0]]["replicas"] = rnd.randint(2, 4)
+    for name in pools:
+        engine[name]["attention_dp"] = rnd.randint(1, 3)
+        engine[name]["rank_policy"] = rank_policy or rnd.choice(["round_robin", "least_loaded"])
+    if disaggregated:
+        engine["decode"]["replicas"] = rnd.randint(1, 3)
+        engine["decode_router"] = {
+            "policy": decode_policy or rnd.choice(["round_robin", "random", "least_outstanding", "least_tokens",
+                                                   "power_of_two"])
+        }
+    return scenario

@@ -21,7 +21,8 @@ from simcore.client.api import (
 from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
-from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Timing, Topology
+from simcore.engine.router import router_inputs
+from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Router, Timing, Topology
 from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
@@ -121,6 +122,7 @@ class Prepared:
     rank: np.ndarray
     rank_worker: np.ndarray
     cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
+    router: Router
 
     @property
     def closed(self) -> bool:
@@ -136,10 +138,12 @@ class Prepared:
     def kernel_args(self, buffers: Buffers, prefix_cache: tuple) -> tuple:
         """Positional arguments of ``simulate_engine_nb`` (and, stacked, ``simulate_batch_nb``)."""
         return kernel_args(self.requests, self.load, self.client, self.topology, self.ranks, self.timing,
-                           buffers, prefix_cache)
+                           buffers, prefix_cache, self.router)
 
 
-def kernel_args(requests, load, client, topology, ranks, timing, buffers: Buffers, prefix_cache: tuple) -> tuple:
+def kernel_args(
+    requests, load, client, topology, ranks, timing, buffers: Buffers, prefix_cache: tuple, router
+) -> tuple:
     """The kernels' parameter order, written once.
 
     Parameters
@@ -150,6 +154,8 @@ def kernel_args(requests, load, client, topology, ranks, timing, buffers: Buffer
         The send instants (ns) and caller-allocated outputs.
     prefix_cache : tuple of ndarray(int64)
         The ``simcore.scheduler.kv_nb`` state.
+    router : Router
+        The routing inputs, one configuration's or stacked.
 
     Returns
     -------
@@ -157,7 +163,7 @@ def kernel_args(requests, load, client, topology, ranks, timing, buffers: Buffer
         The positional arguments of ``simulate_engine_nb`` / ``simulate_batch_nb`` (before ``status``).
     """
     return (requests, load, client, buffers.send_ns, topology, ranks, prefix_cache, timing,
-            buffers.out, buffers.receipts, buffers.logs)
+            buffers.out, buffers.receipts, buffers.logs, router)
 
 
 def simulate_engine(
@@ -353,7 +359,8 @@ def prepare(
     np.cumsum(output_tokens, out=token_offset[1:])
     topology, ranks, rank_worker = _topology(pools, cfg.engine.policy)
 
-    # Placement by send sequence number k over the receiving pool (SPEC §3).
+    # Placement by send sequence number k over the receiving pool (SPEC §3);
+    # under another routing policy the kernel places each request (placed_rank).
     k = np.arange(n, dtype=np.int64)
     receiving = pools[0]
     worker = k % receiving.replicas
@@ -361,7 +368,8 @@ def prepare(
     recv_rank = topology.worker_first_rank[worker] + rank
 
     tok = cfg.tokenization
-    tok_server = worker * tok.workers + server_index(requests.request_id, tok.workers)
+    tok_index = server_index(requests.request_id, tok.workers)
+    tok_server = worker * tok.workers + tok_index
     tok_service = tokenization_service_ns(tok, input_tokens)
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
 
@@ -431,6 +439,7 @@ def prepare(
         rank=rank,
         rank_worker=rank_worker,
         cache_shape=(num_slots, len(ranks.policy), ident_offset, ident),
+        router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
     )
 
 
@@ -462,8 +471,14 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         ``status`` is ``BAD_TIMING`` (the message gives the batch summary).
     """
     cfg = prep.cfg
-    worker, rank_worker = prep.worker, prep.rank_worker
+    rank_worker = prep.rank_worker
     out, logs, send_ns = buffers.out, buffers.logs, buffers.send_ns
+    # The placement the kernel reports (round robin: the rows' own); -1 for a
+    # request not placed by the cap (routed by another policy: never sent, or
+    # its least-loaded rank not yet picked).
+    placed = out.placed_rank >= 0
+    worker = np.where(out.placed_worker >= 0, out.placed_worker, np.where(placed, rank_worker[out.placed_rank], -1))
+    rank = np.where(placed, out.placed_rank - prep.topology.worker_first_rank[worker], -1)
     if status == nb.BAD_TIMING:
         b = logs.bad_batch
         raise ConfigError(
@@ -515,7 +530,7 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         generated=out.generated,
         num_preemptions=out.num_preemptions,
         worker=worker,
-        rank=prep.rank,
+        rank=rank,
         cached_tokens=out.cached_tokens,
         prompt_done_ns=out.handoff_ns if cfg.engine.mode == "disaggregated" else out.first_emit_ns,
         transfer_end_ns=out.transfer_end_ns,
@@ -637,6 +652,8 @@ def allocate_buffers(
         token_emit_ns=not_yet(per_token),
         token_recv_ns=not_yet(per_token),
         progress=zeros(1),
+        placed_rank=not_yet(n),
+        placed_worker=not_yet(n),
     )
     logs = Logs(
         emit_log=np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64),

@@ -49,9 +49,9 @@ SHARED_INPUTS = {
     ("topology", "num_decode_workers"): "topology (decode workers)",
 }
 #: The typed inputs stacked member by member (``simcore.engine.state``).
-STACKED_INPUTS = ("requests", "load", "client", "topology", "ranks", "timing")
+STACKED_INPUTS = ("requests", "load", "client", "topology", "ranks", "timing", "router")
 #: Members that are padded to the widest row (read by index only).
-PADDED_INPUTS = (("timing", "params"), ("timing", "table"))
+PADDED_INPUTS = (("timing", "params"), ("timing", "table"), ("router", "draws"), ("router", "decode_draws"))
 
 
 def shape_of(prep: Prepared) -> dict[str, object]:

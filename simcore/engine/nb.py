@@ -66,6 +66,11 @@ from simcore.enums import (  # noqa: F401  shared with the client and metrics st
     PASS_DECODE_KV_TOKENS, PASS_BLOCKS_IN_USE, PASS_LOG_COLUMNS,
 )
 from simcore.timing.nb import rank_time_ms_nb
+from simcore.enums import RANK_ROUND_ROBIN, ROUTE_ROUND_ROBIN
+from simcore.engine.router_nb import (
+    allocate_route_nb, handoff_rank_nb, route_arrival_nb, route_handoff_nb, route_leave_nb, route_prompt_done_nb,
+    route_send_nb,
+)
 
 OK = 0
 PASS_LOG_FULL = 1
@@ -95,7 +100,8 @@ def _has_work_nb(first_rank, num_ranks, run_len, wait_head):
 
 
 @njit(cache=True, nogil=True)
-def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs):
+def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
+                       router):
     """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
 
     Workers have global indices: the aggregated pool, or the prefill pool then
@@ -138,6 +144,8 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         Out: the emission log (``DETOK_DEFERRED`` only), the pass log (0 rows:
         record nothing) with each row's rank time (ms), and on ``BAD_TIMING``
         the batch whose time was not finite and >= 0.
+    router : Router
+        The routing policies and their seeded draws (``simcore.engine.router_nb``).
 
     Returns
     -------
@@ -159,7 +167,9 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         timing.params, timing.table, load.cap_ns, out.arrival_ns, out.first_admit_ns, out.first_emit_ns,
         out.finish_ns, out.reject_ns, out.handoff_ns, out.transfer_end_ns, out.decode_rank, out.cached_tokens,
         out.generated, out.num_preemptions, out.token_emit_ns, out.token_recv_ns, receipts, logs.emit_log,
-        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress,
+        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress, router.policy, router.decode_policy,
+        router.rank_policy, router.weights, router.draws, router.decode_draws, router.tok_index, router.tok_workers,
+        out.placed_rank, out.placed_worker,
     )
 
 
@@ -221,6 +231,16 @@ def _replay_nb(
     pass_ms,
     bad_batch,
     progress,
+    router_policy,
+    decode_router_policy,
+    worker_rank_policy,
+    router_weights,
+    route_draws,
+    decode_draws,
+    tok_index,
+    tok_workers,
+    placed_rank,
+    placed_worker,
 ):
     """The event loop of ``simulate_engine_nb``, over the members of its typed state.
 
@@ -299,6 +319,17 @@ def _replay_nb(
     job_ends = np.zeros(detok_workers, dtype=np.int64)
     job_tokens = np.empty((detok_workers, max_outputs), dtype=np.int64)
     job_flags = np.zeros((detok_workers, max_outputs), dtype=np.int64)
+
+    # Routing (simcore.engine.router_nb): round robin everywhere is the row
+    # placement given in recv_rank; any other policy decides in the loop.
+    routing = (
+        router_policy != ROUTE_ROUND_ROBIN or decode_router_policy != ROUTE_ROUND_ROBIN
+        or np.any(worker_rank_policy != RANK_ROUND_ROBIN)
+    )
+    route = allocate_route_nb(num_workers, num_ranks, n if routing else 0)
+    if not routing:
+        placed_rank[:] = recv_rank
+    recv_rank = placed_rank
 
     # Event queues: engine arrivals by (instant, k); KV-transfer ends by
     # (instant, handoff number); closed-loop sends by instant.
@@ -476,10 +507,21 @@ def _replay_nb(
                                     xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
                                 )
                                 rank_inflight[g] += 1
-                                rank_inflight[_decode_rank_nb(
-                                    num_handoffs, first_decode_worker, num_decode_workers,
-                                    worker_first_rank, worker_num_ranks,
-                                )] += 1
+                                if routing:
+                                    route_prompt_done_nb(route, k, input_tokens[k])
+                                    route_leave_nb(route, k, g)
+                                    to_rank = route_handoff_nb(
+                                        route, num_handoffs, k, decode_router_policy, worker_rank_policy,
+                                        first_decode_worker, num_decode_workers, decode_draws, router_weights,
+                                        input_tokens[k], worker_first_rank, worker_num_ranks, run_len,
+                                        blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
+                                    )
+                                else:
+                                    to_rank = _decode_rank_nb(
+                                        num_handoffs, first_decode_worker, num_decode_workers,
+                                        worker_first_rank, worker_num_ranks,
+                                    )
+                                rank_inflight[to_rank] += 1
                                 num_handoffs += 1
                             else:
                                 j = generated[k]
@@ -487,6 +529,8 @@ def _replay_nb(
                                 tok = token_offset[k] + j
                                 if j == 0:
                                     first_emit_ns[k] = t
+                                    if routing:
+                                        route_prompt_done_nb(route, k, input_tokens[k])
                                 leaves = (
                                     j + 1 == output_tokens[k]
                                     or input_tokens[k] + j + 1 >= rank_seq_limit[g]
@@ -520,6 +564,8 @@ def _replay_nb(
                                 if leaves:
                                     finish_ns[k] = t
                                     progress[0] += 1
+                                    if routing:
+                                        route_leave_nb(route, k, g)
                                     kv_release_nb(prefix_cache, g, k, held, blocks_used)
                         if not leaves:
                             running[g, keep] = k
@@ -566,8 +612,18 @@ def _replay_nb(
                 k = next_row
                 next_row += 1
                 progressed = True
+                if routing:  # the router picks the worker, whose tokenizer takes the request
+                    w = route_send_nb(
+                        route, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
+                        router_weights,
+                        input_tokens, worker_first_rank, worker_num_ranks, run_len, blocks_used, rank_num_blocks,
+                        rank_block_size, prefix_cache, placed_rank,
+                    )
+                    placed_worker[k] = w
+                    server = w * tok_workers + tok_index[k]
+                else:
+                    server = tok_server[k]
                 # (d) tokenizer job, FIFO per server in send order.
-                server = tok_server[k]
                 end = max(t, tok_free[server]) + tok_service_ns[k]
                 tok_free[server] = end
                 arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, k)
@@ -578,14 +634,21 @@ def _replay_nb(
                 arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 arrival_ns[k] = t
+                if routing:
+                    route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blocks_used,
+                                     rank_num_blocks, recv_rank)
                 send_size = _enter_rank_nb(
                     k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
                     progress,
                 )
+                if routing and reject_ns[k] >= 0:
+                    route_prompt_done_nb(route, k, input_tokens[k])
+                    route_leave_nb(route, k, recv_rank[k])
 
             # (d) KV-transfer ends at t, in handoff order: free the prefill
-            # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
+            # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd, or
+            # the one routed at the handoff).
             while xfer_size > 0 and xfer_key[0] == t:
                 h = xfer_val[0]
                 xfer_size = heap_pop_nb(xfer_key, xfer_val, xfer_size)
@@ -593,7 +656,10 @@ def _replay_nb(
                 k = handoff_req[h]
                 kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
                 transfer_end_ns[k] = t
-                g = _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks)
+                if routing:
+                    g = handoff_rank_nb(route, h)
+                else:
+                    g = _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks)
                 rank_inflight[recv_rank[k]] -= 1
                 rank_inflight[g] -= 1
                 decode_rank[k] = g
@@ -603,6 +669,9 @@ def _replay_nb(
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
                     progress,
                 )
+                if routing and reject_ns[k] >= 0:
+                    route_prompt_done_nb(route, k, input_tokens[k])
+                    route_leave_nb(route, k, g)
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next
@@ -721,7 +790,8 @@ def _enter_rank_nb(
 
 
 @njit(cache=True, parallel=True)
-def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, status):
+def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
+                      router, status):
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
 
     Every member of every parameter has a leading configuration axis (scalars
@@ -732,7 +802,7 @@ def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_c
 
     Parameters
     ----------
-    requests, load, client, topology, ranks, timing, out, logs : NamedTuple
+    requests, load, client, topology, ranks, timing, out, logs, router : NamedTuple
         As in ``simulate_engine_nb``, stacked to (C, ...) member by member
         (``timing.params`` and ``timing.table`` zero padded to the widest).
     send_ns : ndarray(int64, ndim=2)
@@ -747,7 +817,7 @@ def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_c
         code, rows, emitted = simulate_engine_nb(
             row_nb(requests, c), row_nb(load, c), row_nb(client, c), send_ns[c], row_nb(topology, c),
             row_nb(ranks, c), row_nb(prefix_cache, c), row_nb(timing, c), row_nb(out, c),
-            row_nb(receipts, c), row_nb(logs, c),
+            row_nb(receipts, c), row_nb(logs, c), row_nb(router, c),
         )
         status[c, 0] = code
         status[c, 1] = rows

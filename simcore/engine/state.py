@@ -106,6 +106,8 @@ class Outputs(NamedTuple):
     token_emit_ns: I64  # per token (empty in the bounded output mode)
     token_recv_ns: I64  # per token (left -1 in DETOK_DEFERRED mode)
     progress: I64  # (1,): requests finished or rejected so far, read by another thread
+    placed_rank: I64  # global rank that received each request (-1: not placed by the cap; docs/routing.md)
+    placed_worker: I64  # routing policies: the worker picked at the send (-1: round robin, or never sent)
 
 
 class Logs(NamedTuple):
@@ -115,3 +117,16 @@ class Logs(NamedTuple):
     pass_log: I64_2D  # (rows, PASS_LOG_COLUMNS) one row per rank per pass; 0 rows: none
     pass_ms: F64  # each pass-log row's rank time, ms
     bad_batch: F64  # (8,) the batch whose pass time was not finite and >= 0
+
+
+class Router(NamedTuple):
+    """Routing over workers and ranks (``simcore.engine.router_nb``, docs/routing.md)."""
+
+    policy: types.int64  # ROUTE_* (simcore.enums) of the receiving pool
+    decode_policy: types.int64  # ROUTE_* of the P/D decode pool
+    rank_policy: I64  # per worker, RANK_*
+    weights: F64  # (3,) prefix_aware: [prefix, queue, kv_cache]
+    draws: I64  # (2n,) or (0,): per send k, two distinct seeded workers of the receiving pool
+    decode_draws: I64  # (2n,) or (0,): per handoff h, two distinct seeded decode workers
+    tok_index: I64  # per request, its tokenizer server within the worker that receives it
+    tok_workers: types.int64  # tokenizer servers per receiving worker

@@ -134,6 +134,8 @@ import heapq
 import math
 from collections import OrderedDict, deque
 
+from tests.reference.routing import ReferenceRouter
+
 #: Pool-key defaults per policy, from the table of docs/policies.md.  A key with no
 #: entry for a policy is not used by it (and must be left None).
 POLICY_POOL_DEFAULTS = {
@@ -501,6 +503,13 @@ class ReferenceSim:
                 tok_server=h % self.tok_workers, detok_server=h % self.detok_workers,
             ))
 
+        # Routing (tests/reference/routing.py): a policy other than round robin
+        # places each request when it is sent (-1: not yet).
+        self.router = ReferenceRouter(self, config)
+        if self.router.active:
+            for req in self.requests:
+                req.worker = req.rank = -1
+
         # Prefix caching: identities of every complete prompt block at the receiving
         # pool's block size (only that pool can cache: aggregated or P/D prefill).
         if rp.prefix_caching:
@@ -648,6 +657,8 @@ class ReferenceSim:
     def send(self, req, t):
         """SPEC §4: the request becomes one FIFO job on its tokenizer server."""
         req.send_ns = t
+        if self.router.active:
+            self.router.on_send(req)
         w = self.workers[req.worker]
         service_ms = self.tok_base_ms + self.tok_per_input_us * req.input_tokens / 1000
         service_ns = ms_to_ns(service_ms)
@@ -665,6 +676,8 @@ class ReferenceSim:
     def arrive(self, req, t):
         """SPEC §5: engine arrival on the (prefill) rank; rejection if input_tokens >= L."""
         req.arrival_ns = t
+        if self.router.active:
+            self.router.on_arrival(req)
         if req.input_tokens >= self.recv_pool.L:
             self.reject(req, t)
             return
@@ -689,6 +702,8 @@ class ReferenceSim:
         req.transfer_start_ns = t
         heapq.heappush(self.transfers, (t + self.transfer_ns(req), h, req.row))
         rank.inflight += 1
+        if self.router.active:
+            self.router.on_handoff(req, h)
         self.decode_placement(h)[2].inflight += 1
 
     def decode_placement(self, h):
@@ -696,6 +711,8 @@ class ReferenceSim:
         rank (h div Wd) mod Rd; returns (worker index, rank index, Rank)."""
         dp = self.emit_pool
         w, r = dp.first_worker + h % dp.W, (h // dp.W) % dp.R
+        if self.router.active:  # routed at the handoff
+            w, r = self.router.decode_choice[h]
         return w, r, self.workers[w].ranks[r]
 
     def transfer_end(self, req, t):

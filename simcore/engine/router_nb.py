@@ -1,0 +1,303 @@
+"""Routing kernels: which worker, then which rank, receives a request (docs/routing.md).
+
+Contract: ``@njit(cache=True)`` functions called by the engine's event loop at
+the instant of each decision, reading the engine state as it is then.  Their
+own state is one int64 array (``route``, :func:`allocate_route_nb`; one array
+because numba counts references to every array a call receives):
+
+* per worker: requests outstanding (routed there and not yet left: finished,
+  handed off or rejected), prompt tokens pending (routed there and not yet
+  past their prompt: first token, handoff or rejection), the round-robin rank
+  counter and the least-loaded scan start;
+* per rank: requests assigned (waiting or running there, or on their way:
+  in the tokenizer, in a KV transfer);
+* per handoff h: its decode rank; per request: the worker it is at.
+
+Decisions: the worker when the client sends (the router in front of the
+workers sees the request before their tokenizers), over the receiving pool;
+the decode worker at the handoff (the transfer needs its destination); the
+rank by ``rank_policy``: round robin over the worker's requests in the order
+they were routed to it (at the worker decision), or vLLM's DP load balancer at
+the engine arrival (after tokenization, as in vLLM's API server), and at the
+handoff for the decode pool.  Every tie goes to the first candidate in a scan
+that starts at the decision's sequence number modulo the candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from simcore.enums import (
+    RANK_ROUND_ROBIN, ROUTE_LEAST_OUTSTANDING, ROUTE_POWER_OF_TWO, ROUTE_PREFIX_AWARE, ROUTE_RANDOM,
+    ROUTE_ROUND_ROBIN,
+)
+from simcore.scheduler.kv_nb import HDR_OFFSET, _map_find_nb
+
+# Header of the state array: the counts that place its parts.
+_WORKERS = 0
+_RANKS = 1
+_REQUESTS = 2
+_HEADER = 3
+
+
+@njit(cache=True)
+def allocate_route_nb(num_workers, num_ranks, n):
+    """The routing state for ``num_workers`` workers, ``num_ranks`` ranks and ``n`` requests, all counts 0."""
+    route = np.zeros(_HEADER + 4 * num_workers + num_ranks + 2 * n, dtype=np.int64)
+    route[_WORKERS] = num_workers
+    route[_RANKS] = num_ranks
+    route[_REQUESTS] = n
+    return route
+
+
+@njit(cache=True)
+def _outstanding(route):
+    return _HEADER
+
+
+@njit(cache=True)
+def _pending(route):
+    return _HEADER + route[_WORKERS]
+
+
+@njit(cache=True)
+def _rank_counter(route):
+    return _HEADER + 2 * route[_WORKERS]
+
+
+@njit(cache=True)
+def _scan_start(route):
+    return _HEADER + 3 * route[_WORKERS]
+
+
+@njit(cache=True)
+def _rank_load(route):
+    return _HEADER + 4 * route[_WORKERS]
+
+
+@njit(cache=True)
+def _handoff_rank(route):
+    return _HEADER + 4 * route[_WORKERS] + route[_RANKS]
+
+
+@njit(cache=True)
+def _request_worker(route):
+    return _HEADER + 4 * route[_WORKERS] + route[_RANKS] + route[_REQUESTS]
+
+
+@njit(cache=True)
+def _token_load(route, w, worker_first_rank, worker_num_ranks, blocks_used, rank_block_size):
+    """least_tokens: prompt tokens pending plus the tokens of the KV blocks in use on the worker's ranks."""
+    load = route[_pending(route) + w]
+    for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
+        load += blocks_used[g] * rank_block_size[g]
+    return load
+
+
+@njit(cache=True)
+def _queued(route, w, worker_first_rank, worker_num_ranks, run_len):
+    """Requests outstanding at worker w that are not running (in its tokenizer or waiting)."""
+    q = route[_outstanding(route) + w]
+    for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
+        q -= run_len[g]
+    return q
+
+
+@njit(cache=True)
+def _prefix_match(prefix_cache, k, g, num_ranks):
+    """Leading prompt blocks of request k resident in rank g's cache (referenced or cached)."""
+    s = prefix_cache[0]
+    ident = prefix_cache[1]
+    first = s[s[HDR_OFFSET] + k]
+    total = s[s[HDR_OFFSET] + k + 1] - first
+    j = 0
+    while j < total and _map_find_nb(s, ident[first + j] * num_ranks + g) >= 0:
+        j += 1
+    return j
+
+
+@njit(cache=True)
+def _prefix_aware(route, k, start, first, count, weights, worker_first_rank, worker_num_ranks, run_len,
+                  blocks_used, rank_num_blocks, prefix_cache):
+    """llm-d's scorer sum: w_prefix x matched/total blocks + w_queue x queue score + w_kv x (1 - KV usage).
+
+    The queue score is (max - q) / (max - min) over the candidates (1 when all
+    are equal), q = requests queued (:func:`_queued`); the match is the best of
+    the worker's ranks.  The highest sum wins.
+    """
+    s = prefix_cache[0]
+    total = s[s[HDR_OFFSET] + k + 1] - s[s[HDR_OFFSET] + k]
+    num_ranks = rank_num_blocks.shape[0]
+    q_min = np.int64(0)
+    q_max = np.int64(0)
+    for i in range(count):
+        q = _queued(route, first + i, worker_first_rank, worker_num_ranks, run_len)
+        if i == 0 or q < q_min:
+            q_min = q
+        if i == 0 or q > q_max:
+            q_max = q
+    best = -1
+    best_score = 0.0
+    for i in range(count):
+        w = first + (start + i) % count
+        match = 0
+        used = 0
+        capacity = 0
+        for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
+            match = max(match, _prefix_match(prefix_cache, k, g, num_ranks))
+            used += blocks_used[g]
+            capacity += rank_num_blocks[g]
+        prefix = match / total if total > 0 else 0.0
+        if q_max == q_min:
+            queue = 1.0
+        else:
+            queue = (q_max - _queued(route, w, worker_first_rank, worker_num_ranks, run_len)) / (q_max - q_min)
+        score = weights[0] * prefix + weights[1] * queue + weights[2] * (1.0 - used / capacity)
+        if best < 0 or score > best_score:
+            best = w
+            best_score = score
+    return best
+
+
+@njit(cache=True)
+def _pick_worker(route, policy, seq, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
+                 run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache):
+    """The worker (global index) among ``first .. first + count - 1`` for decision ``seq`` (request k)."""
+    if policy == ROUTE_ROUND_ROBIN:
+        return first + seq % count
+    if policy == ROUTE_RANDOM:
+        return first + draws[2 * seq]
+    outstanding = _outstanding(route)
+    if policy == ROUTE_POWER_OF_TWO:  # the first draw unless the second has fewer outstanding
+        a = first + draws[2 * seq]
+        b = first + draws[2 * seq + 1]
+        return b if route[outstanding + b] < route[outstanding + a] else a
+    start = seq % count
+    if policy == ROUTE_PREFIX_AWARE:
+        return _prefix_aware(route, k, start, first, count, weights, worker_first_rank, worker_num_ranks,
+                             run_len, blocks_used, rank_num_blocks, prefix_cache)
+    best = -1
+    best_load = np.int64(0)
+    for i in range(count):
+        w = first + (start + i) % count
+        if policy == ROUTE_LEAST_OUTSTANDING:
+            load = route[outstanding + w]
+        else:
+            load = _token_load(route, w, worker_first_rank, worker_num_ranks, blocks_used, rank_block_size)
+        if best < 0 or load < best_load:
+            best = w
+            best_load = load
+    return best
+
+
+@njit(cache=True)
+def _least_loaded_rank(route, w, worker_first_rank, worker_num_ranks, run_len, blocks_used, rank_num_blocks):
+    """vLLM's DP load balancer (DPLBAsyncMPClient.get_core_engine_for_request) on exact counts.
+
+    Score = waiting + running, plus waiting x 6 x max(0, KV usage - 0.5)
+    when some wait; the lowest wins, the first in a scan whose start rotates
+    by one per decision.
+    """
+    r_count = worker_num_ranks[w]
+    start = route[_scan_start(route) + w] % r_count
+    route[_scan_start(route) + w] += 1
+    load = _rank_load(route)
+    best = -1
+    best_score = 0.0
+    for i in range(r_count):
+        g = worker_first_rank[w] + (start + i) % r_count
+        waiting = route[load + g] - run_len[g]
+        score = float(route[load + g])
+        if waiting > 0:
+            score += waiting * 6.0 * max(0.0, blocks_used[g] / rank_num_blocks[g] - 0.5)
+        if best < 0 or score < best_score:
+            best = g
+            best_score = score
+    return best
+
+
+@njit(cache=True)
+def _assign_rank(route, g):
+    route[_rank_load(route) + g] += 1
+    return g
+
+
+@njit(cache=True)
+def _round_robin_rank(route, w, worker_first_rank, worker_num_ranks):
+    """The worker's next rank in the order requests are routed to it."""
+    counter = _rank_counter(route) + w
+    g = worker_first_rank[w] + route[counter] % worker_num_ranks[w]
+    route[counter] += 1
+    return _assign_rank(route, g)
+
+
+@njit(cache=True)
+def _enter_worker(route, k, w, tokens):
+    route[_outstanding(route) + w] += 1
+    route[_pending(route) + w] += tokens
+    route[_request_worker(route) + k] = w
+
+
+@njit(cache=True)
+def route_send_nb(route, k, policy, rank_policy, first, count, draws, weights, input_tokens, worker_first_rank,
+                  worker_num_ranks, run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
+                  placed_rank):
+    """Send k: its worker (receiving pool ``first .. first + count - 1``), and its rank if round robin.
+
+    Returns the worker; ``placed_rank[k]`` is set, or left -1 for the arrival (:func:`route_arrival_nb`).
+    """
+    w = _pick_worker(route, policy, k, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
+                     run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
+    _enter_worker(route, k, w, input_tokens[k])
+    if rank_policy[w] == RANK_ROUND_ROBIN:
+        placed_rank[k] = _round_robin_rank(route, w, worker_first_rank, worker_num_ranks)
+    return w
+
+
+@njit(cache=True)
+def route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blocks_used, rank_num_blocks,
+                     placed_rank):
+    """Engine arrival of k: a least-loaded rank policy picks its rank now (else it was set at the send)."""
+    if placed_rank[k] < 0:
+        w = route[_request_worker(route) + k]
+        placed_rank[k] = _assign_rank(
+            route, _least_loaded_rank(route, w, worker_first_rank, worker_num_ranks, run_len, blocks_used,
+                                      rank_num_blocks),
+        )
+    return placed_rank[k]
+
+
+@njit(cache=True)
+def route_handoff_nb(route, h, k, policy, rank_policy, first, count, draws, weights, tokens, worker_first_rank,
+                     worker_num_ranks, run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache):
+    """Handoff h of request k: its decode worker and rank (kept for the transfer end, :func:`handoff_rank_nb`)."""
+    w = _pick_worker(route, policy, h, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
+                     run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
+    _enter_worker(route, k, w, tokens)
+    if rank_policy[w] == RANK_ROUND_ROBIN:
+        g = _round_robin_rank(route, w, worker_first_rank, worker_num_ranks)
+    else:
+        g = _assign_rank(route, _least_loaded_rank(route, w, worker_first_rank, worker_num_ranks, run_len,
+                                                   blocks_used, rank_num_blocks))
+    route[_handoff_rank(route) + h] = g
+    return g
+
+
+@njit(cache=True)
+def handoff_rank_nb(route, h):
+    """The decode rank :func:`route_handoff_nb` chose for handoff h."""
+    return route[_handoff_rank(route) + h]
+
+
+@njit(cache=True)
+def route_prompt_done_nb(route, k, tokens):
+    """Request k is past its prompt at its worker (first token, handoff or rejection): no longer pending."""
+    route[_pending(route) + route[_request_worker(route) + k]] -= tokens
+
+
+@njit(cache=True)
+def route_leave_nb(route, k, g):
+    """Request k leaves its worker and rank g (finished, handed off or rejected)."""
+    route[_outstanding(route) + route[_request_worker(route) + k]] -= 1
+    route[_rank_load(route) + g] -= 1
