@@ -62,8 +62,8 @@ REQUESTS_SCHEMA = _schema(
     [
         _field("request_id", pa.string(), "", "request id (unique)", nullable=False),
         _field("status", STATUS_TYPE, "", "completed, rejected or incomplete", nullable=False),
-        _field("worker", pa.int32(), "", "receiving worker (row k: k mod replicas)", nullable=False),
-        _field("rank", pa.int32(), "", "receiving attention-DP rank ((k div replicas) mod attention_dp)", nullable=False),
+        _field("worker", pa.int32(), "", "receiving worker (round_robin: k mod replicas; -1: not placed by the cap; docs/routing.md)", nullable=False),
+        _field("rank", pa.int32(), "", "receiving attention-DP rank (round_robin: (k div replicas) mod attention_dp; -1: not placed by the cap)", nullable=False),
         _field("prefill_worker", pa.int32(), "", "P/D: prefill worker (= worker); null when aggregated"),
         _field("prefill_rank", pa.int32(), "", "P/D: prefill rank (= rank); null when aggregated"),
         _field("decode_worker", pa.int32(), "", "P/D: decode worker, global index (prefill workers come first); null until handed off"),

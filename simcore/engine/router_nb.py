@@ -43,7 +43,20 @@ _HEADER = 3
 
 @njit(cache=True)
 def allocate_route_nb(num_workers, num_ranks, n):
-    """The routing state for ``num_workers`` workers, ``num_ranks`` ranks and ``n`` requests, all counts 0."""
+    """The routing state, all counts 0.
+
+    Parameters
+    ----------
+    num_workers, num_ranks : int
+        Workers and ranks of the deployment (global indices).
+    n : int
+        Requests (0 when no policy routes: the per-request parts are unused).
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        The state array (layout in the module docstring).
+    """
     route = np.zeros(_HEADER + 4 * num_workers + num_ranks + 2 * n, dtype=np.int64)
     route[_WORKERS] = num_workers
     route[_RANKS] = num_ranks
@@ -243,9 +256,39 @@ def _enter_worker(route, k, w, tokens):
 def route_send_nb(route, k, policy, rank_policy, first, count, draws, weights, input_tokens, worker_first_rank,
                   worker_num_ranks, run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
                   placed_rank):
-    """Send k: its worker (receiving pool ``first .. first + count - 1``), and its rank if round robin.
+    """Send k: its worker, and its rank if the worker's rank policy is round robin.
 
-    Returns the worker; ``placed_rank[k]`` is set, or left -1 for the arrival (:func:`route_arrival_nb`).
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    k : int
+        The send (= request row).
+    policy : int
+        ``ROUTE_*`` of the receiving pool.
+    rank_policy : ndarray(int64, ndim=1)
+        ``RANK_*`` per worker.
+    first, count : int
+        The receiving pool's workers: ``first .. first + count - 1``.
+    draws : ndarray(int64, ndim=1)
+        Two seeded workers per send (``random``, ``power_of_two``).
+    weights : ndarray(float64, ndim=1)
+        ``prefix_aware``'s weights: prefix, queue, kv_cache.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt tokens per request.
+    worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
+        Each worker's ranks.
+    run_len, blocks_used, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
+        Per rank: running requests, blocks in use, KV blocks, tokens per block.
+    prefix_cache : tuple of ndarray(int64, ndim=1)
+        The ``simcore.scheduler.kv_nb`` cache (read only).
+    placed_rank : ndarray(int64, ndim=1)
+        Out: request k's global rank, or left -1 for :func:`route_arrival_nb`.
+
+    Returns
+    -------
+    int
+        The worker (global index).
     """
     w = _pick_worker(route, policy, k, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
                      run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
@@ -258,7 +301,26 @@ def route_send_nb(route, k, policy, rank_policy, first, count, draws, weights, i
 @njit(cache=True)
 def route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blocks_used, rank_num_blocks,
                      placed_rank):
-    """Engine arrival of k: a least-loaded rank policy picks its rank now (else it was set at the send)."""
+    """Engine arrival of k: a least-loaded rank policy picks its rank now (else it was set at the send).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    k : int
+        The request.
+    worker_first_rank, worker_num_ranks : ndarray(int64, ndim=1)
+        Each worker's ranks.
+    run_len, blocks_used, rank_num_blocks : ndarray(int64, ndim=1)
+        Per rank: running requests, blocks in use, KV blocks.
+    placed_rank : ndarray(int64, ndim=1)
+        Request k's global rank; set here if -1.
+
+    Returns
+    -------
+    int
+        Request k's global rank.
+    """
     if placed_rank[k] < 0:
         w = route[_request_worker(route) + k]
         placed_rank[k] = _assign_rank(
@@ -271,7 +333,34 @@ def route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blo
 @njit(cache=True)
 def route_handoff_nb(route, h, k, policy, rank_policy, first, count, draws, weights, tokens, worker_first_rank,
                      worker_num_ranks, run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache):
-    """Handoff h of request k: its decode worker and rank (kept for the transfer end, :func:`handoff_rank_nb`)."""
+    """Handoff h of request k: its decode worker and rank, kept for the transfer end (:func:`handoff_rank_nb`).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    h, k : int
+        The handoff number and its request.
+    policy : int
+        ``ROUTE_*`` of the decode pool.
+    rank_policy : ndarray(int64, ndim=1)
+        ``RANK_*`` per worker.
+    first, count : int
+        The decode pool's workers: ``first .. first + count - 1``.
+    draws : ndarray(int64, ndim=1)
+        Two seeded decode workers per handoff.
+    weights : ndarray(float64, ndim=1)
+        As :func:`route_send_nb` (the decode pool has no ``prefix_aware``).
+    tokens : int
+        Request k's prompt tokens.
+    worker_first_rank, worker_num_ranks, run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache
+        As :func:`route_send_nb`.
+
+    Returns
+    -------
+    int
+        The decode rank (global index).
+    """
     w = _pick_worker(route, policy, h, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
                      run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
     _enter_worker(route, k, w, tokens)
@@ -286,18 +375,51 @@ def route_handoff_nb(route, h, k, policy, rank_policy, first, count, draws, weig
 
 @njit(cache=True)
 def handoff_rank_nb(route, h):
-    """The decode rank :func:`route_handoff_nb` chose for handoff h."""
+    """The decode rank :func:`route_handoff_nb` chose for a handoff.
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state.
+    h : int
+        The handoff number.
+
+    Returns
+    -------
+    int
+        Its global decode rank.
+    """
     return route[_handoff_rank(route) + h]
 
 
 @njit(cache=True)
 def route_prompt_done_nb(route, k, tokens):
-    """Request k is past its prompt at its worker (first token, handoff or rejection): no longer pending."""
+    """Request k is past its prompt at its worker (first token, handoff or rejection): no longer pending.
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    k : int
+        The request.
+    tokens : int
+        Its prompt tokens.
+    """
     route[_pending(route) + route[_request_worker(route) + k]] -= tokens
 
 
 @njit(cache=True)
 def route_leave_nb(route, k, g):
-    """Request k leaves its worker and rank g (finished, handed off or rejected)."""
+    """Request k leaves its worker and rank g (finished, handed off or rejected).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    k : int
+        The request.
+    g : int
+        Its global rank.
+    """
     route[_outstanding(route) + route[_request_worker(route) + k]] -= 1
     route[_rank_load(route) + g] -= 1
