@@ -356,13 +356,18 @@ def routing_scenario(seed: int, policy: str, disaggregated: bool = False, rank_p
                      decode_policy: str | None = None) -> dict:
     """A random scenario (:func:`random_scenario`) routed by ``policy`` over 2-4 receiving workers.
 
-    ``prefix_aware`` turns prefix caching on.  ``rank_policy`` and
+    ``prefix_aware`` turns prefix caching on (so does every fourth seed); the
+    others cycle through the three scheduling policies, a fifth of the vllm
+    ones with asynchronous scheduling.  ``rank_policy`` and
     ``decode_policy`` (P/D) are drawn when None; every pool has 1-3 ranks and
     the run seed is drawn (it seeds ``random`` and ``power_of_two``).  The
     extra draws come from their own generator, after the base scenario's.
     """
+    prefix_caching = policy == "prefix_aware" or seed % 4 == 1
+    scheduler = "vllm" if prefix_caching else ("vllm", "sglang", "trtllm")[seed % 3]
     scenario = random_scenario(
-        seed, disaggregated=disaggregated, prefix_caching=policy == "prefix_aware" or seed % 4 == 1,
+        seed, disaggregated=disaggregated, prefix_caching=prefix_caching, policy=scheduler,
+        async_scheduling=scheduler == "vllm" and seed % 5 == 0,
     )
     rnd = random.Random(seed + 1_000_003)
     config = scenario["config"]
@@ -376,6 +381,10 @@ def routing_scenario(seed: int, policy: str, disaggregated: bool = False, rank_p
     for name in pools:
         engine[name]["attention_dp"] = rnd.randint(1, 3)
         engine[name]["rank_policy"] = rank_policy or rnd.choice(["round_robin", "least_loaded"])
+        if engine[name].get("chunked_prefill_size") is not None:  # sglang: a page per rank
+            engine[name]["chunked_prefill_size"] = max(
+                engine[name]["chunked_prefill_size"], engine[name]["block_size"] * engine[name]["attention_dp"]
+            )
     if disaggregated:
         engine["decode"]["replicas"] = rnd.randint(1, 3)
         engine["decode_router"] = {
