@@ -244,3 +244,18 @@ def test_routing_scenarios_leave_round_robin():
         ]
         moved["decode"] += decode[0] != decode[1]
     assert all(count >= 10 for count in moved.values()), moved
+
+
+def test_a_bad_policy_on_the_command_line_exits_2_naming_the_key(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.cli", f"hydra.run.dir={tmp_path / 'run'}", "engine.router.policy=fastest"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "engine.router.policy" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()

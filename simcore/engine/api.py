@@ -118,8 +118,6 @@ class Prepared:
     pass_rows: int
     record_passes: bool
     bounded: bool
-    worker: np.ndarray
-    rank: np.ndarray
     rank_worker: np.ndarray
     cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
     router: Router
@@ -331,8 +329,8 @@ def prepare(
     Returns
     -------
     Prepared
-        The kernel inputs (all but ``send_ns`` and ``prefix_cache``), placement
-        and topology.
+        The kernel inputs (all but ``send_ns`` and ``prefix_cache``) and the
+        topology (the placement is the kernel's, ``Outputs.placed_rank``).
 
     Raises
     ------
@@ -435,8 +433,6 @@ def prepare(
         pass_rows=pass_rows,
         record_passes=record_passes,
         bounded=bounded,
-        worker=worker,
-        rank=rank,
         rank_worker=rank_worker,
         cache_shape=(num_slots, len(ranks.policy), ident_offset, ident),
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),

@@ -615,9 +615,8 @@ def _replay_nb(
                 if routing:  # the router picks the worker, whose tokenizer takes the request
                     w = route_send_nb(
                         route, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
-                        router_weights,
-                        input_tokens, worker_first_rank, worker_num_ranks, run_len, blocks_used, rank_num_blocks,
-                        rank_block_size, prefix_cache, placed_rank,
+                        router_weights, input_tokens, worker_first_rank, worker_num_ranks, run_len, blocks_used,
+                        rank_num_blocks, rank_block_size, prefix_cache, placed_rank,
                     )
                     placed_worker[k] = w
                     server = w * tok_workers + tok_index[k]
