@@ -30,6 +30,7 @@ from simcore.scheduler.prefix import prompt_block_identities
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
+from simcore.workload.sessions import session_schedule
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
 STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
@@ -121,6 +122,7 @@ class Prepared:
     rank: np.ndarray
     rank_worker: np.ndarray
     cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
+    sessions: bool = False  # placement by send sequence number (out.send_seq)
 
     @property
     def closed(self) -> bool:
@@ -232,7 +234,7 @@ def run_prepared(
         buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, pass_rows, bounded=prep.bounded)
         if itl_include is not None:
             buffers.receipts[STREAM_INCLUDE][:] = itl_include
-        if not prep.closed:
+        if prep.send is not None:
             buffers.send_ns[:] = prep.send
         args = prep.kernel_args(buffers, prep.prefix_cache())
         if on_progress is None:
@@ -337,8 +339,9 @@ def prepare(
     if detok_path not in DETOK_PATHS:
         raise ValueError(f"detok_path must be one of {DETOK_PATHS}, got {detok_path!r}")
     closed = cfg.load.closed_loop
-    if closed and detok_path == "after_run":
-        raise ValueError("a closed loop needs receipts inside the kernel (detok_path='kernel')")
+    sessions = requests.session is not None
+    if (closed or sessions) and detok_path == "after_run":
+        raise ValueError("a closed loop or sessions need receipts inside the kernel (detok_path='kernel')")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"
@@ -361,7 +364,10 @@ def prepare(
     recv_rank = topology.worker_first_rank[worker] + rank
 
     tok = cfg.tokenization
-    tok_server = worker * tok.workers + server_index(requests.request_id, tok.workers)
+    tok_server = server_index(requests.request_id, tok.workers)
+    schedule = session_schedule(requests, cfg, recv_rank, worker * tok.workers)
+    if not sessions:  # placement by row; with sessions by send sequence number, in the kernel
+        tok_server = tok_server + worker * tok.workers
     tok_service = tokenization_service_ns(tok, input_tokens)
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
 
@@ -403,10 +409,11 @@ def prepare(
             transfer_ns=transfer_ns,
         ),
         load=Load(
-            closed_loop=closed,
+            closed_loop=closed and not sessions,
             concurrency=cfg.load.concurrency,
             think_ns=ms_to_ns(cfg.load.think_time_ms, "load.think_time_ms"),
             cap_ns=nb.NO_CAP if cap_ns is None else cap_ns,
+            **schedule,
         ),
         client=Client(
             tok_server=tok_server,
@@ -422,6 +429,7 @@ def prepare(
         ranks=ranks,
         timing=Timing(*timing_arrays(cfg.timing)),
         send=None if closed else send_ns,
+        sessions=sessions,
         n=n,
         num_tokens=num_tokens,
         pass_rows=pass_rows,
@@ -503,6 +511,9 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         order = np.lexsort((pass_log[:, nb.PASS_RANK], pass_log[:, nb.PASS_WORKER], pass_log[:, nb.PASS_END]))
         pass_log, pass_ms = pass_log[order], pass_ms[order]
 
+    rank = prep.rank
+    if prep.sessions:  # placed by send sequence number; -1: never sent
+        worker, rank = (np.where(out.send_seq >= 0, by_seq[out.send_seq], -1) for by_seq in (worker, rank))
     decode = out.decode_rank >= 0
     decode_worker = rank_worker[out.decode_rank]
     return EngineRun(
@@ -515,7 +526,7 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         generated=out.generated,
         num_preemptions=out.num_preemptions,
         worker=worker,
-        rank=prep.rank,
+        rank=rank,
         cached_tokens=out.cached_tokens,
         prompt_done_ns=out.handoff_ns if cfg.engine.mode == "disaggregated" else out.first_emit_ns,
         transfer_end_ns=out.transfer_end_ns,
@@ -637,6 +648,7 @@ def allocate_buffers(
         token_emit_ns=not_yet(per_token),
         token_recv_ns=not_yet(per_token),
         progress=zeros(1),
+        send_seq=not_yet(n),
     )
     logs = Logs(
         emit_log=np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64),

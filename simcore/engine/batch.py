@@ -178,7 +178,7 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     stacked = {name: _stack_state([getattr(prep, name) for prep in preps], name) for name in STACKED_INPUTS}
     buffers = allocate_buffers(first.n, first.num_tokens, first.mode, 0, batch=count, bounded=first.bounded)
     for c, prep in enumerate(preps):
-        if not prep.closed:
+        if prep.send is not None:
             buffers.send_ns[c] = prep.send
     caches = [prep.prefix_cache() for prep in preps]
     prefix_cache = tuple(np.stack(arrays) for arrays in zip(*caches))

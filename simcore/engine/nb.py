@@ -59,6 +59,7 @@ from simcore.scheduler.nb import (
 )
 from simcore.client.nb import detokenization_service_ns_nb, detokenize_pass_nb
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
+from simcore.engine.sessions_nb import session_finals_nb, session_next_instant_nb, session_sends_nb, session_start_nb
 from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
     DETOK_OFF, DETOK_IN_KERNEL, DETOK_DEFERRED, OUT_FIRST, OUT_FINAL,
     ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
@@ -160,6 +161,8 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         out.finish_ns, out.reject_ns, out.handoff_ns, out.transfer_end_ns, out.decode_rank, out.cached_tokens,
         out.generated, out.num_preemptions, out.token_emit_ns, out.token_recv_ns, receipts, logs.emit_log,
         logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress,
+        load.session_mode, load.session_closed, load.session_think_ns, load.session_first, load.next_turn,
+        load.turn_think_ns, load.seq_rank, load.seq_tok_base, out.send_seq,
     )
 
 
@@ -221,6 +224,15 @@ def _replay_nb(
     pass_ms,
     bad_batch,
     progress,
+    session_mode,
+    session_closed,
+    session_think_ns,
+    session_first,
+    next_turn,
+    turn_think_ns,
+    seq_rank,
+    seq_tok_base,
+    send_seq,
 ):
     """The event loop of ``simulate_engine_nb``, over the members of its typed state.
 
@@ -315,6 +327,19 @@ def _replay_nb(
     send_size = 0
     next_row = 0  # next row to send (both loops send rows in table order)
 
+    # Sessions (simcore.engine.sessions_nb): releases in the send heap, (receipt, row);
+    # rows sent through their own heap, the table-order loops below left idle.
+    sess_key = np.empty(n if session_mode else 0, dtype=np.int64)
+    sess_val = np.empty(n if session_mode else 0, dtype=np.int64)
+    seq_row = np.empty(n if session_mode else 0, dtype=np.int64)
+    session_counters = np.zeros(2, dtype=np.int64)
+    sess_size = 0
+    if session_mode:
+        next_row = n
+        sess_size = session_start_nb(
+            session_closed, concurrency, session_first, send_ns, sess_key, sess_val, session_counters
+        )
+
     if closed_loop:
         for _ in range(min(concurrency, n)):
             send_size = heap_push_nb(send_key, send_val, send_size, 0, 0)
@@ -325,7 +350,7 @@ def _replay_nb(
     # TensorRT-LLM rank without prefix caching, in the detailed output mode.
     steady_path = (
         num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
-        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0]
+        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0] and not session_mode
     )
     steady_budget = rank_max_batched_tokens[0]
     steady_block_size = rank_block_size[0]
@@ -435,6 +460,8 @@ def _replay_nb(
                 t = send_key[0]
         elif next_row < n and send_ns[next_row] < t:
             t = send_ns[next_row]
+        if session_mode:
+            t = session_next_instant_nb(t, send_key, send_size, sess_key, sess_size)
         if t == NO_CAP or t > cap_ns:
             break
 
@@ -491,8 +518,8 @@ def _replay_nb(
                                     j + 1 == output_tokens[k]
                                     or input_tokens[k] + j + 1 >= rank_seq_limit[g]
                                 )
+                                out_req[num_out] = k
                                 if bounded:
-                                    out_req[num_out] = k
                                     tok = num_out
                                 else:
                                     token_emit_ns[tok] = t
@@ -503,6 +530,8 @@ def _replay_nb(
                                         send_size = heap_push_nb(
                                             send_key, send_val, send_size, t + think_ns, 0
                                         )
+                                    if leaves and session_mode:  # ends at the client now
+                                        send_size = heap_push_nb(send_key, send_val, send_size, t, k)
                                 elif detok_mode == DETOK_IN_KERNEL:
                                     srv = detok_server[k]
                                     out_token[num_out] = tok
@@ -539,6 +568,10 @@ def _replay_nb(
                         detok_free, recv_target, job_count, job_firsts, job_finals, job_ends, job_tokens,
                         job_flags, closed_loop, think_ns, send_key, send_val, send_size,
                     )
+                if session_mode and detok_mode == DETOK_IN_KERNEL and num_out > 0:
+                    send_size = session_finals_nb(
+                        num_out, out_req, out_token, out_flags, recv_target, send_key, send_val, send_size
+                    )
                 if bounded and num_out > 0:
                     stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
                 if queued[w]:  # asynchronous: the pass built at this one's start runs now
@@ -553,6 +586,15 @@ def _replay_nb(
                             pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
                             queued_summary[w], queued_rank_ms[w],
                         )
+
+            if session_mode:  # (c) with sessions: releases, then sends, at t
+                send_size, sess_size, arr_size, sent = session_sends_nb(
+                    t, session_closed, session_think_ns, next_turn, turn_think_ns, session_first, send_key,
+                    send_val, send_size, sess_key, sess_val, sess_size, session_counters, send_ns, send_seq,
+                    seq_row, seq_rank, seq_tok_base, recv_rank, tok_server, tok_service_ns, tok_free, arr_key,
+                    arr_val, arr_size,
+                )
+                progressed = progressed or sent
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -575,6 +617,8 @@ def _replay_nb(
             # (d) engine arrivals at t, in send order; rejections end at once.
             while arr_size > 0 and arr_key[0] == t:
                 k = arr_val[0]
+                if session_mode:  # keyed by send sequence number
+                    k = seq_row[k]
                 arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 arrival_ns[k] = t
@@ -583,6 +627,8 @@ def _replay_nb(
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
                     progress,
                 )
+                if session_mode and reject_ns[k] == t:  # the rejection ends at the client now
+                    send_size = heap_push_nb(send_key, send_val, send_size, t, k)
 
             # (d) KV-transfer ends at t, in handoff order: free the prefill
             # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd).
@@ -603,6 +649,8 @@ def _replay_nb(
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
                     progress,
                 )
+                if session_mode and reject_ns[k] == t:
+                    send_size = heap_push_nb(send_key, send_val, send_size, t, k)
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next

@@ -41,6 +41,17 @@ class Load(NamedTuple):
     concurrency: types.int64  # closed-loop clients
     think_ns: types.int64  # closed-loop think time, ns
     cap_ns: types.int64  # time cap, ns (NO_CAP for none)
+    # Multi-turn sessions (simcore.engine.sessions_nb; arrays empty without them).
+    # With sessions ``closed_loop`` is false and ``Client.tok_server`` is the
+    # server within the worker: placement follows the send sequence number s.
+    session_mode: types.boolean
+    session_closed: types.boolean  # concurrency counts sessions
+    session_think_ns: types.int64  # closed loop: a session's end to the next session's first send, ns
+    session_first: I64  # per session: its first turn's row
+    next_turn: I64  # per row: the row of its session's next turn (-1: the last)
+    turn_think_ns: I64  # per row: the previous turn's last receipt to this send, ns
+    seq_rank: I64  # per send sequence number: the receiving global rank
+    seq_tok_base: I64  # per send sequence number: its worker's first tokenizer server
 
 
 class Client(NamedTuple):
@@ -106,6 +117,7 @@ class Outputs(NamedTuple):
     token_emit_ns: I64  # per token (empty in the bounded output mode)
     token_recv_ns: I64  # per token (left -1 in DETOK_DEFERRED mode)
     progress: I64  # (1,): requests finished or rejected so far, read by another thread
+    send_seq: I64  # sessions: each row's send sequence number (-1: never sent); empty without
 
 
 class Logs(NamedTuple):
