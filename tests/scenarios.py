@@ -322,8 +322,8 @@ def fast_as_reference(run, cols) -> dict:
         requests.append(
             {
                 "status": STATUS_NAMES[cols.status[k]],
-                "worker": int(run.worker[k]),
-                "rank": int(run.rank[k]),
+                "worker": opt(run.worker[k]),  # -1: a session turn never sent
+                "rank": opt(run.rank[k]),
                 "generated_tokens": int(run.generated[k]),
                 "num_preemptions": int(run.num_preemptions[k]),
                 "send_ns": opt(run.send_ns[k]),
@@ -332,8 +332,8 @@ def fast_as_reference(run, cols) -> dict:
                 "first_emit_ns": opt(run.first_emit_ns[k]),
                 "first_recv_ns": opt(cols.first_recv_ns[k]),
                 "last_recv_ns": opt(cols.last_recv_ns[k]),
-                "prefill_worker": int(run.worker[k]) if run.disaggregated else None,
-                "prefill_rank": int(run.rank[k]) if run.disaggregated else None,
+                "prefill_worker": opt(run.worker[k]) if run.disaggregated else None,
+                "prefill_rank": opt(run.rank[k]) if run.disaggregated else None,
                 "decode_worker": opt(run.decode_worker[k]),
                 "decode_rank": opt(run.decode_rank[k]),
                 "prompt_done_ns": opt(run.prompt_done_ns[k]),

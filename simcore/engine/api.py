@@ -365,7 +365,7 @@ def prepare(
 
     tok = cfg.tokenization
     tok_server = server_index(requests.request_id, tok.workers)
-    schedule = session_schedule(requests, cfg, recv_rank, worker * tok.workers)
+    schedule = session_schedule(requests, cfg, recv_rank.copy(), worker * tok.workers)  # recv_rank is rewritten at sends
     if not sessions:  # placement by row; with sessions by send sequence number, in the kernel
         tok_server = tok_server + worker * tok.workers
     tok_service = tokenization_service_ns(tok, input_tokens)
