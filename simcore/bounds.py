@@ -95,6 +95,8 @@ def configured_size(cfg: SimConfig) -> WorkloadSize:
     WorkloadSize
     """
     w, ld = cfg.workload, cfg.load
+    if w.source == "sessions":
+        return _sessions_size(cfg)
     if w.source not in ("synthetic", "shared_prefix"):
         label = f"workload.path={w.path!r}"
         return WorkloadSize(1, 1, 1, 0.0, label, label, label, label)
@@ -119,6 +121,23 @@ def configured_size(cfg: SimConfig) -> WorkloadSize:
         labels.append(label)
     origin = f"{count}, input_tokens={w.input_tokens}, output_tokens={w.output_tokens}"
     return WorkloadSize(n, n * w.input_tokens, n * w.output_tokens, last_send_ms, count, *labels, origin)
+
+
+def _sessions_size(cfg: SimConfig) -> WorkloadSize:
+    """Generated sessions at ``turns`` turns each (the most for uniform, the mean for geometric)."""
+    se, ld = cfg.workload.sessions, cfg.load
+    n = se.num_sessions * se.turns
+    # turn t's prompt: system + new + t (output + new), summed over t < turns
+    per_session = se.turns * (se.system_prompt_tokens + se.new_input_tokens) + (
+        se.output_tokens + se.new_input_tokens) * se.turns * (se.turns - 1) // 2
+    last_send_ms = 0.0
+    if ld.type in ("constant_rate", "poisson", "gamma"):
+        last_send_ms = (se.num_sessions - 1) * 1000 / ld.request_rate
+    count = f"workload.sessions.num_sessions={se.num_sessions} x turns={se.turns}"
+    origin = (f"{count}, new_input_tokens={se.new_input_tokens}, output_tokens={se.output_tokens}, "
+              f"system_prompt_tokens={se.system_prompt_tokens}")
+    return WorkloadSize(n, se.num_sessions * per_session, n * se.output_tokens, last_send_ms, count,
+                        f"{origin} (prompts grow by turn)", f"{count} x output_tokens={se.output_tokens}", origin)
 
 
 def table_size(

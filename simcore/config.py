@@ -115,11 +115,13 @@ DEFAULTS: dict[str, Any] = {
         },
         # Multi-turn sessions (simcore/workload/sessions.py): workload.source=sessions
         # generates them; think_time_ms also paces a table's session_id/turn rows.
+        # Defaults: AISimulate's synthetic-session source (4 turns of 1024 new input
+        # and 128 output tokens, no delay), 160 sessions = the default 640 requests.
         "sessions": {
-            "num_sessions": 64,
+            "num_sessions": 160,
             "turns": 4,
             "turns_dist": "fixed",  # fixed | uniform (1..turns) | geometric (mean turns)
-            "new_input_tokens": 256,
+            "new_input_tokens": 1024,
             "output_tokens": 128,
             "think_time_ms": 0.0,  # client's pause between a turn's last receipt and the next turn
             "system_prompt_tokens": 0,  # shared by every session's first prompt
@@ -1226,8 +1228,11 @@ KEY_SCOPES = (
     KeyScope("workload.sessions", tuple(k for k in DEFAULTS["workload"]["sessions"] if k != "think_time_ms"),
              lambda cfg: cfg.workload.source == "sessions", "workload.source=sessions",
              _setting("workload", "source")),
-    KeyScope("workload.sessions", ("think_time_ms",), lambda cfg: cfg.workload.source in ("sessions", "table"),
-             "workload.source=sessions or table (session_id and turn columns)", _setting("workload", "source")),
+    # Also a table's (or simcore.run's requests table's) sessions: build_requests checks it has some.
+    KeyScope("workload.sessions", ("think_time_ms",),
+             lambda cfg: cfg.workload.source in ("sessions", "table", "synthetic"),
+             "sessions (workload.source=sessions, or a table with session_id and turn columns)",
+             _setting("workload", "source")),
     KeyScope("workload", ("num_requests",), lambda cfg: cfg.workload.source != "sessions",
              "sources other than sessions (workload.sessions.num_sessions sizes a sessions workload)",
              _setting("workload", "source"), _NO_EFFECT),

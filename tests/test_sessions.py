@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
 import simcore
@@ -21,17 +22,22 @@ from tests.scenarios import fast_as_reference, random_scenario
 from tests.test_against_reference import REQUEST_KEYS, assert_summaries_equal
 
 NUM_SESSION_SCENARIOS = 300  # open and closed loops; a third with prefix caching, a fifth P/D
+NUM_STEADY_SESSION_SCENARIOS = 60
 
 
-def random_session_scenario(seed: int, prefix_caching: bool = False, disaggregated: bool = False) -> dict:
+def random_session_scenario(
+    seed: int, prefix_caching: bool = False, disaggregated: bool = False, steady: bool = False
+) -> dict:
     """A random scenario of ``tests.scenarios`` whose rows become the turns of a few sessions.
 
     1-6 sessions of 1-4 turns, their rows interleaved in table order (each
     session's turns in order); turn t + 1's prompt is turn t's prompt and
     output plus 1-8 new tokens (the first turns: an optional system prompt plus
     1-12 tokens).  Open loop: first turns sent at random non-decreasing instants.
+    ``steady``: the base scenario's light load of long outputs on one rank (the
+    kernel's steady-decode path), outputs of 20-80 tokens.
     """
-    base = random_scenario(seed, disaggregated=disaggregated, prefix_caching=prefix_caching)
+    base = random_scenario(seed, disaggregated=disaggregated, prefix_caching=prefix_caching, steady=steady)
     rnd = random.Random(10_000 + seed)
     config = base["config"]
     system = rnd.choice([0, 0, 4, 8])
@@ -44,7 +50,7 @@ def random_session_scenario(seed: int, prefix_caching: bool = False, disaggregat
     for s in order:
         t = seen.get(s, -1) + 1
         seen[s] = t
-        out = rnd.randint(1, 6)
+        out = rnd.randint(20, 80) if steady else rnd.randint(1, 6)
         if t == 0:
             prompt = system + rnd.randint(1, 12)
         else:
@@ -115,6 +121,12 @@ def test_sessions_match_reference(seed):
     compare_sessions_with_reference(
         random_session_scenario(seed, prefix_caching=seed % 3 == 1, disaggregated=seed % 5 == 4)
     )
+
+
+@pytest.mark.parametrize("seed", range(NUM_STEADY_SESSION_SCENARIOS))
+def test_steady_decode_sessions_match_reference(seed):
+    """Long outputs on one rank: the kernel's steady-decode shortcut between session events."""
+    compare_sessions_with_reference(random_session_scenario(seed, steady=True))
 
 
 def test_session_scenarios_cover_the_features():
@@ -320,3 +332,74 @@ def test_session_table_from_csv_runs(tmp_path):
     rows = result.requests.to_pylist()
     assert [r["turn"] for r in rows] == [0, 0, 1]
     assert rows[2]["send_ms"] == pytest.approx(rows[0]["last_token_ms"] + 1.0, abs=1e-9)
+
+
+def test_api_table_of_sessions_takes_the_think_time():
+    table = pa.table({"session_id": [7, 7], "turn": [0, 1], "input_tokens": [10, 20], "output_tokens": [5, 5]})
+    result = simcore.run({"workload": {"sessions": {"think_time_ms": 2.0}}}, requests=table)
+    rows = result.requests.to_pylist()
+    assert [r["session_id"] for r in rows] == ["7", "7"]
+    assert rows[1]["send_ms"] == pytest.approx(rows[0]["last_token_ms"] + 2.0, abs=1e-9)
+
+
+def test_think_time_without_sessions_is_an_error():
+    with pytest.raises(ConfigError, match="workload.sessions.think_time_ms has no effect here"):
+        simcore.run({"workload": {"num_requests": 4, "sessions": {"think_time_ms": 2.0}}})
+
+
+def test_bounded_mode_and_batch_agree_with_detailed():
+    """The bounded output mode and run_batch replay sessions as the detailed single run does."""
+    config = {"workload": {"source": "sessions", "sessions": {"num_sessions": 12, "turns": 3, "turns_dist": "uniform",
+                                                               "new_input_tokens": 64, "output_tokens": 16,
+                                                               "think_time_ms": 3.0}},
+              "load": {"concurrency": 5}, "detokenization": {"workers": 2, "base_ms": 1.5, "per_output_us": 40.0},
+              "engine": {"aggregated": {"prefix_caching": True, "replicas": 2}}}
+    detailed = simcore.run(config)
+    bounded = simcore.run({**config, "output": {"mode": "bounded"}})
+    batch = simcore.run_batch([config, {**config, "seed": 1}])
+    for other in (bounded, batch[0]):
+        for column in ("send_ms", "first_token_ms", "last_token_ms", "worker", "cached_tokens", "turn"):
+            assert other.requests.column(column).equals(detailed.requests.column(column)), column
+    assert batch[1].requests.column("turn").to_pylist() == simcore.run({**config, "seed": 1}).requests.column("turn").to_pylist()
+
+
+def test_cli_preset_runs_and_writes_the_session_columns(tmp_path):
+    from tests.test_cli import replaysim
+
+    done = replaysim(tmp_path, "workload=sessions", "workload.sessions.num_sessions=6", "workload.sessions.turns=2",
+                     "workload.sessions.new_input_tokens=32", "workload.sessions.output_tokens=4",
+                     "engine.aggregated.prefix_caching=true", "load.concurrency=3")
+    assert done.returncode == 0, done.stderr
+    rows = pa.parquet.read_table(tmp_path / "run" / "requests.parquet").to_pylist()
+    assert [(r["session_id"], r["turn"]) for r in rows] == [(f"s{s}", t) for s in range(6) for t in range(2)]
+    assert all(r["cached_tokens"] == 32 for r in rows if r["turn"] == 1)  # turn 0's 2 whole 16-token blocks
+
+
+def test_cli_bad_session_table_exits_2_naming_the_line(tmp_path):
+    from tests.test_cli import replaysim, result_files
+
+    (tmp_path / "turns.csv").write_text("session_id,turn,input_tokens,output_tokens\na,0,10,5\na,2,30,5\n")
+    done = replaysim(tmp_path, "workload.source=table", "workload.path=turns.csv")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "turns.csv: session 'a' has turn 2 at line 3, expected turn 1 (a session's turns are numbered 0, 1, ... in table order)"
+    )
+    assert result_files(tmp_path) == []
+
+
+def test_steady_session_scenarios_run_steady_stretches():
+    """Guards the generator: many steady scenarios have 10+ consecutive decode-only passes of one batch."""
+    long_runs = 0
+    for seed in range(NUM_STEADY_SESSION_SCENARIOS):
+        scenario = random_session_scenario(seed, steady=True)
+        slow = reference_simulate(
+            merge_config(scenario["config"]), scenario["ids"], scenario["inputs"], scenario["outputs"],
+            scenario["send_ns"], sessions={"session": scenario["session"], "shared_prefix_tokens": scenario["system"]},
+        )
+        stretch, best, last = 0, 0, None
+        for p in slow["passes"]:
+            shape = (p["num_prefill"], p["num_decode"])
+            stretch = stretch + 1 if shape == last and p["num_prefill"] == 0 else 1
+            best, last = max(best, stretch), shape
+        long_runs += best >= 10
+    assert long_runs >= NUM_STEADY_SESSION_SCENARIOS // 3, long_runs

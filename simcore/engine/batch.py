@@ -47,6 +47,7 @@ SHARED_INPUTS = {
     ("topology", "worker_first_rank"): "topology (first rank of each worker: replicas, attention_dp)",
     ("topology", "worker_num_ranks"): "topology (ranks of each worker: attention_dp)",
     ("topology", "num_decode_workers"): "topology (decode workers)",
+    ("load", "session_first"): "the sessions (the rows of their first turns)",
 }
 #: The typed inputs stacked member by member (``simcore.engine.state``).
 STACKED_INPUTS = ("requests", "load", "client", "topology", "ranks", "timing")

@@ -33,6 +33,13 @@ whose pass started at t also builds the next pass, which (a) starts when the
 running one ends; scheduled tokens count as computed when built, and the
 tokens sampled by each of the two passes are marked in per-request slots.
 
+Multi-turn sessions (``session_mode``, docs/semantics.md): rows are turns and
+the send order follows receipts, so the table-order sends are idle and
+``simcore.engine.sessions_nb`` sends rows from a heap at (c); each request's
+end at the client (final receipt or rejection) is queued in the send heap as
+a release (instant, row), and the send sequence number (``send_seq``) gives
+the placement and the arrival order.
+
 Steady decode: with one synchronous vLLM or TensorRT-LLM rank, a pass that
 nothing can change (no event before its end, no waiting request, no first or
 last token, no new KV block) is ended and its identical successor started by a
@@ -350,7 +357,7 @@ def _replay_nb(
     # TensorRT-LLM rank without prefix caching, in the detailed output mode.
     steady_path = (
         num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
-        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0] and not session_mode
+        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0]
     )
     steady_budget = rank_max_batched_tokens[0]
     steady_block_size = rank_block_size[0]
@@ -372,6 +379,8 @@ def _replay_nb(
                 if send_size > 0 and next_row < n and send_key[0] <= t:
                     break
             elif next_row < n and send_ns[next_row] <= t:
+                break
+            if session_mode and session_next_instant_nb(t + 1, send_key, send_size, sess_key, sess_size) <= t:
                 break
             steady = True
             for i in range(run_len[0]):

@@ -25,7 +25,8 @@ F64_2D = types.float64[:, ::1]
 
 
 class Requests(NamedTuple):
-    """Per request (row ``k`` = send sequence number), read-only."""
+    """Per request (row ``k`` = send sequence number; with sessions ``Outputs.send_seq``), read-only
+    (but ``recv_rank``, written at the send with sessions)."""
 
     input_tokens: I64  # prompt tokens
     output_tokens: I64  # requested output tokens

@@ -369,6 +369,29 @@ def _row(origin: str, index: int) -> str:
 
 
 def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
+    """The run's request table (:func:`_build_requests`); a think time between turns needs sessions.
+
+    Parameters
+    ----------
+    cfg : SimConfig
+    requests : pyarrow.Table or None
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    RequestTable
+    """
+    table = _build_requests(cfg, requests, rng)
+    think = cfg.resolved["workload"]["sessions"]["think_time_ms"]
+    if table.session is None and think != DEFAULTS["workload"]["sessions"]["think_time_ms"]:
+        raise ConfigError(
+            f"workload.sessions.think_time_ms has no effect here: the workload has no sessions "
+            f"(session_id and turn columns), got {think!r}"
+        )
+    return table
+
+
+def _build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
     """The run's request table: the API override, the configured file, recurring prompts or synthetic.
 
     Parameters
@@ -385,7 +408,7 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     """
     if requests is not None:  # replaces the whole configured workload
         table = table_requests(requests, "requests", None)
-        _check_workload_unset(cfg, len(table.request_id))
+        _check_workload_unset(cfg, table)
         return table
     if cfg.workload.source == "table":
         table = read_table_file(cfg.workload.path)
@@ -399,17 +422,21 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     return synthetic_requests(cfg.workload, rng)
 
 
-def _check_workload_unset(cfg: SimConfig, num_rows: int) -> None:
+def _check_workload_unset(cfg: SimConfig, table: RequestTable) -> None:
     """A workload key set beside a ``requests`` table is an error: the table is the whole workload.
 
     ``num_requests`` may state the table's row count (callers size the
-    configured bounds check with it); any other value, and any other workload
+    configured bounds check with it), and a table of sessions takes
+    ``sessions.think_time_ms``; any other value, and any other workload
     key that differs from its default, would be silently ignored.
     """
+    num_rows = len(table)
     for key, default in DEFAULTS["workload"].items():
         value = cfg.resolved["workload"][key]
         if key == "num_requests" and value == num_rows:
             continue
+        if key == "sessions" and table.session is not None:
+            value = {**value, "think_time_ms": default["think_time_ms"]}
         if value != default:
             raise ConfigError(
                 f"workload.{key} has no effect with a requests table passed to simcore.run "
