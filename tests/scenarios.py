@@ -309,6 +309,16 @@ def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = Tru
     return run, cols, summarize(cols, table.input_tokens, cfg.metrics)
 
 
+def longest_steady_stretch(passes: list[dict]) -> int:
+    """The most consecutive decode-only passes of one batch size in a pass log (reference shape)."""
+    stretch, best, last = 0, 0, None
+    for p in passes:
+        shape = (p["num_prefill"], p["num_decode"])
+        stretch = stretch + 1 if shape == last and p["num_prefill"] == 0 else 1
+        best, last = max(best, stretch), shape
+    return best
+
+
 def fast_as_reference(run, cols) -> dict:
     """The numba results in the reference simulator's output shape."""
 

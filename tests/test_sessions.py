@@ -18,7 +18,7 @@ from simcore.metrics.api import RequestColumns, summarize
 from simcore.workload.api import RequestTable, table_requests
 from tests.reference.metrics import summarize as reference_summarize
 from tests.reference.sim import simulate as reference_simulate
-from tests.scenarios import fast_as_reference, random_scenario
+from tests.scenarios import fast_as_reference, longest_steady_stretch, random_scenario
 from tests.test_against_reference import REQUEST_KEYS, assert_summaries_equal
 
 NUM_SESSION_SCENARIOS = 300  # open and closed loops; a third with prefix caching, a fifth P/D
@@ -396,10 +396,5 @@ def test_steady_session_scenarios_run_steady_stretches():
             merge_config(scenario["config"]), scenario["ids"], scenario["inputs"], scenario["outputs"],
             scenario["send_ns"], sessions={"session": scenario["session"], "shared_prefix_tokens": scenario["system"]},
         )
-        stretch, best, last = 0, 0, None
-        for p in slow["passes"]:
-            shape = (p["num_prefill"], p["num_decode"])
-            stretch = stretch + 1 if shape == last and p["num_prefill"] == 0 else 1
-            best, last = max(best, stretch), shape
-        long_runs += best >= 10
+        long_runs += longest_steady_stretch(slow["passes"]) >= 10
     assert long_runs >= NUM_STEADY_SESSION_SCENARIOS // 3, long_runs

@@ -31,10 +31,30 @@ ROWS_SENT = 1
 
 @njit(cache=True)
 def session_start_nb(closed, concurrency, session_first, send_ns, sess_key, sess_val, counters):
-    """Queue the first turns the load starts at once; returns the send-heap size.
+    """Queue the first turns the load sends by itself.
 
     Closed loop: the first ``min(concurrency, sessions)`` sessions at t = 0.
     Open loop: every session's first turn at its given ``send_ns``.
+
+    Parameters
+    ----------
+    closed : bool
+        Closed loop over sessions.
+    concurrency : int
+        Closed loop: sessions in flight.
+    session_first : ndarray(int64, ndim=1)
+        Each session's first row, in session order.
+    send_ns : ndarray(int64, ndim=1)
+        Open loop: the first turns' send instants, ns (read at those rows).
+    sess_key, sess_val : ndarray(int64, ndim=1)
+        The sends heap (room for every row); filled.
+    counters : ndarray(int64, ndim=1)
+        Out: ``counters[SESSIONS_STARTED]`` set.
+
+    Returns
+    -------
+    int
+        The sends-heap size.
     """
     num_sessions = session_first.shape[0]
     started = min(concurrency, num_sessions) if closed else num_sessions
@@ -48,7 +68,26 @@ def session_start_nb(closed, concurrency, session_first, send_ns, sess_key, sess
 
 @njit(cache=True)
 def session_finals_nb(num_out, out_req, out_token, out_flags, recv_target, rel_key, rel_val, rel_size):
-    """Queue a release at the receipt of each request-final token of a pass; returns the release-heap size."""
+    """Queue a release at the receipt of each request-final token of a pass's detokenizer jobs.
+
+    Parameters
+    ----------
+    num_out : int
+        The pass's outputs.
+    out_req, out_token, out_flags : ndarray(int64, ndim=1)
+        Per output: its request, where its receipt is stamped, its ``OUT_*`` flags.
+    recv_target : ndarray(int64, ndim=1)
+        The receipts, ns (indexed by ``out_token``).
+    rel_key, rel_val : ndarray(int64, ndim=1)
+        The releases heap; updated.
+    rel_size : int
+        Its size.
+
+    Returns
+    -------
+    int
+        The releases-heap size.
+    """
     for e in range(num_out):
         if out_flags[e] & OUT_FINAL:
             rel_size = heap_push_nb(rel_key, rel_val, rel_size, recv_target[out_token[e]], out_req[e])
@@ -57,7 +96,22 @@ def session_finals_nb(num_out, out_req, out_token, out_flags, recv_target, rel_k
 
 @njit(cache=True)
 def session_next_instant_nb(t, rel_key, rel_size, sess_key, sess_size):
-    """The earlier of ``t`` and the first pending release or send."""
+    """The earlier of ``t`` and the first pending release or send.
+
+    Parameters
+    ----------
+    t : int
+        An instant, ns.
+    rel_key, sess_key : ndarray(int64, ndim=1)
+        The releases and sends heaps' keys, ns.
+    rel_size, sess_size : int
+        Their sizes.
+
+    Returns
+    -------
+    int
+        The instant, ns.
+    """
     if rel_size > 0 and rel_key[0] < t:
         t = rel_key[0]
     if sess_size > 0 and sess_key[0] < t:
@@ -79,6 +133,41 @@ def session_sends_nb(
     Each send takes the next send sequence number s: its receiving rank and
     tokenizer servers are those of s, its tokenizer job is FIFO per server in
     send order, and its engine arrival is keyed (instant, s).
+
+    Parameters
+    ----------
+    t : int
+        The instant, ns.
+    closed : bool
+        Closed loop over sessions.
+    think_ns : int
+        Closed loop: a session's end to the next session's first send, ns.
+    next_turn, turn_think_ns : ndarray(int64, ndim=1)
+        Per row: its session's next turn (-1: none) and the think before its send, ns.
+    session_first : ndarray(int64, ndim=1)
+        Each session's first row, in session order.
+    rel_key, rel_val, sess_key, sess_val : ndarray(int64, ndim=1)
+        The releases and sends heaps; updated.
+    rel_size, sess_size : int
+        Their sizes.
+    counters : ndarray(int64, ndim=1)
+        Sessions started and rows sent; updated.
+    send_ns, send_seq : ndarray(int64, ndim=1)
+        Out, per row: send instant (ns) and send sequence number.
+    seq_row : ndarray(int64, ndim=1)
+        Out, per send sequence number: its row.
+    seq_rank, seq_tok_base : ndarray(int64, ndim=1)
+        Per send sequence number: receiving global rank, first tokenizer server of its worker.
+    recv_rank : ndarray(int64, ndim=1)
+        Out, per row: its receiving global rank.
+    tok_server, tok_service_ns : ndarray(int64, ndim=1)
+        Per row: tokenizer server within its worker, job service (ns).
+    tok_free : ndarray(int64, ndim=1)
+        Per tokenizer server: when it is free, ns; updated.
+    arr_key, arr_val : ndarray(int64, ndim=1)
+        The engine-arrival heap (instant, send sequence number); updated.
+    arr_size : int
+        Its size.
 
     Returns
     -------
