@@ -173,7 +173,7 @@ def table_size(
         if n and int(lengths.min()) < 1:
             raise ConfigError(f"{name}: every length must be an integer >= 1, got {int(lengths.min())}")
         totals.append(checked_total(lengths, name))
-    last_send_ms = 0.0 if send_ns is None or n == 0 else float(send_ns[-1]) / 1e6
+    last_send_ms = 0.0 if send_ns is None or n == 0 else float(send_ns.max()) / 1e6  # sessions: first turns only
     if nominal:  # drawn synthetic lengths: charge them to the keys that drew them
         labels = (nominal.count_label, f"{nominal.input_label}, drawn", f"{nominal.output_label}, drawn",
                   f"{nominal.origin}, drawn")
@@ -370,6 +370,9 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
     terms = [
         (f"load.{send_key}={getattr(ld, send_key)!r} (the last send)", size.last_send_ms),
         (f"load.think_time_ms={ld.think_time_ms!r}{requests}", ld.think_time_ms * n if ld.closed_loop else 0.0),
+        # sessions: a think time before every turn but the first, bounded by one per request
+        (f"workload.sessions.think_time_ms={cfg.workload.sessions.think_time_ms!r}{requests}",
+         cfg.workload.sessions.think_time_ms * n),
         (f"tokenization.base_ms={tok.base_ms!r}{requests}", tok.base_ms * n),
         (f"tokenization.per_input_us={tok.per_input_us!r}{inputs}", tok.per_input_us * total_in / 1000),
         (f"detokenization.base_ms={detok.base_ms!r}{outputs}", detok.base_ms * total_out),

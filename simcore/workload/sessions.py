@@ -127,8 +127,8 @@ def table_sessions(table: pa.Table, origin: str, input_tokens: np.ndarray, outpu
         if column.null_count:
             row = int(pc.index(pc.is_null(column), True).as_py())
             raise ConfigError(f"{origin}: {name} has a missing value at {where(row)}")
-    _, session = np.unique(pc.dictionary_encode(labels).indices.to_numpy(), return_inverse=True)
-    session = _by_first_row(session.reshape(-1).astype(np.int64))
+    # dictionary_encode numbers the labels in the order of their first row
+    session = pc.dictionary_encode(labels).indices.to_numpy().astype(np.int64)
     turn = turn_column.to_numpy().astype(np.int64)
     expected = _rank_within(session)
     bad = np.flatnonzero(turn != expected)
@@ -151,14 +151,6 @@ def table_sessions(table: pa.Table, origin: str, input_tokens: np.ndarray, outpu
             "(a turn's prompt holds the previous prompt and answer)"
         )
     return labels, session, turn
-
-
-def _by_first_row(session: np.ndarray) -> np.ndarray:
-    """Session labels renumbered 0, 1, ... in the order of their first row."""
-    _, first = np.unique(session, return_index=True)
-    order = np.empty_like(first)
-    order[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
-    return order[session]
 
 
 def _rank_within(session: np.ndarray) -> np.ndarray:
