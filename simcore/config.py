@@ -378,7 +378,7 @@ class WorkloadConfig:
     time_window_ms: float | None
     prefix_tokens: int
     shared_prefix: SharedPrefixConfig
-    sessions: SessionsConfig | None = None
+    sessions: SessionsConfig
 
 
 @dataclass(frozen=True)
