@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from simcore.metrics.registry import DISTRIBUTIONS, percentile_names, summary_key
+from simcore.metrics.registry import DISTRIBUTIONS, PER_TURN, TURN_GROUPS, per_turn, percentile_names, summary_key
 from simcore.schema import TTFT_STAGES
 
 LABEL = 28
@@ -75,7 +75,9 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
         _row("Output throughput (tok/s)", _fmt(get("output_throughput"))),
         _row("Latency (ms)", "mean", *percentiles),
     ]
-    for metric in DISTRIBUTIONS:
+    # With sessions (num_sessions set): the per-turn-group distributions after the others.
+    split = [per_turn(m, g) for m in PER_TURN for g in TURN_GROUPS] if get("num_sessions") is not None else []
+    for metric in (*DISTRIBUTIONS, *split):
         points = (_fmt(get(summary_key(p, metric))) for p in percentiles)
         lines.append(_row(f"  {metric.label}", _fmt(get(summary_key("mean", metric))), *points))
     lines.append(_row("TTFT stages, mean (ms)"))

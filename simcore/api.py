@@ -161,12 +161,14 @@ def _inputs(config: Mapping[str, Any] | SimConfig | None, requests: pa.Table | N
 
 def _result(cfg: SimConfig, table, engine) -> Result:
     cols = RequestColumns(engine)
-    summary = summarize(cols, table.input_tokens, cfg.metrics)
+    summary = summarize(cols, table.input_tokens, cfg.metrics, table.turn)
     summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)
     summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine))
     summary.update(saturation(cols))
     return Result(
-        requests=requests_table(table.request_id, table.input_tokens, table.output_tokens, cols),
+        requests=requests_table(
+            table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn
+        ),
         summary=summary,
         passes=passes_table(engine) if cfg.output.passes else None,
         tokens=tokens_table(table.request_id, engine) if cfg.output.tokens else None,

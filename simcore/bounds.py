@@ -95,6 +95,8 @@ def configured_size(cfg: SimConfig) -> WorkloadSize:
     WorkloadSize
     """
     w, ld = cfg.workload, cfg.load
+    if w.source == "sessions":
+        return _sessions_size(cfg)
     if w.source not in ("synthetic", "shared_prefix"):
         label = f"workload.path={w.path!r}"
         return WorkloadSize(1, 1, 1, 0.0, label, label, label, label)
@@ -119,6 +121,23 @@ def configured_size(cfg: SimConfig) -> WorkloadSize:
         labels.append(label)
     origin = f"{count}, input_tokens={w.input_tokens}, output_tokens={w.output_tokens}"
     return WorkloadSize(n, n * w.input_tokens, n * w.output_tokens, last_send_ms, count, *labels, origin)
+
+
+def _sessions_size(cfg: SimConfig) -> WorkloadSize:
+    """Generated sessions at ``turns`` turns each (the most for uniform, the mean for geometric)."""
+    se, ld = cfg.workload.sessions, cfg.load
+    n = se.num_sessions * se.turns
+    # turn t's prompt: system + new + t (output + new), summed over t < turns
+    per_session = se.turns * (se.system_prompt_tokens + se.new_input_tokens) + (
+        se.output_tokens + se.new_input_tokens) * se.turns * (se.turns - 1) // 2
+    last_send_ms = 0.0
+    if ld.type in ("constant_rate", "poisson", "gamma"):
+        last_send_ms = (se.num_sessions - 1) * 1000 / ld.request_rate
+    count = f"workload.sessions.num_sessions={se.num_sessions} x turns={se.turns}"
+    origin = (f"{count}, new_input_tokens={se.new_input_tokens}, output_tokens={se.output_tokens}, "
+              f"system_prompt_tokens={se.system_prompt_tokens}")
+    return WorkloadSize(n, se.num_sessions * per_session, n * se.output_tokens, last_send_ms, count,
+                        f"{origin} (prompts grow by turn)", f"{count} x output_tokens={se.output_tokens}", origin)
 
 
 def table_size(
@@ -154,7 +173,7 @@ def table_size(
         if n and int(lengths.min()) < 1:
             raise ConfigError(f"{name}: every length must be an integer >= 1, got {int(lengths.min())}")
         totals.append(checked_total(lengths, name))
-    last_send_ms = 0.0 if send_ns is None or n == 0 else float(send_ns[-1]) / 1e6
+    last_send_ms = 0.0 if send_ns is None or n == 0 else float(send_ns.max()) / 1e6  # sessions: first turns only
     if nominal:  # drawn synthetic lengths: charge them to the keys that drew them
         labels = (nominal.count_label, f"{nominal.input_label}, drawn", f"{nominal.output_label}, drawn",
                   f"{nominal.origin}, drawn")
@@ -351,6 +370,9 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
     terms = [
         (f"load.{send_key}={getattr(ld, send_key)!r} (the last send)", size.last_send_ms),
         (f"load.think_time_ms={ld.think_time_ms!r}{requests}", ld.think_time_ms * n if ld.closed_loop else 0.0),
+        # sessions: a think time before every turn but the first, bounded by one per request
+        (f"workload.sessions.think_time_ms={cfg.workload.sessions.think_time_ms!r}{requests}",
+         cfg.workload.sessions.think_time_ms * n),
         (f"tokenization.base_ms={tok.base_ms!r}{requests}", tok.base_ms * n),
         (f"tokenization.per_input_us={tok.per_input_us!r}{inputs}", tok.per_input_us * total_in / 1000),
         (f"detokenization.base_ms={detok.base_ms!r}{outputs}", detok.base_ms * total_out),

@@ -116,6 +116,19 @@ DEFAULTS: dict[str, Any] = {
             "output_len": 50,
             "seed": None,  # null: drawn from the run's generator (seed)
         },
+        # Multi-turn sessions (simcore/workload/sessions.py): workload.source=sessions
+        # generates them; think_time_ms also paces a table's session_id/turn rows.
+        # Defaults: AISimulate's synthetic-session source (4 turns of 1024 new input
+        # and 128 output tokens, no delay), 160 sessions = the default 640 requests.
+        "sessions": {
+            "num_sessions": 160,
+            "turns": 4,
+            "turns_dist": "fixed",  # fixed | uniform (1..turns) | geometric (mean turns)
+            "new_input_tokens": 1024,
+            "output_tokens": 128,
+            "think_time_ms": 0.0,  # client's pause between a turn's last receipt and the next turn
+            "system_prompt_tokens": 0,  # shared by every session's first prompt
+        },
     },
     "load": {
         "type": "closed_loop",
@@ -185,7 +198,7 @@ DEFAULTS: dict[str, Any] = {
     "output": {"dir": None, "passes": False, "tokens": False, "mode": "detailed"},
 }
 
-WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure", "shared_prefix")
+WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure", "shared_prefix", "sessions")
 #: Sources whose requests are drawn from keys (sized by them before anything is drawn).
 GENERATED_SOURCES = ("synthetic", "shared_prefix")
 OUTPUT_MODES = ("detailed", "bounded")
@@ -376,6 +389,7 @@ class WorkloadConfig:
     time_window_ms: float | None
     prefix_tokens: int
     shared_prefix: SharedPrefixConfig
+    sessions: SessionsConfig
 
 
 @dataclass(frozen=True)
@@ -408,6 +422,23 @@ class SharedPrefixConfig:
     def hash_blocks(self) -> int:
         """``hash_ids`` entries per prompt."""
         return -(-self.input_tokens // self.hash_block_tokens)
+
+
+SESSION_TURNS_DISTS = ("fixed", "uniform", "geometric")
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """Multi-turn sessions (docs/semantics.md, Sessions): each turn's prompt is the
+    previous turn's prompt and answer plus ``new_input_tokens``."""
+
+    num_sessions: int
+    turns: int  # turns per session (fixed), the most (uniform) or the mean (geometric)
+    turns_dist: str
+    new_input_tokens: int
+    output_tokens: int
+    think_time_ms: float
+    system_prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -656,6 +687,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
             ),
             prefix_tokens=_count("workload.prefix_tokens", w["prefix_tokens"], minimum=0),
             shared_prefix=shared_prefix,
+            sessions=_sessions(w["sessions"]),
         ),
         load=LoadConfig(
             type=_choice("load.type", ld["type"], LOAD_TYPES),
@@ -766,6 +798,19 @@ def _shared_prefix(raw: Mapping[str, Any]) -> SharedPrefixConfig:
             f"{path}.question_len: system_prompt_len + question_len = {cfg.input_tokens} tokens exceeds int64"
         )
     return cfg
+
+
+def _sessions(raw: Mapping[str, Any]) -> SessionsConfig:
+    path = "workload.sessions"
+    return SessionsConfig(
+        num_sessions=_count(f"{path}.num_sessions", raw["num_sessions"]),
+        turns=_count(f"{path}.turns", raw["turns"]),
+        turns_dist=_choice(f"{path}.turns_dist", raw["turns_dist"], SESSION_TURNS_DISTS),
+        new_input_tokens=_count(f"{path}.new_input_tokens", raw["new_input_tokens"]),
+        output_tokens=_count(f"{path}.output_tokens", raw["output_tokens"]),
+        think_time_ms=_number(f"{path}.think_time_ms", raw["think_time_ms"], maximum=MAX_INSTANT_MS),
+        system_prompt_tokens=_count(f"{path}.system_prompt_tokens", raw["system_prompt_tokens"], minimum=0),
+    )
 
 
 def _range_ratio(value: Any) -> float:
@@ -1221,6 +1266,17 @@ KEY_SCOPES = (
     KeyScope("workload.shared_prefix", tuple(DEFAULTS["workload"]["shared_prefix"]),
              lambda cfg: cfg.workload.source == "shared_prefix", "workload.source=shared_prefix",
              _setting("workload", "source")),
+    KeyScope("workload.sessions", tuple(k for k in DEFAULTS["workload"]["sessions"] if k != "think_time_ms"),
+             lambda cfg: cfg.workload.source == "sessions", "workload.source=sessions",
+             _setting("workload", "source")),
+    # Also a table's (or simcore.run's requests table's) sessions: build_requests checks it has some.
+    KeyScope("workload.sessions", ("think_time_ms",),
+             lambda cfg: cfg.workload.source in ("sessions", "table", "synthetic"),
+             "sessions (workload.source=sessions, or a table with session_id and turn columns)",
+             _setting("workload", "source")),
+    KeyScope("workload", ("num_requests",), lambda cfg: cfg.workload.source != "sessions",
+             "sources other than sessions (workload.sessions.num_sessions sizes a sessions workload)",
+             _setting("workload", "source"), _NO_EFFECT),
     KeyScope("load", ("request_rate",), lambda cfg: cfg.load.type in OPEN_LOOP_GENERATED,
              "constant_rate, poisson and gamma loads", _setting("load", "type")),
     KeyScope("load", ("burstiness",), lambda cfg: cfg.load.type == "gamma", "load.type=gamma", _setting("load", "type")),

@@ -62,8 +62,8 @@ REQUESTS_SCHEMA = _schema(
     [
         _field("request_id", pa.string(), "", "request id (unique)", nullable=False),
         _field("status", STATUS_TYPE, "", "completed, rejected or incomplete", nullable=False),
-        _field("worker", pa.int32(), "", "receiving worker (round_robin: k mod replicas; -1: not placed by the cap; docs/routing.md)", nullable=False),
-        _field("rank", pa.int32(), "", "receiving attention-DP rank (round_robin: (k div replicas) mod attention_dp; -1: not placed by the cap)", nullable=False),
+        _field("worker", pa.int32(), "", "receiving worker (round_robin: send k mod replicas; docs/routing.md); null: never placed (not sent by the cap, or a session turn never sent)"),
+        _field("rank", pa.int32(), "", "receiving attention-DP rank (round_robin: (k div replicas) mod attention_dp); null: never placed, or its least_loaded rank not yet picked"),
         _field("prefill_worker", pa.int32(), "", "P/D: prefill worker (= worker); null when aggregated"),
         _field("prefill_rank", pa.int32(), "", "P/D: prefill rank (= rank); null when aggregated"),
         _field("decode_worker", pa.int32(), "", "P/D: decode worker, global index (prefill workers come first); null until handed off"),
@@ -88,6 +88,8 @@ REQUESTS_SCHEMA = _schema(
         _field("transfer_ms", pa.float64(), "ms", "TTFT stage: KV transfer (P/D; else 0)"),
         _field("decode_wait_ms", pa.float64(), "ms", "TTFT stage: transfer end -> first visible token (P/D; else 0)"),
         _field("detokenization_ms", pa.float64(), "ms", "TTFT stage: first token emitted -> received"),
+        _field("session_id", pa.string(), "", "multi-turn sessions: the request's session; null without sessions"),
+        _field("turn", pa.int64(), "", "multi-turn sessions: the turn within its session (0 first); null without"),
     ]
 )
 

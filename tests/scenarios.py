@@ -309,6 +309,16 @@ def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = Tru
     return run, cols, summarize(cols, table.input_tokens, cfg.metrics)
 
 
+def longest_steady_stretch(passes: list[dict]) -> int:
+    """The most consecutive decode-only passes of one batch size in a pass log (reference shape)."""
+    stretch, best, last = 0, 0, None
+    for p in passes:
+        shape = (p["num_prefill"], p["num_decode"])
+        stretch = stretch + 1 if shape == last and p["num_prefill"] == 0 else 1
+        best, last = max(best, stretch), shape
+    return best
+
+
 def fast_as_reference(run, cols) -> dict:
     """The numba results in the reference simulator's output shape."""
 
@@ -322,8 +332,8 @@ def fast_as_reference(run, cols) -> dict:
         requests.append(
             {
                 "status": STATUS_NAMES[cols.status[k]],
-                "worker": int(run.worker[k]),
-                "rank": int(run.rank[k]),
+                "worker": opt(run.worker[k]),  # -1: a session turn never sent
+                "rank": opt(run.rank[k]),
                 "generated_tokens": int(run.generated[k]),
                 "num_preemptions": int(run.num_preemptions[k]),
                 "send_ns": opt(run.send_ns[k]),
@@ -332,8 +342,8 @@ def fast_as_reference(run, cols) -> dict:
                 "first_emit_ns": opt(run.first_emit_ns[k]),
                 "first_recv_ns": opt(cols.first_recv_ns[k]),
                 "last_recv_ns": opt(cols.last_recv_ns[k]),
-                "prefill_worker": int(run.worker[k]) if run.disaggregated else None,
-                "prefill_rank": int(run.rank[k]) if run.disaggregated else None,
+                "prefill_worker": opt(run.worker[k]) if run.disaggregated else None,
+                "prefill_rank": opt(run.rank[k]) if run.disaggregated else None,
                 "decode_worker": opt(run.decode_worker[k]),
                 "decode_rank": opt(run.decode_rank[k]),
                 "prompt_done_ns": opt(run.prompt_done_ns[k]),

@@ -13,7 +13,7 @@ from simcore.config import load_config, merge_config
 from tests.reference.metrics import summarize as reference_summarize
 from tests.reference.sim import ReferenceSim
 from tests.reference.sim import simulate as reference_simulate
-from tests.scenarios import fast_as_reference, random_scenario, run_fast
+from tests.scenarios import fast_as_reference, longest_steady_stretch, random_scenario, run_fast
 
 NUM_SCENARIOS = 400
 NUM_PD_SCENARIOS = 300
@@ -132,12 +132,7 @@ def test_steady_scenarios_run_long_steady_stretches():
     long_runs = 0
     for seed in range(NUM_STEADY_SCENARIOS):
         _, slow = reference(random_scenario(seed, steady=True))
-        stretch, best, last = 0, 0, None
-        for p in slow["passes"]:
-            shape = (p["num_prefill"], p["num_decode"])
-            stretch = stretch + 1 if shape == last and p["num_prefill"] == 0 else 1
-            best, last = max(best, stretch), shape
-        long_runs += best >= 20
+        long_runs += longest_steady_stretch(slow["passes"]) >= 20
     assert long_runs >= NUM_STEADY_SCENARIOS // 2, long_runs
 
 

@@ -197,7 +197,7 @@ def test_help_lists_the_presets(tmp_path):
     groups = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.startswith(("engine: ", "workload: ")))
     assert groups == {
         "engine": "attention_dp_2, h100, pd_1p2d, replicas_2, sglang, trtllm",
-        "workload": "azure_sample, chat, long_context, mooncake_sample, shared_prefix",
+        "workload": "azure_sample, chat, long_context, mooncake_sample, sessions, shared_prefix",
     }
 
 
@@ -265,6 +265,7 @@ PRESETS = {
                       "workload.output_dist": "lognormal", "workload.output_tokens": 211, "workload.output_std": 163},
     "workload=shared_prefix": {"workload.source": "shared_prefix", "workload.shared_prefix.system_prompt_len": 128,
                                "workload.shared_prefix.question_len": 64, "workload.shared_prefix.output_len": 64},
+    "workload=sessions": {"workload.source": "sessions"},
     "workload=long_context": {"workload.input_dist": "lognormal", "workload.input_tokens": 12035,
                               "workload.input_std": 15801, "workload.output_dist": "lognormal",
                               "workload.output_tokens": 343, "workload.output_std": 250},

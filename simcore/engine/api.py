@@ -19,7 +19,7 @@ from simcore.client.api import (
     tokenization_service_ns,
 )
 from simcore.bounds import checked_total
-from simcore.config import ConfigError, SimConfig
+from simcore.config import POOLS, ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.engine.router import router_inputs
 from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Router, Timing, Topology
@@ -31,6 +31,7 @@ from simcore.scheduler.prefix import prompt_block_identities
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
+from simcore.workload.sessions import session_schedule
 
 DETOK_PATHS = ("auto", "kernel", "after_run")
 STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
@@ -121,6 +122,7 @@ class Prepared:
     rank_worker: np.ndarray
     cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
     router: Router
+    sessions: bool = False  # placement by send sequence number (out.send_seq)
 
     @property
     def closed(self) -> bool:
@@ -236,7 +238,7 @@ def run_prepared(
         buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, pass_rows, bounded=prep.bounded)
         if itl_include is not None:
             buffers.receipts[STREAM_INCLUDE][:] = itl_include
-        if not prep.closed:
+        if prep.send is not None:
             buffers.send_ns[:] = prep.send
         args = prep.kernel_args(buffers, prep.prefix_cache())
         if on_progress is None:
@@ -305,6 +307,17 @@ def itl_rerun_mask(prep: Prepared, buffers: Buffers) -> np.ndarray | None:
     return completed.astype(np.int64)
 
 
+def _check_sessions_routing(cfg: SimConfig) -> None:
+    """Routing policies decide at table-order sends; session turns are sent by their own loop."""
+    router = cfg.engine.router
+    chosen = [("engine.router.policy", router.policy), ("engine.decode_router.policy", router.decode_policy)]
+    chosen += [(f"engine.{name}.rank_policy", getattr(cfg.engine, name).rank_policy) for name in POOLS[cfg.engine.mode]]
+    for key, value in chosen:
+        if value != "round_robin":
+            raise ConfigError(f"{key}={value}: multi-turn sessions are placed round robin by send; "
+                              "other routing policies do not yet apply to them")
+
+
 def prepare(
     cfg: SimConfig,
     requests: RequestTable,
@@ -341,8 +354,11 @@ def prepare(
     if detok_path not in DETOK_PATHS:
         raise ValueError(f"detok_path must be one of {DETOK_PATHS}, got {detok_path!r}")
     closed = cfg.load.closed_loop
-    if closed and detok_path == "after_run":
-        raise ValueError("a closed loop needs receipts inside the kernel (detok_path='kernel')")
+    sessions = requests.session is not None
+    if (closed or sessions) and detok_path == "after_run":
+        raise ValueError("a closed loop or sessions need receipts inside the kernel (detok_path='kernel')")
+    if sessions:
+        _check_sessions_routing(cfg)
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"
@@ -367,7 +383,9 @@ def prepare(
 
     tok = cfg.tokenization
     tok_index = server_index(requests.request_id, tok.workers)
-    tok_server = worker * tok.workers + tok_index
+    schedule = session_schedule(requests, cfg, recv_rank.copy(), worker * tok.workers)  # recv_rank is rewritten at sends
+    # Placement by row; with sessions by send sequence number, in the kernel.
+    tok_server = tok_index if sessions else worker * tok.workers + tok_index
     tok_service = tokenization_service_ns(tok, input_tokens)
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
 
@@ -409,10 +427,11 @@ def prepare(
             transfer_ns=transfer_ns,
         ),
         load=Load(
-            closed_loop=closed,
+            closed_loop=closed and not sessions,
             concurrency=cfg.load.concurrency,
             think_ns=ms_to_ns(cfg.load.think_time_ms, "load.think_time_ms"),
             cap_ns=nb.NO_CAP if cap_ns is None else cap_ns,
+            **schedule,
         ),
         client=Client(
             tok_server=tok_server,
@@ -428,6 +447,7 @@ def prepare(
         ranks=ranks,
         timing=Timing(*timing_arrays(cfg.timing)),
         send=None if closed else send_ns,
+        sessions=sessions,
         n=n,
         num_tokens=num_tokens,
         pass_rows=pass_rows,
@@ -473,6 +493,8 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
     # request not placed by the cap (routed by another policy: never sent, or
     # its least-loaded rank not yet picked).
     placed = out.placed_rank >= 0
+    if prep.sessions:  # a session turn never sent keeps its row's placement in placed_rank
+        placed &= out.send_seq >= 0
     worker = np.where(out.placed_worker >= 0, out.placed_worker, np.where(placed, rank_worker[out.placed_rank], -1))
     rank = np.where(placed, out.placed_rank - prep.topology.worker_first_rank[worker], -1)
     if status == nb.BAD_TIMING:
@@ -650,6 +672,7 @@ def allocate_buffers(
         progress=zeros(1),
         placed_rank=not_yet(n),
         placed_worker=not_yet(n),
+        send_seq=not_yet(n),
     )
     logs = Logs(
         emit_log=np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64),

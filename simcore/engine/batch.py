@@ -47,6 +47,7 @@ SHARED_INPUTS = {
     ("topology", "worker_first_rank"): "topology (first rank of each worker: replicas, attention_dp)",
     ("topology", "worker_num_ranks"): "topology (ranks of each worker: attention_dp)",
     ("topology", "num_decode_workers"): "topology (decode workers)",
+    ("load", "session_first"): "the sessions (the rows of their first turns)",
 }
 #: The typed inputs stacked member by member (``simcore.engine.state``).
 STACKED_INPUTS = ("requests", "load", "client", "topology", "ranks", "timing", "router")
@@ -178,7 +179,7 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     stacked = {name: _stack_state([getattr(prep, name) for prep in preps], name) for name in STACKED_INPUTS}
     buffers = allocate_buffers(first.n, first.num_tokens, first.mode, 0, batch=count, bounded=first.bounded)
     for c, prep in enumerate(preps):
-        if not prep.closed:
+        if prep.send is not None:
             buffers.send_ns[c] = prep.send
     caches = [prep.prefix_cache() for prep in preps]
     prefix_cache = tuple(np.stack(arrays) for arrays in zip(*caches))

@@ -33,6 +33,13 @@ whose pass started at t also builds the next pass, which (a) starts when the
 running one ends; scheduled tokens count as computed when built, and the
 tokens sampled by each of the two passes are marked in per-request slots.
 
+Multi-turn sessions (``session_mode``, docs/semantics.md): rows are turns and
+the send order follows receipts, so the table-order sends are idle and
+``simcore.engine.sessions_nb`` sends rows from a heap at (c); each request's
+end at the client (final receipt or rejection) is queued in the send heap as
+a release (instant, row), and the send sequence number (``send_seq``) gives
+the placement and the arrival order.
+
 Steady decode: with one synchronous vLLM or TensorRT-LLM rank, a pass that
 nothing can change (no event before its end, no waiting request, no first or
 last token, no new KV block) is ended and its identical successor started by a
@@ -59,6 +66,7 @@ from simcore.scheduler.nb import (
 )
 from simcore.client.nb import detokenization_service_ns_nb, detokenize_pass_nb
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
+from simcore.engine.sessions_nb import session_finals_nb, session_next_instant_nb, session_sends_nb, session_start_nb
 from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
     DETOK_OFF, DETOK_IN_KERNEL, DETOK_DEFERRED, OUT_FIRST, OUT_FINAL,
     ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
@@ -170,6 +178,9 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress, router.policy, router.decode_policy,
         router.rank_policy, router.weights, router.draws, router.decode_draws, router.tok_index, router.tok_workers,
         out.placed_rank, out.placed_worker,
+        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress,
+        load.session_mode, load.session_closed, load.session_think_ns, load.session_first, load.next_turn,
+        load.turn_think_ns, load.seq_rank, load.seq_tok_base, out.send_seq,
     )
 
 
@@ -241,6 +252,15 @@ def _replay_nb(
     tok_workers,
     placed_rank,
     placed_worker,
+    session_mode,
+    session_closed,
+    session_think_ns,
+    session_first,
+    next_turn,
+    turn_think_ns,
+    seq_rank,
+    seq_tok_base,
+    send_seq,
 ):
     """The event loop of ``simulate_engine_nb``, over the members of its typed state.
 
@@ -346,6 +366,19 @@ def _replay_nb(
     send_size = 0
     next_row = 0  # next row to send (both loops send rows in table order)
 
+    # Sessions (simcore.engine.sessions_nb): releases in the send heap, (receipt, row);
+    # rows sent through their own heap, the table-order loops below left idle.
+    sess_key = np.empty(n if session_mode else 0, dtype=np.int64)
+    sess_val = np.empty(n if session_mode else 0, dtype=np.int64)
+    seq_row = np.empty(n if session_mode else 0, dtype=np.int64)
+    session_counters = np.zeros(2, dtype=np.int64)
+    sess_size = 0
+    if session_mode:
+        next_row = n
+        sess_size = session_start_nb(
+            session_closed, concurrency, session_first, send_ns, sess_key, sess_val, session_counters
+        )
+
     if closed_loop:
         for _ in range(min(concurrency, n)):
             send_size = heap_push_nb(send_key, send_val, send_size, 0, 0)
@@ -378,6 +411,8 @@ def _replay_nb(
                 if send_size > 0 and next_row < n and send_key[0] <= t:
                     break
             elif next_row < n and send_ns[next_row] <= t:
+                break
+            if session_mode and session_next_instant_nb(t + 1, send_key, send_size, sess_key, sess_size) <= t:
                 break
             steady = True
             for i in range(run_len[0]):
@@ -466,6 +501,8 @@ def _replay_nb(
                 t = send_key[0]
         elif next_row < n and send_ns[next_row] < t:
             t = send_ns[next_row]
+        if session_mode:
+            t = session_next_instant_nb(t, send_key, send_size, sess_key, sess_size)
         if t == NO_CAP or t > cap_ns:
             break
 
@@ -535,8 +572,8 @@ def _replay_nb(
                                     j + 1 == output_tokens[k]
                                     or input_tokens[k] + j + 1 >= rank_seq_limit[g]
                                 )
+                                out_req[num_out] = k
                                 if bounded:
-                                    out_req[num_out] = k
                                     tok = num_out
                                 else:
                                     token_emit_ns[tok] = t
@@ -547,6 +584,8 @@ def _replay_nb(
                                         send_size = heap_push_nb(
                                             send_key, send_val, send_size, t + think_ns, 0
                                         )
+                                    if leaves and session_mode:  # ends at the client now
+                                        send_size = heap_push_nb(send_key, send_val, send_size, t, k)
                                 elif detok_mode == DETOK_IN_KERNEL:
                                     srv = detok_server[k]
                                     out_token[num_out] = tok
@@ -585,6 +624,10 @@ def _replay_nb(
                         detok_free, recv_target, job_count, job_firsts, job_finals, job_ends, job_tokens,
                         job_flags, closed_loop, think_ns, send_key, send_val, send_size,
                     )
+                if session_mode and detok_mode == DETOK_IN_KERNEL and num_out > 0:
+                    send_size = session_finals_nb(
+                        num_out, out_req, out_token, out_flags, recv_target, send_key, send_val, send_size
+                    )
                 if bounded and num_out > 0:
                     stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
                 if queued[w]:  # asynchronous: the pass built at this one's start runs now
@@ -599,6 +642,15 @@ def _replay_nb(
                             pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
                             queued_summary[w], queued_rank_ms[w],
                         )
+
+            if session_mode:  # (c) with sessions: releases, then sends, at t
+                send_size, sess_size, arr_size, sent = session_sends_nb(
+                    t, session_closed, session_think_ns, next_turn, turn_think_ns, session_first, send_key,
+                    send_val, send_size, sess_key, sess_val, sess_size, session_counters, send_ns, send_seq,
+                    seq_row, seq_rank, seq_tok_base, recv_rank, tok_server, tok_service_ns, tok_free, arr_key,
+                    arr_val, arr_size,
+                )
+                progressed = progressed or sent
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -630,6 +682,8 @@ def _replay_nb(
             # (d) engine arrivals at t, in send order; rejections end at once.
             while arr_size > 0 and arr_key[0] == t:
                 k = arr_val[0]
+                if session_mode:  # keyed by send sequence number
+                    k = seq_row[k]
                 arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
                 progressed = True
                 arrival_ns[k] = t
@@ -644,6 +698,8 @@ def _replay_nb(
                 if routing and reject_ns[k] >= 0:
                     route_prompt_done_nb(route, k, input_tokens[k])
                     route_leave_nb(route, k, recv_rank[k])
+                if session_mode and reject_ns[k] == t:  # the rejection ends at the client now
+                    send_size = heap_push_nb(send_key, send_val, send_size, t, k)
 
             # (d) KV-transfer ends at t, in handoff order: free the prefill
             # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd, or
@@ -671,6 +727,8 @@ def _replay_nb(
                 if routing and reject_ns[k] >= 0:
                     route_prompt_done_nb(route, k, input_tokens[k])
                     route_leave_nb(route, k, g)
+                if session_mode and reject_ns[k] == t:
+                    send_size = heap_push_nb(send_key, send_val, send_size, t, k)
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next

@@ -25,7 +25,8 @@ F64_2D = types.float64[:, ::1]
 
 
 class Requests(NamedTuple):
-    """Per request (row ``k`` = send sequence number), read-only."""
+    """Per request (row ``k`` = send sequence number; with sessions ``Outputs.send_seq``), read-only
+    (but ``recv_rank``, written at the send with sessions)."""
 
     input_tokens: I64  # prompt tokens
     output_tokens: I64  # requested output tokens
@@ -41,6 +42,17 @@ class Load(NamedTuple):
     concurrency: types.int64  # closed-loop clients
     think_ns: types.int64  # closed-loop think time, ns
     cap_ns: types.int64  # time cap, ns (NO_CAP for none)
+    # Multi-turn sessions (simcore.engine.sessions_nb; arrays empty without them).
+    # With sessions ``closed_loop`` is false and ``Client.tok_server`` is the
+    # server within the worker: placement follows the send sequence number s.
+    session_mode: types.boolean
+    session_closed: types.boolean  # concurrency counts sessions
+    session_think_ns: types.int64  # closed loop: a session's end to the next session's first send, ns
+    session_first: I64  # per session: its first turn's row
+    next_turn: I64  # per row: the row of its session's next turn (-1: the last)
+    turn_think_ns: I64  # per row: the previous turn's last receipt to this send, ns
+    seq_rank: I64  # per send sequence number: the receiving global rank
+    seq_tok_base: I64  # per send sequence number: its worker's first tokenizer server
 
 
 class Client(NamedTuple):
@@ -108,6 +120,7 @@ class Outputs(NamedTuple):
     progress: I64  # (1,): requests finished or rejected so far, read by another thread
     placed_rank: I64  # global rank that received each request (-1: not placed by the cap; docs/routing.md)
     placed_worker: I64  # routing policies: the worker picked at the send (-1: round robin, or never sent)
+    send_seq: I64  # sessions: each row's send sequence number (-1: never sent); empty without
 
 
 class Logs(NamedTuple):

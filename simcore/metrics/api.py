@@ -15,7 +15,9 @@ from simcore import enums
 from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
-from simcore.metrics.registry import DISTRIBUTIONS, ITL, STATISTICS, Distribution, percentile_key, summary_key
+from simcore.metrics.registry import (
+    DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, summary_key,
+)
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform, string_array
 from simcore.units import NOT_YET
@@ -82,7 +84,10 @@ class RequestColumns:
         }
 
 
-def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns) -> pa.Table:
+def requests_table(
+    request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns,
+    session_id: pa.Array | None = None, turn: np.ndarray | None = None,
+) -> pa.Table:
     """The per-request table (``REQUESTS_SCHEMA``), one row per request in send order.
 
     Parameters
@@ -93,6 +98,8 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         Prompt and requested output lengths, tokens.
     cols : RequestColumns
         Instants and metrics derived from the engine run.
+    session_id, turn : pyarrow.StringArray, ndarray(int64, ndim=1), optional
+        Multi-turn sessions: each request's session and turn (null without).
 
     Returns
     -------
@@ -106,8 +113,8 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
     data = {
         "request_id": request_id,
         "status": status,
-        "worker": run.worker,
-        "rank": run.rank,
+        "worker": pa.array(run.worker, mask=run.worker < 0),  # negative: a session turn never sent
+        "rank": pa.array(run.rank, mask=run.rank < 0),
         **_pd_placement(run),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
@@ -124,6 +131,8 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "transfer_start_ms": _instant_ms(run.prompt_done_ns if run.disaggregated else np.full_like(run.send_ns, NOT_YET)),
         "transfer_end_ms": _instant_ms(run.transfer_end_ns),
         **cols.stages,
+        "session_id": pa.nulls(len(request_id), pa.string()) if session_id is None else session_id,
+        "turn": pa.nulls(len(request_id), pa.int64()) if turn is None else turn,
     }
     arrays = [
         pa.array(value, from_pandas=True) if isinstance(value, np.ndarray) else value
@@ -137,7 +146,7 @@ def _pd_placement(run: EngineRun) -> dict[str, pa.Array]:
     def nullable(values, valid):
         return pa.array(values, type=pa.int32(), mask=~valid)
 
-    receiving = np.full(run.worker.shape[0], run.disaggregated)
+    receiving = np.full(run.worker.shape[0], run.disaggregated) & (run.worker >= 0)
     handed_off = run.decode_rank != NOT_YET
     return {
         "prefill_worker": nullable(run.worker, receiving),
@@ -287,7 +296,7 @@ def _stats_dict(metric: Distribution, percentiles, stats) -> dict:
     return {key: float(value) for key, value in zip(keys, values)}
 
 
-def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsConfig) -> dict:
+def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsConfig, turn: np.ndarray | None = None) -> dict:
     """The SPEC §10 summary, keyed like ``vllm bench serve``'s result JSON.
 
     Parameters
@@ -298,6 +307,9 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         Prompt length of each request, tokens.
     metrics : MetricsConfig
         Percentiles and goodput SLOs.
+    turn : ndarray(int64, ndim=1), optional
+        Multi-turn sessions: each request's turn; adds ``num_sessions`` and
+        the per-turn-group statistics of ``PER_TURN``.
 
     Returns
     -------
@@ -343,7 +355,20 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
     for stage in TTFT_STAGES:
         values = cols.stages[stage][done]
         summary[f"mean_{stage}"] = float(np.mean(values)) if values.size else None
+    if turn is not None:
+        summary.update(_per_turn_stats(cols, turn, metrics.percentiles))
     return summary
+
+
+def _per_turn_stats(cols: RequestColumns, turn: np.ndarray, percentiles) -> dict:
+    """``num_sessions`` and each ``PER_TURN`` distribution over each turn group's completed requests."""
+    stats = {"num_sessions": int((turn == 0).sum())}
+    for metric in PER_TURN:
+        values = getattr(cols, metric.column)
+        for group in TURN_GROUPS:
+            chosen = values[cols.completed & group.selects(turn) & ~np.isnan(values)]
+            stats.update(distribution_stats(per_turn(metric, group), chosen, percentiles))
+    return stats
 
 
 def _hit_rate(run: EngineRun, input_tokens: np.ndarray) -> float | None:

@@ -9,7 +9,7 @@ simulator, so every stage and runner may use it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 
@@ -69,6 +69,47 @@ DISTRIBUTIONS = (TTFT, TPOT, ITL, E2EL)
 BY_NAME = {metric.name: metric for metric in DISTRIBUTIONS}
 #: The statistics every distribution reports besides its percentiles, in summary order.
 STATISTICS = ("mean", "median", "std", "min", "max")
+
+
+@dataclass(frozen=True)
+class TurnGroup:
+    """Turns of multi-turn sessions whose requests a per-turn distribution pools."""
+
+    name: str
+    first: int  # the lowest turn index
+    last: int | None  # the highest (None: no bound)
+
+    def selects(self, turn):
+        """Whether each turn index (an array) is in the group."""
+        return (turn >= self.first) & (True if self.last is None else turn <= self.last)
+
+
+#: With sessions: the first turn (a cold prompt) against the later ones (the
+#: previous turns' context is in the prompt, cached where still resident).
+TURN_GROUPS = (TurnGroup("first_turn", 0, 0), TurnGroup("later_turns", 1, None))
+#: The distributions reported per turn group, as ``<stat>_<name>_<group>_<unit>``.
+PER_TURN = (TTFT, E2EL)
+
+
+def per_turn(metric: Distribution, group: TurnGroup) -> Distribution:
+    """``metric`` over the completed requests of one turn group (``ttft_first_turn``).
+
+    Parameters
+    ----------
+    metric : Distribution
+        One of :data:`PER_TURN`.
+    group : TurnGroup
+
+    Returns
+    -------
+    Distribution
+        Named ``<name>_<group>``; its summary keys are ``<stat>_<name>_<group>_<unit>``.
+    """
+    span = f"turn {group.first}" if group.last == group.first else f"turns >= {group.first}"
+    return replace(
+        metric, name=f"{metric.name}_{group.name}", label=f"{metric.label} ({span})",
+        formula=f"{metric.formula}; requests of {span} of their session", depends=(*metric.depends, "turn"),
+    )
 
 
 def percentile_key(p: float) -> str:

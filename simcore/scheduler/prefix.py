@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from simcore.scheduler.kv_nb import trace_block_identities_nb
 from simcore.workload.api import RequestTable
+from simcore.workload.sessions import session_block_base
 
 
 def prompt_block_identities(
@@ -59,8 +60,11 @@ def prompt_block_identities(
         return offset, ident
     request = np.repeat(np.arange(counts.shape[0]), counts)
     j = np.arange(total, dtype=np.int64) - offset[:-1][request]
+    prefix_tokens = max(prefix_tokens, requests.shared_prefix_tokens)
     shared = (j + 1) * block_size <= prefix_tokens
     # Shared prefix blocks are identified by their index; every other block by
-    # its position in the flat array, past the shared ids.
-    ident = np.where(shared, j, prefix_tokens // block_size + np.arange(total, dtype=np.int64))
+    # its owner's first identity plus its index, past the shared ids (the owner:
+    # the request, whose first is its position in the flat array, or its session).
+    owner_base = session_block_base(requests, counts, offset)
+    ident = np.where(shared, j, prefix_tokens // block_size + owner_base[request] + j)
     return offset, ident

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from simcore.config import DEFAULTS, TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 from simcore.values import integral
+from simcore.workload.sessions import SESSION_COLUMNS, first_turns, session_requests, table_sessions
 from simcore.workload.shared_prefix import shared_prefix_requests
 from simcore.workload.table import RequestTable, default_ids, first_duplicate, utf8_text
 from simcore.workload.traces import read_trace
@@ -121,7 +122,10 @@ def read_table_file(path: str) -> pa.Table:
 
 
 #: Column types of a CSV request table for pyarrow's reader (others are inferred, then refused).
-CSV_TYPES = {"request_id": pa.string(), "input_tokens": pa.int64(), "output_tokens": pa.int64(), "send_ms": pa.float64()}
+CSV_TYPES = {
+    "request_id": pa.string(), "input_tokens": pa.int64(), "output_tokens": pa.int64(), "send_ms": pa.float64(),
+    "session_id": pa.string(), "turn": pa.int64(),
+}
 
 
 def _read_csv(file: Path) -> pa.Table:
@@ -195,7 +199,7 @@ def _scan_csv(file: Path) -> pa.Table:
 
 
 def _parse_field(file: Path, line: int, name: str, value: str):
-    if name == "request_id":
+    if name in ("request_id", "session_id"):
         return value
     try:
         number = float(value)
@@ -208,6 +212,11 @@ def _parse_field(file: Path, line: int, name: str, value: str):
         if not 1 <= length <= MAX_LENGTH:
             raise ConfigError(f"{file}:{line}: {name} must be an integer from 1 to {MAX_LENGTH}, got {value!r}")
         return length
+    if name == "turn":
+        turn = integral(number)
+        if turn is None or turn < 0:
+            raise ConfigError(f"{file}:{line}: turn must be an integer >= 0, got {value!r}")
+        return turn
     return number
 
 
@@ -297,7 +306,7 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
             f"{origin}: missing column(s) {', '.join(missing)}; a request table needs "
             "request_id (optional), input_tokens, output_tokens and, for load.type=trace, send_ms"
         )
-    known = set(REQUIRED_COLUMNS) | {"send_ms"}
+    known = set(REQUIRED_COLUMNS) | {"send_ms", *SESSION_COLUMNS}
     extra = [c for c in table.column_names if c not in known]
     if extra:
         raise ConfigError(f"{origin}: unknown column(s) {', '.join(extra)}")
@@ -338,7 +347,13 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
                 f"{origin}: send_ms must be non-decreasing (rows are sent in order); "
                 f"{_row(origin, i)} has {send_ms[i]} after {send_ms[i - 1]}"
             )
-    return RequestTable(ids, lengths["input_tokens"], lengths["output_tokens"], send_ms)
+    sessions = {}
+    if any(c in table.column_names for c in SESSION_COLUMNS):
+        labels, session, turn = table_sessions(
+            table, origin, lengths["input_tokens"], lengths["output_tokens"], lambda row: _row(origin, row)
+        )
+        sessions = dict(session_id=labels, session=session, turn=turn)
+    return RequestTable(ids, lengths["input_tokens"], lengths["output_tokens"], send_ms, **sessions)
 
 
 def _first_null(column) -> int:
@@ -354,6 +369,29 @@ def _row(origin: str, index: int) -> str:
 
 
 def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
+    """The run's request table (:func:`_build_requests`); a think time between turns needs sessions.
+
+    Parameters
+    ----------
+    cfg : SimConfig
+    requests : pyarrow.Table or None
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    RequestTable
+    """
+    table = _build_requests(cfg, requests, rng)
+    think = cfg.resolved["workload"]["sessions"]["think_time_ms"]
+    if table.session is None and think != DEFAULTS["workload"]["sessions"]["think_time_ms"]:
+        raise ConfigError(
+            f"workload.sessions.think_time_ms has no effect here: the workload has no sessions "
+            f"(session_id and turn columns), got {think!r}"
+        )
+    return table
+
+
+def _build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Generator) -> RequestTable:
     """The run's request table: the API override, the configured file, recurring prompts or synthetic.
 
     Parameters
@@ -370,7 +408,7 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     """
     if requests is not None:  # replaces the whole configured workload
         table = table_requests(requests, "requests", None)
-        _check_workload_unset(cfg, len(table.request_id))
+        _check_workload_unset(cfg, table)
         return table
     if cfg.workload.source == "table":
         table = read_table_file(cfg.workload.path)
@@ -379,20 +417,26 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
         return read_trace(cfg.workload, send_times=cfg.load.type == "trace")
     if cfg.workload.source == "shared_prefix":
         return shared_prefix_requests(cfg.workload.shared_prefix, cfg.workload.num_requests, rng)
+    if cfg.workload.source == "sessions":
+        return session_requests(cfg.workload.sessions, rng)
     return synthetic_requests(cfg.workload, rng)
 
 
-def _check_workload_unset(cfg: SimConfig, num_rows: int) -> None:
+def _check_workload_unset(cfg: SimConfig, table: RequestTable) -> None:
     """A workload key set beside a ``requests`` table is an error: the table is the whole workload.
 
     ``num_requests`` may state the table's row count (callers size the
-    configured bounds check with it); any other value, and any other workload
+    configured bounds check with it), and a table of sessions takes
+    ``sessions.think_time_ms``; any other value, and any other workload
     key that differs from its default, would be silently ignored.
     """
+    num_rows = len(table)
     for key, default in DEFAULTS["workload"].items():
         value = cfg.resolved["workload"][key]
         if key == "num_requests" and value == num_rows:
             continue
+        if key == "sessions" and table.session is not None:
+            value = {**value, "think_time_ms": default["think_time_ms"]}
         if value != default:
             raise ConfigError(
                 f"workload.{key} has no effect with a requests table passed to simcore.run "
@@ -416,9 +460,11 @@ def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Ge
     ndarray(int64, ndim=1) or None
         One send instant per request, ns, non-decreasing, the first at 0.
     """
-    n = len(requests)
     if load.type == "closed_loop":
         return None
+    # With sessions the load sends first turns only (later ones follow receipts): -1 elsewhere.
+    senders = None if requests.session is None else first_turns(requests)
+    n = len(requests) if senders is None else senders.shape[0]
     if load.type == "trace":
         if requests.send_ms is None:
             raise ConfigError(
@@ -426,7 +472,8 @@ def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Ge
                 "(workload.source=mooncake or azure) or a request table (workload.source=table) "
                 "with a send_ms column"
             )
-        send_ms = (requests.send_ms - requests.send_ms[0]) / load.speedup
+        given = requests.send_ms if senders is None else requests.send_ms[senders]
+        send_ms = (given - given[0]) / load.speedup
     elif load.type == "constant_rate":
         send_ms = np.arange(n, dtype=np.float64) * 1000 / load.request_rate
     else:
@@ -436,4 +483,8 @@ def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Ge
         else:  # gamma: shape = burstiness, mean gap kept at 1000 / rate
             gaps = rng.gamma(load.burstiness, mean_gap_ms / load.burstiness, size=n - 1)
         send_ms = np.concatenate(([0.0], np.cumsum(gaps)))
-    return ms_array_to_ns(send_ms)
+    if senders is None:
+        return ms_array_to_ns(send_ms)
+    send_ns = np.full(len(requests), -1, dtype=np.int64)
+    send_ns[senders] = ms_array_to_ns(send_ms)
+    return send_ns

@@ -34,6 +34,12 @@ class RequestTable:
     num_dropped : int
         Trace rows dropped as unreplayable (``workload.drop_invalid=true``);
         the summary's ``dropped_requests``.
+    session_id : pyarrow.StringArray or None
+        Multi-turn sessions (``simcore.workload.sessions``): each row's session label.
+    session, turn : ndarray(int64, ndim=1) or None
+        Each row's session (numbered by first row) and turn (0, 1, ... in table order).
+    shared_prefix_tokens : int
+        Leading prompt tokens every session shares (the system prompt), tokens.
     """
 
     request_id: pa.Array
@@ -42,6 +48,10 @@ class RequestTable:
     send_ms: np.ndarray | None = None
     hash_ids: pa.ListArray | None = None
     num_dropped: int = 0
+    session_id: pa.Array | None = None
+    session: np.ndarray | None = None
+    turn: np.ndarray | None = None
+    shared_prefix_tokens: int = 0
 
     def __len__(self) -> int:
         return self.input_tokens.shape[0]

@@ -61,7 +61,8 @@ def describe(values, percentiles, name, out):
         out[f"{percentile_key(p)}_{name}_ms"] = percentile(xs, p)
 
 
-def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap_ns):
+def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap_ns, turns=None):
+    """``turns``: multi-turn sessions, each request's turn (docs/metrics.md, per turn)."""
     reqs = sim_result["requests"]
     tokens = sim_result["tokens"]
     out = {}
@@ -166,4 +167,13 @@ def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap
         else:
             vals = [(reqs[k][b] - reqs[k][a]) / 1e6 for k in completed]
         out[f"mean_{stage}_ms"] = mean(vals) if vals else None
+    if turns is not None:
+        out["num_sessions"] = sum(1 for turn in turns if turn == 0)
+        for name in ("ttft", "e2el"):
+            for group, chosen in (("first_turn", lambda turn: turn == 0), ("later_turns", lambda turn: turn >= 1)):
+                values = [
+                    (reqs[k]["first_recv_ns" if name == "ttft" else "last_recv_ns"] - reqs[k]["send_ns"]) / 1e6
+                    for k in completed if chosen(turns[k])
+                ]
+                describe(values, percentiles, f"{name}_{group}", out)
     return out

@@ -409,7 +409,7 @@ class Worker:
 
 class ReferenceSim:
     def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
-                 hash_ids=None):
+                 hash_ids=None, sessions=None):
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
@@ -521,8 +521,10 @@ class ReferenceSim:
                 assert len(hash_ids) == n_rows
             for req in self.requests:
                 req.idents = self.block_identities(
-                    req.row, req.input_tokens, rp.block_size,
-                    None if hash_ids is None else hash_ids[req.row], trace_bs, prefix_tokens)
+                    req.row if sessions is None else ("session", sessions["session"][req.row]),
+                    req.input_tokens, rp.block_size,
+                    None if hash_ids is None else hash_ids[req.row], trace_bs,
+                    prefix_tokens if sessions is None else sessions["shared_prefix_tokens"])
 
         # Pending events.
         #  sends: deque of (t, row), rows in table order with non-decreasing t (SPEC §2)
@@ -543,12 +545,15 @@ class ReferenceSim:
             self.next_unsent = first
         else:
             prev = None
-            for k in range(n_rows):
+            for k in range(n_rows if sessions is None else 0):
                 t = int(send_ns[k])
                 assert prev is None or t >= prev, "send_ns must be non-decreasing"
                 prev = t
                 self.sends.append((t, k))
         self.pass_records = []
+        self.sessions = None
+        if sessions is not None:
+            self.init_sessions(sessions, config, send_ns)
 
     @staticmethod
     def block_identities(k, input_tokens, bs, hashes, trace_bs, prefix_tokens):
@@ -580,6 +585,8 @@ class ReferenceSim:
                 candidates.append(w.current.end_ns)
         if self.sends:
             candidates.append(self.sends[0][0])
+        if self.sessions is not None and self.session_sends:
+            candidates.append(self.session_sends[0][0])
         if self.arrivals:
             candidates.append(self.arrivals[0][0])
         if self.transfers:
@@ -618,9 +625,14 @@ class ReferenceSim:
                 _, row = self.sends.popleft()
                 self.send(self.requests[row], t)
                 progressed = True
+            if self.sessions is not None:
+                while self.session_sends and self.session_sends[0][0] == t:
+                    _, row = heapq.heappop(self.session_sends)
+                    self.send(self.requests[row], t)
+                    progressed = True
             # (d) tokenization job ends = engine arrivals, in send order ...
             while self.arrivals and self.arrivals[0][0] == t:
-                _, row = heapq.heappop(self.arrivals)
+                _, _, row = heapq.heappop(self.arrivals)
                 self.arrive(self.requests[row], t)
                 progressed = True
             # ... then KV-transfer ends, in handoff order (P/D)
@@ -646,8 +658,11 @@ class ReferenceSim:
 
     # ------------------------------------------------------------ client side
 
-    def client_end(self, t):
+    def client_end(self, t, req):
         """SPEC §2: a request ended at the client at t -> closed loop sends the next row."""
+        if self.sessions is not None:
+            self.session_end(req, t)
+            return
         if self.closed_loop and self.next_unsent < len(self.requests):
             send_t = t + self.think_ns
             assert not self.sends or self.sends[-1][0] <= send_t
@@ -657,6 +672,8 @@ class ReferenceSim:
     def send(self, req, t):
         """SPEC §4: the request becomes one FIFO job on its tokenizer server."""
         req.send_ns = t
+        if self.sessions is not None:
+            self.place_at_send(req)
         if self.router.active:
             self.router.on_send(req)
         w = self.workers[req.worker]
@@ -665,13 +682,14 @@ class ReferenceSim:
         start = max(t, w.tok_free[req.tok_server])
         end = start + service_ns
         w.tok_free[req.tok_server] = end
-        heapq.heappush(self.arrivals, (end, req.row))
+        # SPEC §5 (d): arrivals at one instant in send order (the row, without sessions)
+        heapq.heappush(self.arrivals, (end, req.row if self.sessions is None else req.send_seq, req.row))
 
     def reject(self, req, t):
         """SPEC §5: a rejection carries no output and reaches the client at once."""
         req.rejected = True
         req.end_ns = t
-        self.client_end(t)
+        self.client_end(t, req)
 
     def arrive(self, req, t):
         """SPEC §5: engine arrival on the (prefill) rank; rejection if input_tokens >= L."""
@@ -747,7 +765,7 @@ class ReferenceSim:
             if token[2]:  # the final token: the request ends at the client
                 req.completed = True
                 req.end_ns = t
-                self.client_end(t)
+                self.client_end(t, req)
 
     # ------------------------------------------------------------ engine side
 
@@ -1254,6 +1272,52 @@ class ReferenceSim:
                 w.detok_free[server] = end
                 self.push_receipt(end, job)
 
+    # ------------------------------------------------------------ sessions
+
+    def init_sessions(self, sessions, config, send_ns):
+        """docs/semantics.md, Sessions: rows are turns; a session's turns go in row order."""
+        self.sessions = sessions
+        self.turn_think_ns = ms_to_ns(config["workload"]["sessions"]["think_time_ms"])
+        self.session_rows = {}  # session -> its rows, turn order
+        for row, session in enumerate(sessions["session"]):
+            self.session_rows.setdefault(session, []).append(row)
+        self.session_order = sorted(self.session_rows, key=lambda s: self.session_rows[s][0])
+        self.sends.clear()  # the table-order sends are not used
+        self.session_sends = []  # heap of (t, row): ties in row order
+        self.num_sent = 0
+        for req in self.requests:  # placed when sent
+            req.worker = req.rank = None
+            req.send_seq = None
+        if self.closed_loop:
+            self.sessions_started = min(self.concurrency, len(self.session_order))
+            for s in self.session_order[:self.sessions_started]:
+                heapq.heappush(self.session_sends, (0, self.session_rows[s][0]))
+        else:
+            self.sessions_started = len(self.session_order)
+            for s in self.session_order:
+                row = self.session_rows[s][0]
+                heapq.heappush(self.session_sends, (int(send_ns[row]), row))
+
+    def session_end(self, req, t):
+        """Turn req ended at the client at t: its session's next turn follows the think
+        time; after the last turn a closed loop starts the next session."""
+        rows = self.session_rows[self.sessions["session"][req.row]]
+        turn = rows.index(req.row)
+        if turn + 1 < len(rows):
+            heapq.heappush(self.session_sends, (t + self.turn_think_ns, rows[turn + 1]))
+        elif self.closed_loop and self.sessions_started < len(self.session_order):
+            s = self.session_order[self.sessions_started]
+            self.sessions_started += 1
+            heapq.heappush(self.session_sends, (t + self.think_ns, self.session_rows[s][0]))
+
+    def place_at_send(self, req):
+        """SPEC §3 with sessions: placement by send sequence number, given at the send."""
+        k = self.num_sent
+        self.num_sent += 1
+        rp = self.recv_pool
+        req.send_seq = k
+        req.worker, req.rank = rp.first_worker + k % rp.W, (k // rp.W) % rp.R
+
     def push_receipt(self, end, items):
         heapq.heappush(self.receipts, (end, self.receipt_seq, list(items)))
         self.receipt_seq += 1
@@ -1296,9 +1360,11 @@ class ReferenceSim:
         return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records)
 
 
-def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None):
+def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None):
     """Run the reference simulation; see the module docstring and the task brief.
     ``hash_ids``: None, or one list of ints per row (Mooncake prefix-chained block
-    hashes at workload.block_size tokens per block), for prefix caching."""
+    hashes at workload.block_size tokens per block), for prefix caching.
+    ``sessions``: None, or ``{"session": one label per row, "shared_prefix_tokens": int}``
+    (multi-turn sessions; send_ns then gives the first turns' sends only)."""
     return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns,
-                        hash_ids).run()
+                        hash_ids, sessions).run()
