@@ -178,7 +178,6 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress, router.policy, router.decode_policy,
         router.rank_policy, router.weights, router.draws, router.decode_draws, router.tok_index, router.tok_workers,
         out.placed_rank, out.placed_worker,
-        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress,
         load.session_mode, load.session_closed, load.session_think_ns, load.session_first, load.next_turn,
         load.turn_think_ns, load.seq_rank, load.seq_tok_base, out.send_seq,
     )
