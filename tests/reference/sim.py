@@ -1334,12 +1334,14 @@ class ReferenceSim:
             else:
                 status = "incomplete"
             pd = self.disaggregated
+            # Never placed (-1 under a routing policy, None for a session turn): null.
+            worker, rank = (None if v is None or v < 0 else v for v in (req.worker, req.rank))
             requests.append(dict(
                 status=status,
-                worker=req.worker,
-                rank=req.rank,
-                prefill_worker=req.worker if pd else None,
-                prefill_rank=req.rank if pd else None,
+                worker=worker,
+                rank=rank,
+                prefill_worker=worker if pd else None,
+                prefill_rank=rank if pd else None,
                 decode_worker=req.decode_worker,   # None unless its transfer ended by the cap
                 decode_rank=req.decode_rank,
                 generated_tokens=req.generated,
