@@ -64,3 +64,32 @@ def prompt_block_identities(
     # its position in the flat array, past the shared ids.
     ident = np.where(shared, j, prefix_tokens // block_size + np.arange(total, dtype=np.int64))
     return offset, ident
+
+
+def radix_block_identities(
+    requests: RequestTable, block_size: int, trace_block_size: int | None, prefix_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Identities of every block a request can hold, for SGLang's radix cache.
+
+    SGLang inserts generated tokens too, so past its complete prompt blocks
+    (:func:`prompt_block_identities`) each of a request's
+    ``ceil((input + output) / bs)`` blocks gets an identity of its own, above
+    every prompt identity.
+
+    Returns
+    -------
+    offset, ident : ndarray(int64, ndim=1)
+        As :func:`prompt_block_identities`, over all the blocks.
+    """
+    prompt_offset, prompt_ident = prompt_block_identities(requests, block_size, trace_block_size, prefix_tokens)
+    counts = (requests.input_tokens + requests.output_tokens + block_size - 1) // block_size
+    offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offset[1:])
+    total = int(offset[-1])
+    own_base = int(prompt_ident.max()) + 1 if prompt_ident.shape[0] else 0
+    ident = own_base + np.arange(total, dtype=np.int64)
+    prompt_counts = np.diff(prompt_offset)
+    request = np.repeat(np.arange(counts.shape[0]), prompt_counts)
+    j = np.arange(prompt_ident.shape[0], dtype=np.int64) - prompt_offset[:-1][request]
+    ident[offset[:-1][request] + j] = prompt_ident
+    return offset, ident
