@@ -145,7 +145,8 @@ def build_vllm_batch_nb(
         Per rank token budget (tokens), sequences, KV blocks, tokens per block,
         sequence limit L (tokens).
     no_evict : bool
-        TensorRT-LLM GUARANTEED_NO_EVICT admission.
+        The TensorRT-LLM policy: GUARANTEED_NO_EVICT admission, and with
+        ``caching`` its rules for when blocks become reusable.
     prefill_role : bool
         The rank is in the P/D prefill pool (reserves the prompt only).
     caching : bool
@@ -426,7 +427,7 @@ def build_sglang_batch_nb(
         held[k] += grow
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
-            cached_tokens[k] = start if caching else 0
+            cached_tokens[k] = hits * block_size
         sched_n[k] = n_tok
         scheduled += 1
         charge = _ceil_page_nb(n_tok, block_size)

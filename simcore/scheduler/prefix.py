@@ -76,6 +76,11 @@ def radix_block_identities(
     ``ceil((input + output) / bs)`` blocks gets an identity of its own, above
     every prompt identity.
 
+    Parameters
+    ----------
+    requests, block_size, trace_block_size, prefix_tokens
+        As :func:`prompt_block_identities`.
+
     Returns
     -------
     offset, ident : ndarray(int64, ndim=1)

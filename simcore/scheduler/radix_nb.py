@@ -74,7 +74,9 @@ def radix_match_nb(pc, g, num_ranks, k, known, block_size):
     path's access stamps are refreshed whether or not the request is admitted.
 
     The slots found are noted in request k's block-slot entries for
-    :func:`simcore.scheduler.kv_nb.kv_take_hits_nb`.
+    :func:`simcore.scheduler.kv_nb.kv_take_hits_nb`.  The lookup is
+    :func:`simcore.scheduler.kv_nb.kv_hits_nb`'s without its admission memo,
+    whose slot fields hold the access stamps here.
 
     Parameters
     ----------

@@ -75,7 +75,7 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
 - sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
   validation rejects less: a zero-page chunk would block the rank's queue).
 
-Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; vllm policy,
+Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; every policy,
 aggregated or P/D prefill pool).  Per rank every physical block (a ``Block``: identity or
 None, reference count) is in use (ref > 0; counted once in ``used_blocks``, which also
 covers the blocks of P/D transfers since the handed-off request keeps its references),
@@ -112,6 +112,27 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
   until its transfer ends.
 - Step 1 (running requests) has no hit lookup; its capacity check is the usual
   ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
+- trtllm: the same, but registration runs only when a decision reaches the end of the
+  prompt, for ``input - 1`` tokens, and at a finish (P/D: transfer end) for the
+  computed tokens, before the references are dropped; the no-evict check of a
+  caching admission follows the capacity check, with the whole footprint, and
+  ``P += footprint - held`` after the allocation.
+- sglang (radix cache): identities also for the blocks past the complete prompt ones,
+  ``("u", k, j)`` up to ``ceil((input + output) / bs)``.  ``self.clock`` counts
+  accesses; an access gives a path's blocks ``stamp = clock`` and ``depth = j``,
+  written from the deepest block up (a repeated block keeps the smaller j).  The
+  eviction victim is the cached block with the least ``(stamp, -depth)``.  Admission
+  (each waiting candidate visited): match the resident leading blocks of the first
+  known - 1 tokens (whole blocks) and touch them; need = known - h*bs; free tokens
+  for the rem_total check lowered by bs per hit entry whose block has ref 0 (and kept
+  lowered once admitted); fits iff new + those entries <= num_blocks - used_blocks.
+  No registration at scheduling; ``radix_insert`` (blocks ``reg .. tokens//bs - 1``:
+  identity taken if not resident, else the request's block is freed and the resident
+  one referenced; then the path 0 .. reg-1 touched) runs at the start of a build for
+  the rank's chunked request (its computed tokens), at a pass end for each entry
+  that reaches its known tokens if the batch was an extend batch or the token is its
+  last (computed tokens; running order), and at a P/D transfer end (input tokens).
+  Retraction drops the references without an insert.
 
 Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
 pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
@@ -874,12 +895,7 @@ class ReferenceSim:
     def radix_match(self, pool, rank, req):
         """match_prefix: the resident leading blocks of the first known - 1 tokens
         (whole blocks); the path is touched even if the request is not admitted."""
-        hits = []
-        for j in range(min(len(req.idents), (req.known - 1) // pool.block_size)):
-            block = rank.resident.get(req.idents[j])
-            if block is None:
-                break
-            hits.append(block)
+        hits = self.lookup_hits(pool, rank, req)
         self.radix_touch(hits)
         return hits
 
