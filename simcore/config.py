@@ -469,7 +469,7 @@ class PoolConfig:
     chunked_prefill_size: int | None  # sglang
     max_prefill_tokens: int | None  # sglang
     schedule_conservativeness: float | None  # sglang
-    prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
+    prefix_caching: bool  # aggregated or prefill pool (docs/prefix-caching.md)
     async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
     rank_policy: str = "round_robin"  # RANK_POLICIES (docs/routing.md)
 
@@ -1141,10 +1141,11 @@ def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
 
 
 def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
-    return _vllm_pool_flag(
-        prefix, "prefix_caching", value, policy, "decode",
-        "a decode pool receives its KV by transfer; enable it on engine.prefill",
-    )
+    """Every policy caches prefixes (docs/prefix-caching.md), on any pool but a P/D decode pool."""
+    enabled = _flag(f"{prefix}.prefix_caching", value)
+    if enabled and prefix.endswith(".decode"):
+        raise ConfigError(f"{prefix}.prefix_caching: a decode pool receives its KV by transfer; enable it on engine.prefill")
+    return enabled
 
 
 def _router(raw: Mapping[str, Any], decode_raw: Mapping[str, Any]) -> RouterConfig:

@@ -69,7 +69,7 @@ def random_scenario(
     ``cuda_graphs`` draws ``timing.cuda_graph_sizes`` (a list, or vllm_default on
     an aggregated vllm deployment), a fixed timing becoming linear.  Both are
     drawn after everything else.
-    ``prefix_pressure`` (aggregated, vllm) makes it prefix caching on one rank
+    ``prefix_pressure`` (aggregated, any policy) makes it prefix caching on one rank
     under heavy eviction: 30-60 requests with long prompts that mostly share
     long hash_ids chains (a fifth of the scenarios also repeat hashes inside a
     prompt), on a cache a few prompts fill, with a waiting queue (head-of-line
@@ -233,6 +233,10 @@ def random_scenario(
             max_batched_tokens=rnd.randint(8, 64), context_length=None,
         )
         config["max_time_ms"] = None
+        if policy == "sglang":  # its own budgets, at least a page per chunk
+            config["engine"]["aggregated"].update(
+                max_batched_tokens=None, chunked_prefill_size=rnd.randint(block_size, 64),
+            )
         hash_ids = _prefix_chained_hash_ids(rnd, inputs, trace_block, long_shares=True)[0]
         if rnd.random() < 0.2:  # not prefix-chained: some prompts repeat a hash
             hash_ids = [[rnd.choice(ids) if rnd.random() < 0.3 else h for h in ids] for ids in hash_ids]

@@ -26,6 +26,7 @@ NUM_STEADY_SCENARIOS = 60  # per policy (vllm, trtllm)
 NUM_CURVE_SCENARIOS = 100  # a third of them disaggregated
 NUM_GRAPH_SCENARIOS = 300  # mixed with the other features
 NUM_PREFIX_PRESSURE_SCENARIOS = 150
+CACHING_POLICIES = ["sglang", "trtllm"]  # prefix caching beside vllm's (docs/prefix-caching.md)
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -85,6 +86,26 @@ def test_prefix_caching_matches_reference(seed):
 def test_prefix_caching_under_eviction_pressure_matches_reference(seed):
     """Long shared prefixes on a small cache: evictions, a blocked queue head re-asked every pass."""
     compare_with_reference(random_scenario(seed, prefix_pressure=True))
+
+
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+@pytest.mark.parametrize("seed", range(NUM_PREFIX_SCENARIOS))
+def test_policy_prefix_caching_matches_reference(policy, seed):
+    compare_with_reference(random_scenario(seed, policy=policy, prefix_caching=True, disaggregated=seed % 3 == 2))
+
+
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+@pytest.mark.parametrize("seed", range(NUM_PREFIX_PRESSURE_SCENARIOS))
+def test_policy_prefix_caching_under_eviction_pressure_matches_reference(policy, seed):
+    compare_with_reference(random_scenario(seed, policy=policy, prefix_pressure=True))
+
+
+@pytest.mark.parametrize("seed", range(NUM_LONG_SCENARIOS))
+def test_long_output_sglang_radix_cache_matches_reference(seed):
+    """Retractions on a tight cache: unlocked tree blocks keep their older access stamps."""
+    compare_with_reference(
+        random_scenario(seed, policy="sglang", long_outputs=True, prefix_caching=True, disaggregated=seed % 4 == 3)
+    )
 
 
 @pytest.mark.parametrize("seed", range(NUM_ALLREDUCE_SCENARIOS))
@@ -225,12 +246,30 @@ def test_prefix_caching_scenarios_cover_the_features():
     assert all(count >= 10 for count in seen.values()), seen
 
 
-def test_prefix_pressure_scenarios_evict_and_block():
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+def test_policy_prefix_caching_scenarios_hit(policy):
+    seen = dict(hits=0, hash_ids=0, shared_prefix=0, disaggregated_hits=0)
+    for seed in range(NUM_PREFIX_SCENARIOS):
+        s = random_scenario(seed, policy=policy, prefix_caching=True, disaggregated=seed % 3 == 2)
+        _, slow = reference(s)
+        hit = any((r["cached_tokens"] or 0) > 0 for r in slow["requests"])
+        seen["hits"] += hit
+        seen["hash_ids"] += hit and s["hash_ids"] is not None
+        seen["shared_prefix"] += hit and s["hash_ids"] is None
+        seen["disaggregated_hits"] += hit and s["config"]["engine"].get("mode") == "disaggregated"
+    assert all(count >= 10 for count in seen.values()), seen
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang", "trtllm"])
+def test_prefix_pressure_scenarios_evict_and_block(policy):
     """Guards the generator: the prompts' distinct blocks outnumber the cache (it
-    must evict), prompts hit, requests wait and are preempted, some repeat a hash."""
+    must evict), prompts hit, requests wait and (but trtllm, which never
+    preempts) are preempted, some repeat a hash."""
     seen = dict(more_blocks_than_cache=0, hits=0, waited=0, preempted_with_hits=0, repeated_hash=0)
+    if policy == "trtllm":
+        del seen["preempted_with_hits"]
     for seed in range(NUM_PREFIX_PRESSURE_SCENARIOS):
-        s = random_scenario(seed, prefix_pressure=True)
+        s = random_scenario(seed, policy=policy, prefix_pressure=True)
         pool = s["config"]["engine"]["aggregated"]
         trace_block = s["config"]["workload"]["block_size"]
         distinct = {
@@ -244,7 +283,8 @@ def test_prefix_pressure_scenarios_evict_and_block():
         seen["more_blocks_than_cache"] += len(distinct) > 2 * pool["num_blocks"]
         seen["hits"] += hit
         seen["waited"] += hit and any(r["first_admit_ns"] > r["arrival_ns"] for r in reqs if r["first_admit_ns"] is not None)
-        seen["preempted_with_hits"] += hit and any(r["num_preemptions"] > 0 for r in reqs)
+        if "preempted_with_hits" in seen:
+            seen["preempted_with_hits"] += hit and any(r["num_preemptions"] > 0 for r in reqs)
         seen["repeated_hash"] += hit and any(len(set(h)) < len(h) for h in s["hash_ids"])
     assert seen["more_blocks_than_cache"] >= NUM_PREFIX_PRESSURE_SCENARIOS * 3 // 4, seen
     assert all(count >= 10 for count in seen.values()), seen

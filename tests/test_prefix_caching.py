@@ -95,8 +95,8 @@ def test_an_identical_prompt_still_computes_its_last_token():
 
 
 def test_prefix_caching_is_rejected_where_it_is_not_modelled():
-    with pytest.raises(ConfigError, match="engine.aggregated.prefix_caching is modelled for engine.policy=vllm only"):
-        simcore.load_config({"engine": {"policy": "sglang", "aggregated": {"prefix_caching": True}}})
+    for policy in ("sglang", "trtllm"):  # every policy caches
+        assert simcore.load_config({"engine": {"policy": policy, "aggregated": {"prefix_caching": True}}}).engine.aggregated.prefix_caching
     with pytest.raises(ConfigError, match="engine.decode.prefix_caching"):
         simcore.load_config({"engine": {"mode": "disaggregated", "decode": {"prefix_caching": True}}})
     with pytest.raises(ConfigError, match="workload.prefix_tokens is only used by workload.source=synthetic"):

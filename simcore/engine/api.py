@@ -27,7 +27,7 @@ from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
-from simcore.scheduler.prefix import prompt_block_identities
+from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
@@ -391,7 +391,8 @@ def prepare(
 
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
     if receiving.prefix_caching:
-        ident_offset, ident = prompt_block_identities(
+        identities = radix_block_identities if cfg.engine.policy == "sglang" else prompt_block_identities
+        ident_offset, ident = identities(
             requests, receiving.block_size, cfg.workload.block_size, cfg.workload.prefix_tokens
         )
         num_slots = receiving.num_blocks * receiving.num_ranks

@@ -54,7 +54,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from simcore.receipts_nb import stream_receipts_nb
-from simcore.scheduler.kv_nb import kv_release_nb
+from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
+from simcore.scheduler.radix_nb import radix_insert_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
     batch_summary_nb,
@@ -528,6 +529,13 @@ def _replay_nb(
                             computed[k] += sched_n[k]
                             sched_n[k] = 0
                             samples = computed[k] == input_tokens[k] + generated[k]
+                            if samples and rank_policy[g] == POLICY_SGLANG and rank_prefix_caching[g] and (
+                                rank_extend[g] or generated[k] + 1 == output_tokens[k]
+                                or input_tokens[k] + generated[k] + 1 >= rank_seq_limit[g]
+                            ):
+                                # SGLang inserts a prompt once computed and a request as it finishes.
+                                radix_insert_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
+                                                rank_block_size[g], blocks_used)
                         elif asynchronous:  # computed advanced when the pass was built
                             samples = sample_flag[slot, k]
                             sample_flag[slot, k] = False
@@ -604,6 +612,10 @@ def _replay_nb(
                                     progress[0] += 1
                                     if routing:
                                         route_leave_nb(route, k, g)
+                                    if rank_policy[g] == POLICY_TRTLLM and rank_prefix_caching[g]:
+                                        # storeBlocksForReuse: prompt + output - 1 tokens.
+                                        kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
+                                                       rank_block_size[g])
                                     kv_release_nb(prefix_cache, g, k, held, blocks_used)
                         if not leaves:
                             running[g, keep] = k
@@ -708,6 +720,12 @@ def _replay_nb(
                 xfer_size = heap_pop_nb(xfer_key, xfer_val, xfer_size)
                 progressed = True
                 k = handoff_req[h]
+                if rank_policy[recv_rank[k]] == POLICY_SGLANG and rank_prefix_caching[recv_rank[k]]:
+                    radix_insert_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
+                                    rank_block_size[recv_rank[k]], blocks_used)  # cache_finished_req
+                if rank_policy[recv_rank[k]] == POLICY_TRTLLM and rank_prefix_caching[recv_rank[k]]:
+                    kv_register_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
+                                   rank_block_size[recv_rank[k]])  # storeBlocksForReuse
                 kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
                 transfer_end_ns[k] = t
                 if routing:
@@ -754,7 +772,7 @@ def _replay_nb(
                             wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
                             rank_max_sequences, rank_num_blocks, rank_block_size,
                             rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-                            rank_chunked, rank_extend,
+                            rank_chunked, rank_extend, rank_prefix_caching[g], prefix_cache, cached_tokens,
                         )
                     else:
                         preempted = build_vllm_batch_nb(

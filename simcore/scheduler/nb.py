@@ -19,6 +19,7 @@ from simcore.scheduler.kv_nb import (
     kv_release_nb,
     kv_take_hits_nb,
 )
+from simcore.scheduler.radix_nb import radix_insert_nb, radix_match_nb, radix_release_nb
 
 POLICY_VLLM = 0
 POLICY_SGLANG = 1
@@ -144,7 +145,8 @@ def build_vllm_batch_nb(
         Per rank token budget (tokens), sequences, KV blocks, tokens per block,
         sequence limit L (tokens).
     no_evict : bool
-        TensorRT-LLM GUARANTEED_NO_EVICT admission.
+        The TensorRT-LLM policy: GUARANTEED_NO_EVICT admission, and with
+        ``caching`` its rules for when blocks become reusable.
     prefill_role : bool
         The rank is in the P/D prefill pool (reserves the prompt only).
     caching : bool
@@ -195,7 +197,7 @@ def build_vllm_batch_nb(
             kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
         if caching:
-            kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
+            kv_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size)
         sched_n[k] = n_tok
         budget -= n_tok
         i += 1
@@ -225,7 +227,7 @@ def build_vllm_batch_nb(
             footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
             if footprint > num_blocks - blocks_used[g] - promised:
                 break
-            promised += footprint - grow
+            promised += footprint - grow - hits
         _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
         running[g, run_len[g]] = k
         run_len[g] += 1
@@ -236,13 +238,25 @@ def build_vllm_batch_nb(
         kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
         if caching:
-            kv_register_nb(pc, g, num_ranks, k, computed[k] + n_tok, block_size)
+            kv_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size)
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
             cached_tokens[k] = hits * block_size
         sched_n[k] = n_tok
         budget -= n_tok
     return False
+
+
+@njit(cache=True)
+def _reusable_nb(trtllm, tokens, input_tokens):
+    """Tokens whose complete prompt blocks become reusable once ``tokens`` are
+    scheduled: all of them in vLLM; in TensorRT-LLM none before the last
+    context chunk, then the first ``input - 1`` (``storeContextBlocks``)."""
+    if not trtllm:
+        return tokens
+    if tokens < input_tokens:
+        return 0
+    return input_tokens - 1
 
 
 @njit(cache=True)
@@ -268,7 +282,7 @@ def build_sglang_batch_nb(
     blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, rank_max_sequences, rank_num_blocks, rank_block_size,
     rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-    rank_chunked, rank_extend,
+    rank_chunked, rank_extend, caching, pc, cached_tokens,
 ):
     """Build rank g's batch with the SGLang policy (docs/policies.md); returns
     whether it retracted a request.
@@ -317,6 +331,12 @@ def build_sglang_batch_nb(
         -1: none), SGLang's ``Scheduler.chunked_req``; updated.
     rank_extend : ndarray(bool, ndim=1)
         Out, per rank: whether the batch built is an extend batch.
+    caching : bool
+        The radix cache on this rank (``simcore.scheduler.radix_nb``).
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state; updated.
+    cached_tokens : ndarray(int64, ndim=1)
+        Per request prompt tokens matched at the first admission, tokens; set then.
 
     Returns
     -------
@@ -325,9 +345,13 @@ def build_sglang_batch_nb(
     """
     block_size = rank_block_size[g]
     num_blocks = rank_num_blocks[g]
+    num_ranks = rank_num_blocks.shape[0]
     empty_rank = run_len[g] == 0
     ratio = rank_ratio[g]
     chunked = rank_chunked[g]
+    if caching and chunked >= 0:
+        # cache_unfinished_req at the round's start: the chunks so far join the tree.
+        radix_insert_nb(pc, g, num_ranks, chunked, computed[chunked], block_size, blocks_used)
     # PrefillAdder: rem_total = free tokens - offset, evaluated at each use; the
     # offset starts as the sum of the decoding requests' reservations, in
     # running order, and grows by each admission's charge.
@@ -349,7 +373,7 @@ def build_sglang_batch_nb(
         n_tok = min(need, limit)
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow <= num_blocks - blocks_used[g]:
-            blocks_used[g] += grow
+            kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
             sched_n[k] = n_tok
             scheduled += 1
@@ -363,10 +387,18 @@ def build_sglang_batch_nb(
             rem_chunk -= charge
     while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
         k = wait_head[g]
-        need = input_tokens[k] + generated[k] - computed[k]
+        start = computed[k]  # 0, or input - 1 for a P/D decode entrant
+        hits = 0
+        cached_hits = 0
+        if caching:
+            hits, cached_hits = radix_match_nb(pc, g, num_ranks, k, input_tokens[k] + generated[k], block_size)
+            start = hits * block_size
+        # Locking the matched prefix takes its unlocked blocks out of the free tokens.
+        locked_free = free_tokens - cached_hits * block_size
+        need = input_tokens[k] + generated[k] - start
         # On an empty rank the first request only needs its blocks to fit: a
         # request whose reservation exceeds the pool would otherwise wait forever.
-        if (need + min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) >= free_tokens - offset
+        if (need + min(output_tokens[k] - generated[k], CLIP_MAX_NEW_TOKENS) >= locked_free - offset
                 and not (empty_rank and scheduled == 0)):
             break
         paged = _ceil_page_nb(need, block_size)
@@ -380,16 +412,22 @@ def build_sglang_batch_nb(
             # One chunked request per rank: none while a skipped one is pending.
             if n_tok <= 0 or rank_chunked[g] >= 0:
                 break
-        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
-        if grow > num_blocks - blocks_used[g]:
+        grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
+        if grow + cached_hits > num_blocks - blocks_used[g]:
             break
         _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
         running[g, run_len[g]] = k
         run_len[g] += 1
-        blocks_used[g] += grow
+        if caching:
+            kv_take_hits_nb(pc, g, k, hits, blocks_used)
+            computed[k] = start
+            held[k] = hits
+            free_tokens = locked_free
+        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
+            cached_tokens[k] = hits * block_size
         sched_n[k] = n_tok
         scheduled += 1
         charge = _ceil_page_nb(n_tok, block_size)
@@ -432,7 +470,7 @@ def build_sglang_batch_nb(
         v = running[g, victim_i]
         needed -= _grow_nb(computed[v] + 1, held[v], block_size)
         _retract_nb(g, victim_i, running, run_len, blocks_used, held, computed,
-                    num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
+                    num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc)
         decoders -= 1
         retracted = True
     if needed > num_blocks - blocks_used[g] and chunked >= 0:
@@ -441,7 +479,7 @@ def build_sglang_batch_nb(
         for i in range(run_len[g]):
             if running[g, i] == chunked:
                 _retract_nb(g, i, running, run_len, blocks_used, held, computed,
-                            num_preemptions, wait_head, wait_tail, wait_next, wait_prev)
+                            num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc)
                 break
         chunked = -1
         rank_chunked[g] = -1
@@ -461,7 +499,7 @@ def build_sglang_batch_nb(
         k = running[g, i]
         if k != chunked:
             grow = _grow_nb(computed[k] + 1, held[k], block_size)
-            blocks_used[g] += grow
+            kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
             sched_n[k] = 1
     return retracted
@@ -469,15 +507,15 @@ def build_sglang_batch_nb(
 
 @njit(cache=True)
 def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preemptions,
-                wait_head, wait_tail, wait_next, wait_prev):
+                wait_head, wait_tail, wait_next, wait_prev, pc):
     """Retract ``running[g, i]`` (SGLang): the others keep their order, it frees
-    its blocks, recomputes from scratch later and joins the back of waiting."""
+    its blocks (its radix-tree ones stay cached), recomputes from scratch later
+    and joins the back of waiting."""
     k = running[g, i]
     for j in range(i, run_len[g] - 1):
         running[g, j] = running[g, j + 1]
     run_len[g] -= 1
-    blocks_used[g] -= held[k]
-    held[k] = 0
+    radix_release_nb(pc, g, k, held, blocks_used)
     computed[k] = 0
     num_preemptions[k] += 1
     wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)

@@ -58,13 +58,55 @@ def prompt_block_identities(
             trace_block, distinct.shape[0] * trace_block, ident,
         )
         return offset, ident
+    return offset, _positional_identities(requests, counts, offset, block_size, prefix_tokens)
+
+
+def _positional_identities(requests: RequestTable, counts, offset, block_size: int, prefix_tokens: int) -> np.ndarray:
+    """Synthetic identities of ``counts[k]`` blocks per request, laid out by ``offset``."""
     request = np.repeat(np.arange(counts.shape[0]), counts)
-    j = np.arange(total, dtype=np.int64) - offset[:-1][request]
+    j = np.arange(int(offset[-1]), dtype=np.int64) - offset[:-1][request]
     prefix_tokens = max(prefix_tokens, requests.shared_prefix_tokens)
     shared = (j + 1) * block_size <= prefix_tokens
     # Shared prefix blocks are identified by their index; every other block by
     # its owner's first identity plus its index, past the shared ids (the owner:
     # the request, whose first is its position in the flat array, or its session).
     owner_base = session_block_base(requests, counts, offset)
-    ident = np.where(shared, j, prefix_tokens // block_size + owner_base[request] + j)
+    return np.where(shared, j, prefix_tokens // block_size + owner_base[request] + j)
+
+
+def radix_block_identities(
+    requests: RequestTable, block_size: int, trace_block_size: int | None, prefix_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Identities of every block a request can hold, for SGLang's radix cache.
+
+    SGLang inserts generated tokens too, so past its complete prompt blocks
+    (:func:`prompt_block_identities`) each of a request's
+    ``ceil((input + output) / bs)`` blocks gets an identity of its own, above
+    every prompt identity.
+
+    Parameters
+    ----------
+    requests, block_size, trace_block_size, prefix_tokens
+        As :func:`prompt_block_identities`.
+
+    Returns
+    -------
+    offset, ident : ndarray(int64, ndim=1)
+        As :func:`prompt_block_identities`, over all the blocks.
+    """
+    counts = (requests.input_tokens + requests.output_tokens + block_size - 1) // block_size
+    offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offset[1:])
+    total = int(offset[-1])
+    if requests.session is not None and requests.hash_ids is None:
+        # A session's turn t+1 begins with turn t's prompt and answer, so block j
+        # of every turn is one identity, generated blocks included.
+        return offset, _positional_identities(requests, counts, offset, block_size, prefix_tokens)
+    prompt_offset, prompt_ident = prompt_block_identities(requests, block_size, trace_block_size, prefix_tokens)
+    own_base = int(prompt_ident.max()) + 1 if prompt_ident.shape[0] else 0
+    ident = own_base + np.arange(total, dtype=np.int64)
+    prompt_counts = np.diff(prompt_offset)
+    request = np.repeat(np.arange(counts.shape[0]), prompt_counts)
+    j = np.arange(prompt_ident.shape[0], dtype=np.int64) - prompt_offset[:-1][request]
+    ident[offset[:-1][request] + j] = prompt_ident
     return offset, ident

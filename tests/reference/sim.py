@@ -75,7 +75,7 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
 - sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
   validation rejects less: a zero-page chunk would block the rank's queue).
 
-Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; vllm policy,
+Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; every policy,
 aggregated or P/D prefill pool).  Per rank every physical block (a ``Block``: identity or
 None, reference count) is in use (ref > 0; counted once in ``used_blocks``, which also
 covers the blocks of P/D transfers since the handed-off request keeps its references),
@@ -112,6 +112,27 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
   until its transfer ends.
 - Step 1 (running requests) has no hit lookup; its capacity check is the usual
   ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
+- trtllm: the same, but registration runs only when a decision reaches the end of the
+  prompt, for ``input - 1`` tokens, and at a finish (P/D: transfer end) for the
+  computed tokens, before the references are dropped; the no-evict check of a
+  caching admission follows the capacity check, with the whole footprint, and
+  ``P += footprint - held`` after the allocation.
+- sglang (radix cache): identities also for the blocks past the complete prompt ones,
+  ``("u", k, j)`` up to ``ceil((input + output) / bs)``.  ``self.clock`` counts
+  accesses; an access gives a path's blocks ``stamp = clock`` and ``depth = j``,
+  written from the deepest block up (a repeated block keeps the smaller j).  The
+  eviction victim is the cached block with the least ``(stamp, -depth)``.  Admission
+  (each waiting candidate visited): match the resident leading blocks of the first
+  known - 1 tokens (whole blocks) and touch them; need = known - h*bs; free tokens
+  for the rem_total check lowered by bs per hit entry whose block has ref 0 (and kept
+  lowered once admitted); fits iff new + those entries <= num_blocks - used_blocks.
+  No registration at scheduling; ``radix_insert`` (blocks ``reg .. tokens//bs - 1``:
+  identity taken if not resident, else the request's block is freed and the resident
+  one referenced; then the path 0 .. reg-1 touched) runs at the start of a build for
+  the rank's chunked request (its computed tokens), at a pass end for each entry
+  that reaches its known tokens if the batch was an extend batch or the token is its
+  last (computed tokens; running order), and at a P/D transfer end (input tokens).
+  Retraction drops the references without an insert.
 
 Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
 pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
@@ -319,8 +340,6 @@ class Pool:
         self.async_scheduling = bool(params.get("async_scheduling") or False)
         if self.async_scheduling and (policy != "vllm" or name == "prefill"):
             raise ValueError(f"engine.{name}.async_scheduling: vllm policy, aggregated or decode pool only")
-        if self.prefix_caching and policy != "vllm":
-            raise ValueError(f"engine.{name}.prefix_caching is modelled for policy vllm only")
         if self.prefix_caching and name == "decode":
             raise ValueError("engine.decode.prefix_caching: a decode pool receives its KV "
                              "by transfer")
@@ -349,11 +368,13 @@ class Pool:
 class Block:
     """A physical KV block of a prefix-caching rank (docs/prefix-caching.md)."""
 
-    __slots__ = ("ident", "ref")
+    __slots__ = ("ident", "ref", "stamp", "depth")
 
     def __init__(self):
         self.ident = None  # identity tuple, or None (anonymous)
         self.ref = 0       # references by requests (a handed-off request keeps its own)
+        self.stamp = 0     # sglang: the access that touched it last (radix_touch)
+        self.depth = 0     # sglang: its block index in that access's path
 
 
 class Rank:
@@ -366,6 +387,7 @@ class Rank:
         self.used_blocks = 0     # in-use blocks (prefix caching: distinct, ref > 0)
         self.new_token_ratio = None  # sglang: set to the pool's init at construction
         self.chunked = None      # sglang: the request whose prompt is being chunked
+        self.extend = False      # sglang: the batch built last is an extend batch
         self.inflight = 0        # P/D: KV transfers in flight from or to this rank
         # prefix caching: identity -> its block (in use or cached); LRU of cached blocks
         self.resident = {}
@@ -525,6 +547,11 @@ class ReferenceSim:
                     req.input_tokens, rp.block_size,
                     None if hash_ids is None else hash_ids[req.row], trace_bs,
                     prefix_tokens if sessions is None else sessions["shared_prefix_tokens"])
+                if policy == "sglang":  # generated tokens are inserted too: their own identities
+                    owner = req.row if sessions is None or hash_ids is not None else ("session", sessions["session"][req.row])
+                    req.idents += [("u", owner, j) for j in range(
+                        len(req.idents), rp.blocks_for(req.input_tokens + req.output_tokens))]
+        self.clock = 0  # sglang: access counter of the radix cache
 
         # Pending events.
         #  sends: deque of (t, row), rows in table order with non-decreasing t (SPEC §2)
@@ -738,6 +765,10 @@ class ReferenceSim:
         req.transfer_end_ns = t
         prefill_rank = self.workers[req.worker].ranks[req.rank]
         if self.recv_pool.prefix_caching:
+            if self.policy == "sglang":
+                self.radix_insert(self.recv_pool, prefill_rank, req, req.input_tokens)  # cache_finished_req
+            elif self.policy == "trtllm":
+                self.register(self.recv_pool, prefill_rank, req, req.input_tokens)  # storeBlocksForReuse
             self.drop_refs(prefill_rank, req)  # the references it kept since its handoff
         else:
             prefill_rank.used_blocks -= req.transfer_blocks
@@ -792,7 +823,10 @@ class ReferenceSim:
         if pool.prefix_caching:
             for _ in range(new_held - req.held_blocks):
                 req.blocks.append(self.alloc_block(pool, rank))
-            self.register(pool, rank, req, n)
+            if pool.policy == "vllm":
+                self.register(pool, rank, req, req.computed + n)
+            elif pool.policy == "trtllm" and req.computed + n >= req.input_tokens:
+                self.register(pool, rank, req, req.input_tokens - 1)  # storeContextBlocks
         else:
             rank.used_blocks += new_held - req.held_blocks
         req.held_blocks = new_held
@@ -802,11 +836,16 @@ class ReferenceSim:
 
     @staticmethod
     def alloc_block(pool, rank):
-        """One new block: a truly free one, else the LRU head (it loses its identity)."""
+        """One new block: a truly free one, else the LRU head (it loses its identity);
+        sglang: the cached block of the oldest access, the deeper one of a path first."""
         if pool.num_blocks - rank.used_blocks - len(rank.lru) > 0:
             block = Block()
         else:
-            block, _ = rank.lru.popitem(last=False)  # head: least recently used
+            if pool.policy == "sglang":
+                block = min(rank.lru, key=lambda b: (b.stamp, -b.depth))
+            else:
+                block = next(iter(rank.lru))  # head: least recently used
+            del rank.lru[block]
             del rank.resident[block.ident]
             block.ident = None
         assert block.ref == 0
@@ -816,11 +855,11 @@ class ReferenceSim:
         return block
 
     @staticmethod
-    def register(pool, rank, req, n):
-        """Register, in block order, the complete prompt blocks covered by computed + n
+    def register(pool, rank, req, tokens):
+        """Register, in block order, the complete prompt blocks covered by ``tokens``
         that are not yet hit/registered for this request: a non-resident identity is
         taken by the request's block; a resident one leaves it anonymous."""
-        upto = min((req.computed + n) // pool.block_size, len(req.idents))
+        upto = min(tokens // pool.block_size, len(req.idents))
         for j in range(req.reg, upto):
             ident = req.idents[j]
             if ident not in rank.resident:
@@ -853,6 +892,21 @@ class ReferenceSim:
         req.held_blocks = 0
 
     @staticmethod
+    def lock_hits(pool, rank, req, hits):
+        """Admission with hits: the request references them in block order (cached
+        ones leave the LRU queue) and its computed tokens start after them."""
+        for block in hits:
+            if block.ref == 0:
+                del rank.lru[block]
+                rank.used_blocks += 1
+            block.ref += 1
+        req.blocks = list(hits)
+        req.held_blocks = len(hits)
+        req.reg = len(hits)
+        req.computed = len(hits) * pool.block_size
+        req.hit_tokens = req.computed
+
+    @staticmethod
     def lookup_hits(pool, rank, req):
         """The resident blocks of the longest run of leading complete prompt blocks,
         h * block_size <= known - 1 (vLLM always computes the last token)."""
@@ -864,6 +918,55 @@ class ReferenceSim:
                 break
             hits.append(block)
         return hits
+
+    # ------------------------------------------- sglang radix cache (per rank)
+
+    def radix_touch(self, blocks):
+        """A new access of a path (SGLang's last_access_time), deepest block first."""
+        self.clock += 1
+        for j in reversed(range(len(blocks))):
+            blocks[j].stamp = self.clock
+            blocks[j].depth = j
+
+    def radix_match(self, pool, rank, req):
+        """match_prefix: the resident leading blocks of the first known - 1 tokens
+        (whole blocks); the path is touched even if the request is not admitted."""
+        hits = self.lookup_hits(pool, rank, req)
+        self.radix_touch(hits)
+        return hits
+
+    def radix_insert(self, pool, rank, req, tokens):
+        """insert of the request's first ``tokens`` tokens (whole blocks): a block
+        past its tree blocks takes its identity if not resident, else it is a
+        duplicate, freed, and the resident block is referenced instead; then the
+        request's whole tree path is touched."""
+        for j in range(req.reg, min(tokens // pool.block_size, len(req.idents))):
+            ident = req.idents[j]
+            own = req.blocks[j]
+            tree = rank.resident.get(ident)
+            if tree is None:
+                assert own.ident is None
+                own.ident = ident
+                rank.resident[ident] = own
+            else:
+                own.ref -= 1
+                assert own.ref == 0 and own.ident is None
+                rank.used_blocks -= 1
+                if tree.ref == 0:
+                    del rank.lru[tree]
+                    rank.used_blocks += 1
+                tree.ref += 1
+                req.blocks[j] = tree
+            req.reg = j + 1
+        self.radix_touch(req.blocks[:req.reg])
+
+    def radix_pass_end(self, pool, rank, req):
+        """A prompt computed in an extend batch joins the tree (cache_unfinished_req),
+        and so does a request about to emit its final token (cache_finished_req)."""
+        final = (req.generated + 1 == req.output_tokens
+                 or req.input_tokens + req.generated + 1 >= pool.L)
+        if rank.extend or final:
+            self.radix_insert(pool, rank, req, req.computed)
 
     def build_batch_vllm(self, pool, rank, no_evict):
         """SPEC §5 pass start for one rank (policy vllm); with ``no_evict`` the trtllm
@@ -927,21 +1030,18 @@ class ReferenceSim:
                 evictable = sum(1 for block in hits if block.ref == 0)
                 if new + evictable > pool.num_blocks - rank.used_blocks:
                     break  # head of line
+                if no_evict:  # TensorRT-LLM 1.0: no reuse credit, the whole footprint
+                    footprint = pool.footprint(req)
+                    if footprint > pool.num_blocks - rank.used_blocks - promised:
+                        break
                 rank.waiting.popleft()
                 rank.running.append(req)
-                for block in hits:  # touch: cached ones leave the LRU queue
-                    if block.ref == 0:
-                        del rank.lru[block]
-                        rank.used_blocks += 1
-                    block.ref += 1
-                req.blocks = list(hits)
-                req.held_blocks = h
-                req.reg = h
-                req.computed = computed
-                req.hit_tokens = computed
+                self.lock_hits(pool, rank, req, hits)
                 self.schedule(pool, rank, batch, req, n)
                 admitted.append(req)
                 B -= n
+                if no_evict:
+                    promised += footprint - req.held_blocks
                 continue
             n = min(req.known - req.computed, B)
             if no_evict:
@@ -980,6 +1080,9 @@ class ReferenceSim:
         ratio = rank.new_token_ratio
         chunked = rank.chunked
         decoders = [req for req in rank.running if req is not chunked]
+        caching = pool.prefix_caching
+        if caching and chunked is not None:  # cache_unfinished_req at the round's start
+            self.radix_insert(pool, rank, chunked, chunked.computed)
 
         # 2. budgets: rem_total = free tokens - offset, evaluated at each use
         free_tokens = (pool.num_blocks - rank.used_blocks) * bs
@@ -1009,10 +1112,16 @@ class ReferenceSim:
         # 4. waiting requests FIFO
         while rank.waiting and len(rank.running) < pool.max_sequences:
             req = rank.waiting[0]
-            need = req.known - req.computed
+            start, hits, evictable = req.computed, [], 0
+            if caching:  # match_prefix (touches the path), then the checks under its lock
+                hits = self.radix_match(pool, rank, req)
+                start = len(hits) * bs
+                evictable = sum(1 for block in hits if block.ref == 0)
+            locked_free = free_tokens - evictable * bs
+            need = req.known - start
             total = need + min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP)
             first_on_empty_rank = empty_rank and not batch
-            if not first_on_empty_rank and total >= free_tokens - offset:
+            if not first_on_empty_rank and total >= locked_free - offset:
                 break
             if batch and ceil_page(need) >= rem_input:
                 break
@@ -1022,10 +1131,14 @@ class ReferenceSim:
                 n, reserve = (rem_chunk // bs) * bs, 0  # page-aligned chunk
                 if n <= 0 or rank.chunked is not None:
                     break
-            if not fits(req, n):
+            new = pool.blocks_for(start + n) - req.held_blocks - len(hits)
+            if rank.used_blocks + new + evictable > pool.num_blocks:
                 break
             rank.waiting.popleft()
             rank.running.append(req)
+            if caching:
+                self.lock_hits(pool, rank, req, hits)
+                free_tokens = locked_free
             extend(req, n)
             admitted.append(req)
             offset += ceil_page(n) + reserve
@@ -1036,6 +1149,7 @@ class ReferenceSim:
                 break  # a chunked admission closes the batch
             if free_tokens - offset <= 0 or rem_input <= 0 or rem_chunk <= 0:
                 break
+        rank.extend = bool(batch)
         if batch:
             return batch, False, admitted
 
@@ -1048,8 +1162,7 @@ class ReferenceSim:
 
         def retract(victim):
             rank.running.remove(victim)  # the others keep their order
-            rank.used_blocks -= victim.held_blocks
-            victim.held_blocks = 0
+            self.release(pool, rank, victim)  # its radix-tree blocks stay cached, untouched
             victim.computed = 0
             victim.num_preemptions += 1
             rank.waiting.append(victim)  # BACK of waiting
@@ -1214,6 +1327,8 @@ class ReferenceSim:
                     req.computed += n
                     if req.computed != req.known:
                         continue
+                if pool.prefix_caching and pool.policy == "sglang":
+                    self.radix_pass_end(pool, rank, req)
                 if req.prompt_done_ns is None:
                     req.prompt_done_ns = t  # the prompt is computed (first time)
                 if hands_off:  # SPEC §6: hidden token, hand off, leave running
@@ -1230,6 +1345,8 @@ class ReferenceSim:
                     req.first_emit_ns = t
                 outputs.append((req, idx))
                 if final:  # finish: free blocks, leave running
+                    if pool.prefix_caching and pool.policy == "trtllm":
+                        self.register(pool, rank, req, req.computed)  # storeBlocksForReuse
                     self.release(pool, rank, req)
                     rank.running.remove(req)
         if not w.has_work():
