@@ -378,7 +378,7 @@ def routing_scenario(seed: int, policy: str, disaggregated: bool = False, rank_p
     extra draws come from their own generator, after the base scenario's.
     """
     prefix_caching = policy == "prefix_aware" or seed % 4 == 1
-    scheduler = "vllm" if prefix_caching else ("vllm", "sglang", "trtllm")[seed % 3]
+    scheduler = ("vllm", "sglang", "trtllm")[seed % 3]  # every policy caches prefixes
     scenario = random_scenario(
         seed, disaggregated=disaggregated, prefix_caching=prefix_caching, policy=scheduler,
         async_scheduling=scheduler == "vllm" and seed % 5 == 0,
