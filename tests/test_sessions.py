@@ -26,7 +26,7 @@ NUM_STEADY_SESSION_SCENARIOS = 60
 
 
 def random_session_scenario(
-    seed: int, prefix_caching: bool = False, disaggregated: bool = False, steady: bool = False
+    seed: int, prefix_caching: bool = False, disaggregated: bool = False, steady: bool = False, policy: str = "vllm"
 ) -> dict:
     """A random scenario of ``tests.scenarios`` whose rows become the turns of a few sessions.
 
@@ -37,7 +37,8 @@ def random_session_scenario(
     ``steady``: the base scenario's light load of long outputs on one rank (the
     kernel's steady-decode path), outputs of 20-80 tokens.
     """
-    base = random_scenario(seed, disaggregated=disaggregated, prefix_caching=prefix_caching, steady=steady)
+    base = random_scenario(seed, disaggregated=disaggregated, prefix_caching=prefix_caching, steady=steady,
+                           policy=policy)
     rnd = random.Random(10_000 + seed)
     config = base["config"]
     system = rnd.choice([0, 0, 4, 8])
@@ -120,6 +121,15 @@ def compare_sessions_with_reference(scenario: dict):
 def test_sessions_match_reference(seed):
     compare_sessions_with_reference(
         random_session_scenario(seed, prefix_caching=seed % 3 == 1, disaggregated=seed % 5 == 4)
+    )
+
+
+@pytest.mark.parametrize("policy", ["sglang", "trtllm"])
+@pytest.mark.parametrize("seed", range(60))
+def test_sessions_with_prefix_caching_match_reference_per_policy(seed, policy):
+    """SGLang's radix cache (generated blocks included) and TensorRT-LLM's reuse across a session's turns."""
+    compare_sessions_with_reference(
+        random_session_scenario(seed, prefix_caching=True, disaggregated=seed % 5 == 4, policy=policy)
     )
 
 
@@ -398,3 +408,16 @@ def test_steady_session_scenarios_run_steady_stretches():
         )
         long_runs += longest_steady_stretch(slow["passes"]) >= 10
     assert long_runs >= NUM_STEADY_SESSION_SCENARIOS // 3, long_runs
+
+
+def test_cli_routing_policy_with_sessions_exits_2_naming_the_key(tmp_path):
+    # Session turns are sent by their own loop, which places them round robin by
+    # send: another routing policy would be ignored, so it is refused.
+    from tests.test_cli import replaysim, result_files
+
+    done = replaysim(tmp_path, "workload=sessions", "workload.sessions.num_sessions=4",
+                     "engine.aggregated.replicas=2", "engine.router.policy=least_outstanding")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("replaysim: error: engine.router.policy=least_outstanding")
+    assert "multi-turn sessions" in done.stderr
+    assert not result_files(tmp_path)
