@@ -410,14 +410,21 @@ def test_steady_session_scenarios_run_steady_stretches():
     assert long_runs >= NUM_STEADY_SESSION_SCENARIOS // 3, long_runs
 
 
-def test_cli_routing_policy_with_sessions_exits_2_naming_the_key(tmp_path):
-    # Session turns are sent by their own loop, which places them round robin by
-    # send: another routing policy would be ignored, so it is refused.
-    from tests.test_cli import replaysim, result_files
 
-    done = replaysim(tmp_path, "workload=sessions", "workload.sessions.num_sessions=4",
-                     "engine.aggregated.replicas=2", "engine.router.policy=least_outstanding")
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("replaysim: error: engine.router.policy=least_outstanding")
-    assert "multi-turn sessions" in done.stderr
-    assert not result_files(tmp_path)
+ROUTING_POLICIES = ("random", "least_outstanding", "least_tokens", "power_of_two", "prefix_aware")
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_routed_sessions_match_reference(seed):
+    """Each turn routed at its send (the tie scan and the draws follow the send sequence number)."""
+    rnd = random.Random(20_000 + seed)
+    policy = ROUTING_POLICIES[seed % len(ROUTING_POLICIES)]
+    scenario = random_session_scenario(seed, prefix_caching=policy == "prefix_aware" or seed % 3 == 0,
+                                       disaggregated=seed % 4 == 3, policy=("vllm", "sglang", "trtllm")[seed % 3])
+    engine = scenario["config"]["engine"]
+    pool = "prefill" if engine.get("mode") == "disaggregated" else "aggregated"
+    engine[pool]["replicas"] = rnd.randint(2, 4)
+    engine[pool]["rank_policy"] = rnd.choice(["round_robin", "least_loaded"])
+    engine["router"] = {"policy": policy}
+    scenario["config"]["seed"] = rnd.randint(0, 1000)
+    compare_sessions_with_reference(scenario)

@@ -19,7 +19,7 @@ from simcore.client.api import (
     tokenization_service_ns,
 )
 from simcore.bounds import checked_total
-from simcore.config import POOLS, ConfigError, SimConfig
+from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.engine.router import router_inputs
 from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Router, Timing, Topology
@@ -307,17 +307,6 @@ def itl_rerun_mask(prep: Prepared, buffers: Buffers) -> np.ndarray | None:
     return completed.astype(np.int64)
 
 
-def _check_sessions_routing(cfg: SimConfig) -> None:
-    """Routing policies decide at table-order sends; session turns are sent by their own loop."""
-    router = cfg.engine.router
-    chosen = [("engine.router.policy", router.policy), ("engine.decode_router.policy", router.decode_policy)]
-    chosen += [(f"engine.{name}.rank_policy", getattr(cfg.engine, name).rank_policy) for name in POOLS[cfg.engine.mode]]
-    for key, value in chosen:
-        if value != "round_robin":
-            raise ConfigError(f"{key}={value}: multi-turn sessions are placed round robin by send; "
-                              "other routing policies do not yet apply to them")
-
-
 def prepare(
     cfg: SimConfig,
     requests: RequestTable,
@@ -357,8 +346,6 @@ def prepare(
     sessions = requests.session is not None
     if (closed or sessions) and detok_path == "after_run":
         raise ValueError("a closed loop or sessions need receipts inside the kernel (detok_path='kernel')")
-    if sessions:
-        _check_sessions_routing(cfg)
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"

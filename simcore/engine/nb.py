@@ -67,7 +67,9 @@ from simcore.scheduler.nb import (
 )
 from simcore.client.nb import detokenization_service_ns_nb, detokenize_pass_nb
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
-from simcore.engine.sessions_nb import session_finals_nb, session_next_instant_nb, session_sends_nb, session_start_nb
+from simcore.engine.sessions_nb import (
+    session_finals_nb, session_next_instant_nb, session_next_send_nb, session_releases_nb, session_start_nb,
+)
 from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
     DETOK_OFF, DETOK_IN_KERNEL, DETOK_DEFERRED, OUT_FIRST, OUT_FINAL,
     ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
@@ -655,13 +657,32 @@ def _replay_nb(
                         )
 
             if session_mode:  # (c) with sessions: releases, then sends, at t
-                send_size, sess_size, arr_size, sent = session_sends_nb(
+                send_size, sess_size, released = session_releases_nb(
                     t, session_closed, session_think_ns, next_turn, turn_think_ns, session_first, send_key,
-                    send_val, send_size, sess_key, sess_val, sess_size, session_counters, send_ns, send_seq,
-                    seq_row, seq_rank, seq_tok_base, recv_rank, tok_server, tok_service_ns, tok_free, arr_key,
-                    arr_val, arr_size,
+                    send_val, send_size, sess_key, sess_val, sess_size, session_counters,
                 )
-                progressed = progressed or sent
+                progressed = progressed or released
+                while True:
+                    sess_size, k, s = session_next_send_nb(
+                        t, sess_key, sess_val, sess_size, session_counters, send_ns, send_seq, seq_row
+                    )
+                    if k < 0:
+                        break
+                    progressed = True
+                    if routing:  # the router picks the worker of send s
+                        w = route_send_nb(
+                            route, s, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
+                            router_weights, input_tokens, worker_first_rank, worker_num_ranks, run_len,
+                            blocks_used, rank_num_blocks, rank_block_size, prefix_cache, placed_rank,
+                        )
+                        placed_worker[k] = w
+                        server = w * tok_workers + tok_index[k]
+                    else:  # the placement of send sequence number s (SPEC §3)
+                        recv_rank[k] = seq_rank[s]
+                        server = seq_tok_base[s] + tok_server[k]
+                    end = max(t, tok_free[server]) + tok_service_ns[k]
+                    tok_free[server] = end
+                    arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, s)
 
             # (b)+(c) sends at t, in table order.
             while next_row < n:
@@ -677,7 +698,7 @@ def _replay_nb(
                 progressed = True
                 if routing:  # the router picks the worker, whose tokenizer takes the request
                     w = route_send_nb(
-                        route, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
+                        route, k, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
                         router_weights, input_tokens, worker_first_rank, worker_num_ranks, run_len, blocks_used,
                         rank_num_blocks, rank_block_size, prefix_cache, placed_rank,
                     )

@@ -253,17 +253,20 @@ def _enter_worker(route, k, w, tokens):
 
 
 @njit(cache=True)
-def route_send_nb(route, k, policy, rank_policy, first, count, draws, weights, input_tokens, worker_first_rank,
+def route_send_nb(route, seq, k, policy, rank_policy, first, count, draws, weights, input_tokens, worker_first_rank,
                   worker_num_ranks, run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
                   placed_rank):
-    """Send k: its worker, and its rank if the worker's rank policy is round robin.
+    """Send seq of request k: its worker, and its rank if the worker's rank policy is round robin.
 
     Parameters
     ----------
     route : ndarray(int64, ndim=1)
         The routing state; updated.
+    seq : int
+        The send sequence number (= k, except with multi-turn sessions): it
+        starts the tie scan and indexes the draws.
     k : int
-        The send (= request row).
+        The request row.
     policy : int
         ``ROUTE_*`` of the receiving pool.
     rank_policy : ndarray(int64, ndim=1)
@@ -290,7 +293,7 @@ def route_send_nb(route, k, policy, rank_policy, first, count, draws, weights, i
     int
         The worker (global index).
     """
-    w = _pick_worker(route, policy, k, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
+    w = _pick_worker(route, policy, seq, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
                      run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
     _enter_worker(route, k, w, input_tokens[k])
     if rank_policy[w] == RANK_ROUND_ROBIN:

@@ -120,19 +120,15 @@ def session_next_instant_nb(t, rel_key, rel_size, sess_key, sess_size):
 
 
 @njit(cache=True)
-def session_sends_nb(
-    t, closed, think_ns, next_turn, turn_think_ns, session_first, rel_key, rel_val, rel_size,
-    sess_key, sess_val, sess_size, counters, send_ns, send_seq, seq_row, seq_rank, seq_tok_base, recv_rank,
-    tok_server, tok_service_ns, tok_free, arr_key, arr_val, arr_size,
+def session_releases_nb(
+    t, closed, think_ns, next_turn, turn_think_ns, session_first, rel_key, rel_val, rel_size, sess_key, sess_val,
+    sess_size, counters,
 ):
-    """SPEC §5 (c) with sessions: the releases at ``t``, then the sends at ``t``, each in row order.
+    """SPEC §5 (c) with sessions, first half: the releases at ``t``, in row order.
 
     A release of row k queues its session's next turn at ``t +
     turn_think_ns[next]``; after a session's last turn, a closed loop queues
     the next session not yet started (session order) at ``t + think_ns``.
-    Each send takes the next send sequence number s: its receiving rank and
-    tokenizer servers are those of s, its tokenizer job is FIFO per server in
-    send order, and its engine arrival is keyed (instant, s).
 
     Parameters
     ----------
@@ -152,35 +148,19 @@ def session_sends_nb(
         Their sizes.
     counters : ndarray(int64, ndim=1)
         Sessions started and rows sent; updated.
-    send_ns, send_seq : ndarray(int64, ndim=1)
-        Out, per row: send instant (ns) and send sequence number.
-    seq_row : ndarray(int64, ndim=1)
-        Out, per send sequence number: its row.
-    seq_rank, seq_tok_base : ndarray(int64, ndim=1)
-        Per send sequence number: receiving global rank, first tokenizer server of its worker.
-    recv_rank : ndarray(int64, ndim=1)
-        Out, per row: its receiving global rank.
-    tok_server, tok_service_ns : ndarray(int64, ndim=1)
-        Per row: tokenizer server within its worker, job service (ns).
-    tok_free : ndarray(int64, ndim=1)
-        Per tokenizer server: when it is free, ns; updated.
-    arr_key, arr_val : ndarray(int64, ndim=1)
-        The engine-arrival heap (instant, send sequence number); updated.
-    arr_size : int
-        Its size.
 
     Returns
     -------
-    rel_size, sess_size, arr_size : int
+    rel_size, sess_size : int
         The heap sizes.
-    sent : bool
-        Whether anything was released or sent at ``t``.
+    released : bool
+        Whether anything was released at ``t``.
     """
-    sent = False
+    released = False
     while rel_size > 0 and rel_key[0] == t:
         k = rel_val[0]
         rel_size = heap_pop_nb(rel_key, rel_val, rel_size)
-        sent = True
+        released = True
         nxt = next_turn[k]
         if nxt >= 0:
             sess_size = heap_push_nb(sess_key, sess_val, sess_size, t + turn_think_ns[nxt], nxt)
@@ -188,18 +168,47 @@ def session_sends_nb(
             first = session_first[counters[SESSIONS_STARTED]]
             counters[SESSIONS_STARTED] += 1
             sess_size = heap_push_nb(sess_key, sess_val, sess_size, t + think_ns, first)
-    while sess_size > 0 and sess_key[0] == t:
-        k = sess_val[0]
-        sess_size = heap_pop_nb(sess_key, sess_val, sess_size)
-        sent = True
-        s = counters[ROWS_SENT]
-        counters[ROWS_SENT] = s + 1
-        send_ns[k] = t
-        send_seq[k] = s
-        seq_row[s] = k
-        recv_rank[k] = seq_rank[s]
-        server = seq_tok_base[s] + tok_server[k]
-        end = max(t, tok_free[server]) + tok_service_ns[k]
-        tok_free[server] = end
-        arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, s)
-    return rel_size, sess_size, arr_size, sent
+    return rel_size, sess_size, released
+
+
+@njit(cache=True)
+def session_next_send_nb(t, sess_key, sess_val, sess_size, counters, send_ns, send_seq, seq_row):
+    """SPEC §5 (c) with sessions, second half: the next send at ``t`` (row order), if any.
+
+    It takes the next send sequence number s; the caller places it (round
+    robin: the placement of s, ``seq_rank``/``seq_tok_base``; or by its
+    routing policy) and queues its tokenizer job, FIFO per server in send
+    order, whose engine arrival is keyed (instant, s).
+
+    Parameters
+    ----------
+    t : int
+        The instant, ns.
+    sess_key, sess_val : ndarray(int64, ndim=1)
+        The sends heap; updated.
+    sess_size : int
+        Its size.
+    counters : ndarray(int64, ndim=1)
+        Sessions started and rows sent; updated.
+    send_ns, send_seq : ndarray(int64, ndim=1)
+        Out, per row: send instant (ns) and send sequence number.
+    seq_row : ndarray(int64, ndim=1)
+        Out, per send sequence number: its row.
+
+    Returns
+    -------
+    sess_size : int
+        The heap size.
+    k, s : int
+        The row sent and its send sequence number (-1, -1: none at ``t``).
+    """
+    if sess_size == 0 or sess_key[0] != t:
+        return sess_size, -1, -1
+    k = sess_val[0]
+    sess_size = heap_pop_nb(sess_key, sess_val, sess_size)
+    s = counters[ROWS_SENT]
+    counters[ROWS_SENT] = s + 1
+    send_ns[k] = t
+    send_seq[k] = s
+    seq_row[s] = k
+    return sess_size, k, s

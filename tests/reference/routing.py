@@ -145,7 +145,9 @@ class ReferenceRouter:
 
     def on_send(self, req):
         pool = self.sim.recv_pool
-        req.worker = self.pick(self.policy, req.row, pool, self.draws, req)
+        seq = req.row if self.sim.sessions is None else req.send_seq  # sessions: the send sequence number
+        req.worker = req.rank = -1  # not placed before this decision (sessions placed it round robin)
+        req.worker = self.pick(self.policy, seq, pool, self.draws, req)
         if self.rank_policy[pool.name] == "round_robin":
             req.rank = self.round_robin_rank(req.worker)
 
