@@ -44,6 +44,8 @@ _POOL_DEFAULTS = {
     "prefix_caching": False,
     # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md)
     "async_scheduling": False,
+    # vllm policy with prefix_caching: a CPU tier of KV blocks (docs/prefix-caching.md)
+    "kv_offload": {"num_blocks": None, "bandwidth_gb_per_second": None, "bytes_per_token": None},
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -126,9 +128,9 @@ DEFAULTS: dict[str, Any] = {
         "mode": "aggregated",
         "policy": "vllm",
         # Separate copies: deepcopy would keep one shared dict shared.
-        "aggregated": dict(_POOL_DEFAULTS),
-        "prefill": dict(_POOL_DEFAULTS),
-        "decode": dict(_POOL_DEFAULTS),
+        "aggregated": copy.deepcopy(_POOL_DEFAULTS),
+        "prefill": copy.deepcopy(_POOL_DEFAULTS),
+        "decode": copy.deepcopy(_POOL_DEFAULTS),
         "kv_transfer": {"bandwidth_gb_per_second": None, "bytes_per_token": None},
     },
     "timing": {
@@ -429,6 +431,7 @@ class PoolConfig:
     schedule_conservativeness: float | None  # sglang
     prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
     async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
+    kv_offload: "KVOffloadConfig | None" = None  # CPU tier (docs/prefix-caching.md); None: none
 
     @property
     def num_ranks(self) -> int:
@@ -818,6 +821,7 @@ def _pool(
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
+        kv_offload=_kv_offload(prefix, raw, policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1076,6 +1080,40 @@ def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
         prefix, "prefix_caching", value, policy, "decode",
         "a decode pool receives its KV by transfer; enable it on engine.prefill",
     )
+
+
+@dataclass(frozen=True)
+class KVOffloadConfig:
+    """A rank's CPU tier of KV blocks (vLLM's OffloadingConnector, docs/prefix-caching.md)."""
+
+    num_blocks: int  # CPU blocks per rank, at the pool's block_size
+    bandwidth_gb_per_second: float  # each direction, GB/s
+    bytes_per_token: float  # KV bytes per token
+
+    def block_ns(self, block_size: int) -> int:
+        """One block's copy, ns: rint(block_size x bytes_per_token / (bandwidth x 1e9) x 1e9)."""
+        return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
+
+
+def _kv_offload(prefix: str, raw: Mapping[str, Any], policy: str) -> KVOffloadConfig | None:
+    """All three keys set (a CPU tier) or all null (none); only beside prefix caching."""
+    path = f"{prefix}.kv_offload"
+    keys = raw["kv_offload"]
+    if all(value is None for value in keys.values()):
+        return None
+    for key, value in keys.items():
+        if value is None:
+            raise ConfigError(f"{path}.{key} must be set with the other {path} keys (all null: no CPU tier)")
+    if not raw["prefix_caching"]:
+        raise ConfigError(f"{path} needs {prefix}.prefix_caching=true (the CPU tier holds prefix-cache blocks)")
+    if raw["async_scheduling"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
+    offload = KVOffloadConfig(
+        num_blocks=_count(f"{path}.num_blocks", keys["num_blocks"]),
+        bandwidth_gb_per_second=_number(f"{path}.bandwidth_gb_per_second", keys["bandwidth_gb_per_second"], strict=True),
+        bytes_per_token=_number(f"{path}.bytes_per_token", keys["bytes_per_token"], strict=True),
+    )
+    return offload
 
 
 def _check_combinations(cfg: SimConfig) -> None:

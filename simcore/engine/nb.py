@@ -48,6 +48,7 @@ from numba.extending import intrinsic
 
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_release_nb
+from simcore.scheduler.offload_nb import offload_loads_end_nb, offload_next_event_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
     batch_summary_nb,
@@ -430,6 +431,7 @@ def _replay_nb(
             t = arr_key[0]
         if xfer_size > 0 and xfer_key[0] < t:
             t = xfer_key[0]
+        t = offload_next_event_nb(prefix_cache, t)  # CPU -> GPU load ends
         if closed_loop:
             if send_size > 0 and next_row < n and send_key[0] < t:
                 t = send_key[0]
@@ -603,6 +605,10 @@ def _replay_nb(
                     think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
                     progress,
                 )
+
+            # (d) CPU -> GPU KV loads ending at t (docs/prefix-caching.md).
+            if offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
+                progressed = True
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next
