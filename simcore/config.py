@@ -821,7 +821,7 @@ def _pool(
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
-        kv_offload=_kv_offload(prefix, raw, policy),
+        kv_offload=_kv_offload(prefix, raw, block_size),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1095,7 +1095,7 @@ class KVOffloadConfig:
         return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
 
 
-def _kv_offload(prefix: str, raw: Mapping[str, Any], policy: str) -> KVOffloadConfig | None:
+def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int) -> KVOffloadConfig | None:
     """All three keys set (a CPU tier) or all null (none); only beside prefix caching."""
     path = f"{prefix}.kv_offload"
     keys = raw["kv_offload"]
@@ -1113,6 +1113,9 @@ def _kv_offload(prefix: str, raw: Mapping[str, Any], policy: str) -> KVOffloadCo
         bandwidth_gb_per_second=_number(f"{path}.bandwidth_gb_per_second", keys["bandwidth_gb_per_second"], strict=True),
         bytes_per_token=_number(f"{path}.bytes_per_token", keys["bytes_per_token"], strict=True),
     )
+    if not block_size * offload.bytes_per_token / (offload.bandwidth_gb_per_second * 1e9) * 1e3 < MAX_INSTANT_MS:
+        raise ConfigError(f"{path}.bandwidth_gb_per_second={offload.bandwidth_gb_per_second!r}: one block's copy "
+                          f"exceeds {MAX_INSTANT_MS:.4g} ms")
     return offload
 
 

@@ -216,3 +216,25 @@ def test_null_offload_leaves_the_run_unchanged():
     assert plain.summary["cpu_prefix_cache_hit_rate"] is None
     assert np.array_equal(plain.requests.column("gpu_cached_tokens").to_numpy(),
                           plain.requests.column("cached_tokens").to_numpy())
+
+
+def test_the_cli_exits_2_naming_the_offload_key(tmp_path):
+    from tests.test_cli import SMALL, replaysim, result_files
+
+    done = replaysim(tmp_path, *SMALL, "engine.aggregated.prefix_caching=true",
+                     "engine.aggregated.kv_offload.num_blocks=64")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "engine.aggregated.kv_offload.bandwidth_gb_per_second" in lines[0], done.stderr
+    assert result_files(tmp_path) == []
+
+
+def test_the_cli_runs_a_cpu_tier(tmp_path):
+    from tests.test_cli import SMALL, replaysim
+
+    done = replaysim(tmp_path, *SMALL, "engine.aggregated.prefix_caching=true", "workload.prefix_tokens=32",
+                     "engine.aggregated.kv_offload.num_blocks=64", "engine.aggregated.kv_offload.bandwidth_gb_per_second=25",
+                     "engine.aggregated.kv_offload.bytes_per_token=131072")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["cpu_prefix_cache_hit_rate"] == 0.0 and summary["kv_offload_stored_gb"] > 0

@@ -241,8 +241,8 @@ def build_vllm_batch_nb(
         cached_hits = 0
         if offload:
             code, hits, cached_hits = offload_admission_nb(
-                pc, g, num_ranks, k, t, known, block_size, num_blocks, blocks_used, held, computed,
-                first_admit_ns[k] < 0,
+                pc, g, num_ranks, k, t, known, block_size, num_blocks, rank_max_sequences[g], blocks_used, held,
+                computed, first_admit_ns[k] < 0,
             )
             if code == BLOCKED:
                 break

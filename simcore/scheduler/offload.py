@@ -43,7 +43,22 @@ class OffloadRun:
 
 
 def offload_shape(pool: PoolConfig, num_ranks: int, n: int) -> OffloadShape:
-    """The receiving pool's tier (its ranks come first) over ``num_ranks`` global ranks."""
+    """The receiving pool's tier (its ranks come first) over ``num_ranks`` global ranks.
+
+    Parameters
+    ----------
+    pool : PoolConfig
+        The receiving pool (aggregated, or P/D prefill).
+    num_ranks : int
+        Global ranks of the deployment.
+    n : int
+        Requests.
+
+    Returns
+    -------
+    OffloadShape
+        No tier (capacities all 0) when ``pool.kv_offload`` is None.
+    """
     capacity = np.zeros(num_ranks, dtype=np.int64)
     offload = pool.kv_offload
     if offload is None:
@@ -53,12 +68,34 @@ def offload_shape(pool: PoolConfig, num_ranks: int, n: int) -> OffloadShape:
 
 
 def offload_state(shape: OffloadShape) -> np.ndarray:
-    """A fresh kernel state (a header and empty ranks only when there is no tier)."""
+    """A fresh kernel state (a header and empty ranks only when there is no tier).
+
+    Parameters
+    ----------
+    shape : OffloadShape
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        The third member of the prefix-cache tuple (``simcore.scheduler.offload_nb``).
+    """
     return allocate_offload(shape.capacity, shape.n if shape.enabled else 0, shape.block_ns)
 
 
 def offload_results(shape: OffloadShape, state: np.ndarray) -> OffloadRun | None:
-    """The tier's results out of its state after a run (None without a tier)."""
+    """The tier's results out of its state after a run.
+
+    Parameters
+    ----------
+    shape : OffloadShape
+    state : ndarray(int64, ndim=1)
+        The kernel state after the run.
+
+    Returns
+    -------
+    OffloadRun or None
+        None without a tier.
+    """
     if not shape.enabled:
         return None
     requests = state[state[O_REQUESTS] : state[O_REQUESTS] + Q_WIDTH * shape.n].reshape(shape.n, Q_WIDTH)

@@ -15,8 +15,9 @@ CPU map (``identity x num_ranks + rank`` -> CPU slot) reuses them.  Parts:
 
 * the map; per CPU slot (``C_*``): key, pin count (loads reading it), links
   in its rank's LRU list (head: least recently used); a stack of unused slots;
-* per rank (``R_*``): LRU head, tail, blocks held, capacity (0: no tier) and
-  the instant its copy stream is free (loads run one after another);
+* per rank (``R_*``): LRU head, tail, blocks held, capacity (0: no tier), the
+  instant its copy stream is free (loads run one after another) and the loads
+  in flight;
 * per request (``Q_*``): load state, GPU hits and blocks covered at the load,
   next prompt block to store, CPU tokens at the first admission, load time;
 * a heap of load ends (instant, request) and the blocks moved each way.
@@ -67,7 +68,8 @@ R_TAIL = 1
 R_USED = 2
 R_CAPACITY = 3
 R_LOAD_FREE = 4
-R_WIDTH = 5
+R_LOADING = 5  # requests whose load is in flight
+R_WIDTH = 6
 
 Q_STATE = 0
 Q_HITS = 1  # GPU hits at the load, blocks
@@ -127,7 +129,19 @@ def allocate_offload(capacity: np.ndarray, n: int, block_ns: int) -> np.ndarray:
 
 @njit(cache=True)
 def offload_enabled_nb(pc, g):
-    """Whether rank g has a CPU tier."""
+    """Whether rank g has a CPU tier.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix cache ``(state, ident, offload state)``.
+    g : int
+        Global rank.
+
+    Returns
+    -------
+    bool
+    """
     o = pc[2]
     return o[o[O_RANKS] + R_WIDTH * g + R_CAPACITY] > 0
 
@@ -172,10 +186,12 @@ def _touch_nb(o, rank, ident, first, count, key_rank, num_ranks):
 
 
 @njit(cache=True)
-def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, blocks_used, held, computed, first):
+def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, max_loads, blocks_used, held, computed,
+                         first):
     """Waiting request k reached by rank g's admission loop at t: its CPU-tier step.
 
-    A request with nothing computed looks up its GPU hits (``kv_hits_nb``),
+    A request with nothing computed is passed over while ``max_loads`` loads
+    are in flight on the rank (vLLM's back-pressure); else it looks up its GPU hits (``kv_hits_nb``),
     touches its CPU-resident prompt blocks, and counts the CPU blocks that
     continue its GPU hit.  With at least one, the request takes its GPU hits,
     allocates a GPU block for each CPU block and starts their load (behind the
@@ -198,6 +214,8 @@ def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, 
         Tokens of request k known so far, tokens.
     block_size, num_blocks : int
         Tokens per block and GPU blocks of rank g.
+    max_loads : int
+        Loads in flight at most (vLLM: ``max_num_seqs``), requests.
     blocks_used, held, computed : ndarray(int64, ndim=1)
         GPU blocks in use per rank, blocks held and tokens computed per request; updated.
     first : bool
@@ -229,12 +247,14 @@ def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, 
         return PROCEED, 0, 0
     if state == LOADED and computed[k] > 0:
         return PROCEED, 0, 0  # loaded earlier, its admission did not fit then
+    rank = o[O_RANKS] + R_WIDTH * g
+    if o[rank + R_LOADING] >= max_loads:
+        return SKIP, 0, 0
     hits, cached = kv_hits_nb(pc, g, num_ranks, k, known, block_size)
     s = pc[0]
     ident = pc[1]
     first_block = s[s[HDR_OFFSET] + k]
     count = s[s[HDR_OFFSET] + k + 1] - first_block
-    rank = o[O_RANKS] + R_WIDTH * g
     _touch_nb(o, rank, ident, first_block, count, g, num_ranks)
     loads = 0
     pinned = False
@@ -260,6 +280,7 @@ def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, 
     start = max(t, o[rank + R_LOAD_FREE])
     end = start + max(np.int64(1), loads * o[O_BLOCK_NS])
     o[rank + R_LOAD_FREE] = end
+    o[rank + R_LOADING] += 1
     o[q + Q_STATE] = LOADING
     o[q + Q_HITS] = hits
     o[q + Q_UPTO] = hits + loads
@@ -285,7 +306,19 @@ def _heap_push_nb(o, key, value):
 
 @njit(cache=True)
 def offload_next_event_nb(pc, t):
-    """The earlier of ``t`` and the first load end, ns."""
+    """The earlier of ``t`` and the first load end, ns.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix cache.
+    t : int
+        The earliest other event, ns.
+
+    Returns
+    -------
+    int
+    """
     o = pc[2]
     if o[O_HEAP_SIZE] > 0 and o[o[O_HEAP_KEY]] < t:
         return o[o[O_HEAP_KEY]]
@@ -307,6 +340,11 @@ def offload_loads_end_nb(pc, t, num_ranks, recv_rank):
         Global ranks.
     recv_rank : ndarray(int64, ndim=1)
         Per request, the rank that holds its cache.
+
+    Returns
+    -------
+    bool
+        Whether a load ended at t.
     """
     o = pc[2]
     ended = False
@@ -322,6 +360,7 @@ def offload_loads_end_nb(pc, t, num_ranks, recv_rank):
         o[q + Q_STATE] = READY
         first_block = s[s[HDR_OFFSET] + k]
         g = recv_rank[k]
+        o[o[O_RANKS] + R_WIDTH * g + R_LOADING] -= 1
         for j in range(o[q + Q_HITS], o[q + Q_UPTO]):
             slot = _map_find_nb(o, ident[first_block + j] * num_ranks + g)
             o[slots + C_WIDTH * slot + C_PINS] -= 1

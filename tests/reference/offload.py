@@ -11,7 +11,8 @@ counted at the first admission) and ``load_ns`` (issue to end, summed).
 Decisions (vLLM's OffloadingConnector and LRUOffloadingManager):
 
 - Admission, for each waiting request in queue order while running < max_sequences
-  and budget > 0: "loading" -> passed over; "ready" -> computed = upto*bs (minus 1
+  and budget > 0: "loading" -> passed over; nothing computed while max_sequences
+  loads are in flight on the rank -> passed over; "ready" -> computed = upto*bs (minus 1
   if that is every known token), blocks registered up to computed // bs, then
   "loaded"; "loaded" with computed > 0 -> admitted like any request if computed + n
   fits (else head-of-line stop).  Otherwise (nothing computed): GPU hits h, touch
@@ -44,6 +45,7 @@ class CpuTier:
         self.capacity = capacity
         self.blocks = OrderedDict()  # identity -> pins; head = least recently used
         self.load_free = 0
+        self.loading = 0  # loads in flight
 
     def touch(self, idents):
         for ident in reversed(idents):
@@ -97,6 +99,7 @@ class OffloadMixin:
             req = self.requests[row]
             req.off_state = "ready"
             cpu = self.workers[req.worker].ranks[req.rank].cpu
+            cpu.loading -= 1
             for ident in req.idents[req.off_hits:req.off_upto]:
                 cpu.blocks[ident] -= 1
             progressed = True
@@ -133,6 +136,9 @@ class OffloadMixin:
                 B -= n
                 continue
             assert req.held_blocks == 0 and not req.blocks and req.computed == 0
+            if cpu.loading >= pool.max_sequences:  # vLLM's back-pressure on loads
+                i += 1
+                continue
             hits = self.lookup_hits(pool, rank, req)
             h = len(hits)
             cpu.touch(req.idents)
@@ -155,6 +161,7 @@ class OffloadMixin:
                 start = max(self.now, cpu.load_free)
                 end = start + max(1, c * self.block_ns)
                 cpu.load_free = end
+                cpu.loading += 1
                 req.off_state = "loading"
                 req.off_hits, req.off_upto, req.off_next_stored = h, h + c, h + c
                 req.load_ns += end - self.now
