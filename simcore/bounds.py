@@ -50,9 +50,9 @@ SLOT_BYTES = 24
 #: Bytes per prefix-cache slot: its six fields, its place in the free stack and
 #: its share of the hash map (under 4 buckets of 16 bytes).
 CACHE_SLOT_BYTES = 120
-#: The CPU tier (simcore.scheduler.offload_nb): per CPU block 4 fields, a free-stack
+#: The CPU tier (simcore.scheduler.offload_nb): per CPU block 6 fields, a free-stack
 #: entry and up to 4 map words; per request 6 fields and 2 heap words.
-OFFLOAD_SLOT_BYTES = 72
+OFFLOAD_SLOT_BYTES = 88
 OFFLOAD_REQUEST_BYTES = 64
 #: Bytes per prompt block with prefix caching: its identity and the slot backing it.
 PREFIX_BLOCK_BYTES = 16

@@ -31,6 +31,15 @@ from numba import njit
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
 from simcore.scheduler.kv_nb import (
     HDR_OFFSET,
+    HDR_SLOTS,
+    R_CACHED,
+    R_HEAD,
+    R_TAIL,
+    S_NEXT,
+    S_REF,
+    SLOT_WIDTH,
+    _lru_push_tail_nb,
+    _lru_remove_nb,
     _map_delete_nb,
     _map_find_nb,
     _map_insert_nb,
@@ -40,13 +49,14 @@ from simcore.scheduler.kv_nb import (
     kv_take_hits_nb,
 )
 
-# Header; slots 1, 2 and 4 are where kv_nb's map functions find mask, shift, map.
+# Header; slots 1, 2, 4 and 5 are where kv_nb's map and LRU functions find the
+# mask, shift, map and slots, which they serve here too.
 O_FREE_TOP = 0
 O_MAP_MASK = 1
 O_MAP_SHIFT = 2
 O_HEAP_SIZE = 3
 O_MAP = 4
-O_SLOTS = 5
+O_SLOTS = HDR_SLOTS
 O_FREE = 6
 O_RANKS = 7
 O_REQUESTS = 8
@@ -57,15 +67,15 @@ O_LOADED = 12  # blocks copied CPU -> GPU
 O_STORED = 13  # blocks copied GPU -> CPU
 OHEADER = 14
 
+# A CPU slot is laid out as a kv_nb slot: its key, its pins (loads reading it)
+# where kv_nb keeps references, its LRU links; a rank starts as kv_nb's (head,
+# tail, blocks in the LRU: every block of the tier).
 C_KEY = 0
-C_PINS = 1
-C_PREV = 2
-C_NEXT = 3
-C_WIDTH = 4
+C_PINS = S_REF
+C_NEXT = S_NEXT
+C_WIDTH = SLOT_WIDTH
 
-R_HEAD = 0
-R_TAIL = 1
-R_USED = 2
+R_USED = R_CACHED
 R_CAPACITY = 3
 R_LOAD_FREE = 4
 R_LOADING = 5  # requests whose load is in flight
@@ -147,42 +157,14 @@ def offload_enabled_nb(pc, g):
 
 
 @njit(cache=True)
-def _unlink_nb(o, rank, slot):
-    slots = o[O_SLOTS]
-    at = slots + C_WIDTH * slot
-    prev, nxt = o[at + C_PREV], o[at + C_NEXT]
-    if prev >= 0:
-        o[slots + C_WIDTH * prev + C_NEXT] = nxt
-    else:
-        o[rank + R_HEAD] = nxt
-    if nxt >= 0:
-        o[slots + C_WIDTH * nxt + C_PREV] = prev
-    else:
-        o[rank + R_TAIL] = prev
-
-
-@njit(cache=True)
-def _push_tail_nb(o, rank, slot):
-    slots = o[O_SLOTS]
-    tail = o[rank + R_TAIL]
-    o[slots + C_WIDTH * slot + C_PREV] = tail
-    o[slots + C_WIDTH * slot + C_NEXT] = -1
-    if tail >= 0:
-        o[slots + C_WIDTH * tail + C_NEXT] = slot
-    else:
-        o[rank + R_HEAD] = slot
-    o[rank + R_TAIL] = slot
-
-
-@njit(cache=True)
 def _touch_nb(o, rank, ident, first, count, key_rank, num_ranks):
     """Move the resident ones of prompt blocks ``0 .. count-1`` to the MRU end,
     last block first, so that a prefix outlives its tails (LRU ``touch``)."""
     for j in range(count - 1, -1, -1):
         slot = _map_find_nb(o, ident[first + j] * num_ranks + key_rank)
         if slot >= 0 and o[rank + R_TAIL] != slot:
-            _unlink_nb(o, rank, slot)
-            _push_tail_nb(o, rank, slot)
+            _lru_remove_nb(o, rank, slot)
+            _lru_push_tail_nb(o, rank, slot)
 
 
 @njit(cache=True)
@@ -403,11 +385,10 @@ def _store_nb(pc, g, num_ranks, k, tokens, block_size):
             at = slots + C_WIDTH * slot
             nxt = o[at + C_NEXT]
             if o[at + C_PINS] == 0:
-                _unlink_nb(o, rank, slot)
+                _lru_remove_nb(o, rank, slot)
                 _map_delete_nb(o, o[at + C_KEY])
                 o[o[O_FREE] + o[O_FREE_TOP]] = slot
                 o[O_FREE_TOP] += 1
-                o[rank + R_USED] -= 1
                 evict -= 1
             slot = nxt
     for j in range(start, upto):
@@ -418,8 +399,7 @@ def _store_nb(pc, g, num_ranks, k, tokens, block_size):
             o[slots + C_WIDTH * slot + C_KEY] = key
             o[slots + C_WIDTH * slot + C_PINS] = 0
             _map_insert_nb(o, key, slot)
-            _push_tail_nb(o, rank, slot)
-            o[rank + R_USED] += 1
+            _lru_push_tail_nb(o, rank, slot)
             o[O_STORED] += 1
     o[q + Q_NEXT_STORED] = upto
     if new > 0:
