@@ -134,12 +134,12 @@ class Prepared:
         return self.client.detok_mode
 
     def prefix_cache(self) -> tuple:
-        """The prefix-cache state tuple: ``(state, ident)`` of ``kv_nb`` and the CPU tier's state."""
-        return allocate_prefix_cache(*self.cache_shape) + (offload_state(self.offload_shape),)
+        """The prefix-cache state tuple ``(state, ident)`` of ``kv_nb``, the CPU tier's state at the state's tail."""
+        return allocate_prefix_cache(*self.cache_shape, tail=offload_state(self.offload_shape))
 
-    def with_offload(self, run: EngineRun, offload: np.ndarray) -> EngineRun:
-        """``run`` with the CPU tier's results read from its kernel state ``offload``."""
-        run.offload = offload_results(self.offload_shape, offload)
+    def with_offload(self, run: EngineRun, state: np.ndarray) -> EngineRun:
+        """``run`` with the CPU tier's results read from the prefix-cache ``state`` after the run."""
+        run.offload = offload_results(self.offload_shape, state)
         return run
 
     def kernel_args(self, buffers: Buffers, prefix_cache: tuple) -> tuple:
@@ -256,7 +256,7 @@ def run_prepared(
             itl_include = itl_rerun_mask(prep, buffers)
             if itl_include is not None:
                 continue
-        return prep.with_offload(finish(prep, buffers, status, rows, num_emitted), cache[2])
+        return prep.with_offload(finish(prep, buffers, status, rows, num_emitted), cache[0])
 
 
 def _kernel_with_progress(args: tuple, progress: np.ndarray, total: int, on_progress: ProgressCallback):

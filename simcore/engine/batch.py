@@ -194,7 +194,7 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
             runs.append(run_prepared(prep, itl_include))
             continue
         run = finish(prep, row, int(status[c, 0]), int(status[c, 1]), int(status[c, 2]))
-        runs.append(prep.with_offload(run, prefix_cache[2][c]))
+        runs.append(prep.with_offload(run, prefix_cache[0][c]))
     return runs
 
 

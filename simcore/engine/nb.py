@@ -48,7 +48,7 @@ from numba.extending import intrinsic
 
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_release_nb
-from simcore.scheduler.offload_nb import O_HEAP_SIZE, offload_loads_end_nb, offload_next_event_nb
+from simcore.scheduler.offload_nb import offload_loads_end_nb, offload_loads_pending_nb, offload_next_event_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
     batch_summary_nb,
@@ -431,7 +431,7 @@ def _replay_nb(
             t = arr_key[0]
         if xfer_size > 0 and xfer_key[0] < t:
             t = xfer_key[0]
-        if prefix_cache[2][O_HEAP_SIZE] > 0:  # CPU -> GPU load ends
+        if offload_loads_pending_nb(prefix_cache):  # CPU -> GPU load ends
             t = offload_next_event_nb(prefix_cache, t)
         if closed_loop:
             if send_size > 0 and next_row < n and send_key[0] < t:
@@ -608,7 +608,7 @@ def _replay_nb(
                 )
 
             # (d) CPU -> GPU KV loads ending at t (docs/prefix-caching.md).
-            if prefix_cache[2][O_HEAP_SIZE] > 0 and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
+            if offload_loads_pending_nb(prefix_cache) and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
                 progressed = True
 
         # (e) idle workers with work start passes, by worker index; an

@@ -68,7 +68,8 @@ def offload_shape(pool: PoolConfig, num_ranks: int, n: int) -> OffloadShape:
 
 
 def offload_state(shape: OffloadShape) -> np.ndarray:
-    """A fresh kernel state (a header and empty ranks only when there is no tier).
+    """A fresh kernel state (a header and empty ranks only when there is no tier),
+    the tail of the prefix-cache state (``allocate_prefix_cache(..., tail=)``).
 
     Parameters
     ----------
@@ -77,7 +78,7 @@ def offload_state(shape: OffloadShape) -> np.ndarray:
     Returns
     -------
     ndarray(int64, ndim=1)
-        The third member of the prefix-cache tuple (``simcore.scheduler.offload_nb``).
+        The state of ``simcore.scheduler.offload_nb``.
     """
     return allocate_offload(shape.capacity, shape.n if shape.enabled else 0, shape.block_ns)
 
@@ -89,7 +90,7 @@ def offload_results(shape: OffloadShape, state: np.ndarray) -> OffloadRun | None
     ----------
     shape : OffloadShape
     state : ndarray(int64, ndim=1)
-        The kernel state after the run.
+        The prefix-cache state after the run (the tier at its tail).
 
     Returns
     -------
@@ -98,6 +99,7 @@ def offload_results(shape: OffloadShape, state: np.ndarray) -> OffloadRun | None
     """
     if not shape.enabled:
         return None
+    state = state[state[-1] : -1]
     requests = state[state[O_REQUESTS] : state[O_REQUESTS] + Q_WIDTH * shape.n].reshape(shape.n, Q_WIDTH)
     return OffloadRun(
         cpu_cached_tokens=requests[:, Q_CPU_FIRST].copy(),

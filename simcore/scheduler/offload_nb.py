@@ -8,8 +8,10 @@ queue (later requests may be admitted meanwhile), and it is scheduled once the
 load has ended.
 
 Contract as in ``simcore.scheduler.kv_nb``: ``@njit(cache=True)`` functions
-over one int64 state array, the third member of the prefix-cache tuple ``pc``
-(``pc[2]``), at the offsets its header gives.  The header puts the probe mask,
+over one int64 state array at the offsets its header gives: the tail of the
+prefix-cache state ``pc[0]`` (``allocate_prefix_cache(..., tail=...)``; its
+last word gives where the tier starts), so that the cache stays one tuple of
+two arrays for every ``kv_*`` call (numba counts references to each).  The header puts the probe mask,
 hash shift and map offset where ``kv_nb``'s map functions read them, so the
 CPU map (``identity x num_ranks + rank`` -> CPU slot) reuses them.  Parts:
 
@@ -138,13 +140,47 @@ def allocate_offload(capacity: np.ndarray, n: int, block_ns: int) -> np.ndarray:
 
 
 @njit(cache=True)
+def tier_nb(pc):
+    """The CPU tier's state: a view of the tail of the prefix-cache state.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix cache ``(state, ident)``.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
+    s = pc[0]
+    return s[s[s.shape[0] - 1] : s.shape[0] - 1]
+
+
+@njit(cache=True, inline="always")
+def offload_loads_pending_nb(pc):
+    """Whether a load is in flight on any rank (inlined: the event loop asks at every instant).
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix cache ``(state, ident)``.
+
+    Returns
+    -------
+    bool
+    """
+    s = pc[0]
+    return s[s[s.shape[0] - 1] + O_HEAP_SIZE] > 0
+
+
+@njit(cache=True)
 def offload_enabled_nb(pc, g):
     """Whether rank g has a CPU tier.
 
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix cache ``(state, ident, offload state)``.
+        The prefix cache ``(state, ident)``.
     g : int
         Global rank.
 
@@ -152,7 +188,7 @@ def offload_enabled_nb(pc, g):
     -------
     bool
     """
-    o = pc[2]
+    o = tier_nb(pc)
     return o[o[O_RANKS] + R_WIDTH * g + R_CAPACITY] > 0
 
 
@@ -185,7 +221,7 @@ def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, 
     Parameters
     ----------
     pc : tuple of ndarray(int64, ndim=1)
-        The prefix cache ``(state, ident, offload state)``; updated.
+        The prefix cache ``(state, ident)`` (the tier at the state's tail); updated.
     g, num_ranks : int
         Global rank and global ranks.
     k : int
@@ -211,7 +247,7 @@ def offload_admission_nb(pc, g, num_ranks, k, t, known, block_size, num_blocks, 
         With ``PROCEED`` for a request with nothing computed: its GPU hits and
         how many of them are cached (as ``kv_hits_nb``); else 0.
     """
-    o = pc[2]
+    o = tier_nb(pc)
     q = o[O_REQUESTS] + Q_WIDTH * k
     state = o[q + Q_STATE]
     if state == LOADING:
@@ -301,7 +337,7 @@ def offload_next_event_nb(pc, t):
     -------
     int
     """
-    o = pc[2]
+    o = tier_nb(pc)
     if o[O_HEAP_SIZE] > 0 and o[o[O_HEAP_KEY]] < t:
         return o[o[O_HEAP_KEY]]
     return t
@@ -328,7 +364,7 @@ def offload_loads_end_nb(pc, t, num_ranks, recv_rank):
     bool
         Whether a load ended at t.
     """
-    o = pc[2]
+    o = tier_nb(pc)
     ended = False
     keys, vals = _heap_nb(o)
     s = pc[0]
@@ -356,7 +392,7 @@ def _store_nb(pc, g, num_ranks, k, tokens, block_size):
     evicting unpinned blocks from the LRU head; if too few can be evicted the
     store is skipped (and retried at the request's next pass)."""
     s = pc[0]
-    o = pc[2]
+    o = tier_nb(pc)
     ident = pc[1]
     q = o[O_REQUESTS] + Q_WIDTH * k
     first_block = s[s[HDR_OFFSET] + k]
