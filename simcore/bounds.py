@@ -50,6 +50,10 @@ SLOT_BYTES = 24
 #: Bytes per prefix-cache slot: its six fields, its place in the free stack and
 #: its share of the hash map (under 4 buckets of 16 bytes).
 CACHE_SLOT_BYTES = 120
+#: The CPU tier (simcore.scheduler.offload_nb): per CPU block 6 fields, a free-stack
+#: entry and up to 4 map words; per request 6 fields and 2 heap words.
+OFFLOAD_SLOT_BYTES = 88
+OFFLOAD_REQUEST_BYTES = 64
 #: Bytes per prompt block with prefix caching: its identity and the slot backing it.
 PREFIX_BLOCK_BYTES = 16
 #: The largest z-score a float64 normal draw reaches in any realistic run
@@ -347,6 +351,10 @@ def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
             prompt_blocks = size.num_requests + size.total_input // pool.block_size  # identities, offsets
             terms.append((f"{ranks} x num_blocks={pool.num_blocks}", cache_slots * CACHE_SLOT_BYTES))
             terms.append((f"{size.input_label} (prefix blocks)", prompt_blocks * PREFIX_BLOCK_BYTES))
+        if pool.kv_offload is not None:  # the CPU tier's slots and map, its per-request records
+            terms.append((f"{ranks} x kv_offload.num_blocks={pool.kv_offload.num_blocks}",
+                          pool.kv_offload.num_blocks * pool.num_ranks * OFFLOAD_SLOT_BYTES))
+            terms.append((size.count_label + " (CPU-tier records)", size.num_requests * OFFLOAD_REQUEST_BYTES))
     if cfg.workload.source == "shared_prefix":
         sp = cfg.workload.shared_prefix
         terms.append((f"workload.shared_prefix.num_groups={sp.num_groups} x num_prompts_per_group="
@@ -388,6 +396,12 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
         passes = float(_passes(pool, size))
         each = f" x {passes:.4g} passes ({size.origin})"
         terms.append((f"{passes:.4g} passes of >= 1 ns ({size.origin})", passes * 1e-6))
+        if pool.kv_offload is not None:  # loads: each admission loads at most every prompt block
+            offload = pool.kv_offload
+            block_ms = offload.block_ns(pool.block_size) / 1e6
+            terms.append((f"engine.{_pool_names(cfg)[index]}.kv_offload.bandwidth_gb_per_second={offload.bandwidth_gb_per_second!r}"
+                          f" x (requests + passes) x {size.total_input} input tokens",
+                          (size.num_requests + passes) * (total_in / pool.block_size) * max(block_ms, 1e-6)))
         capacity = float(pool.num_blocks) * pool.block_size
         prefill_tokens = min(capacity, float(_largest_budget(pool) or capacity))
         if t.type == "fixed":

@@ -47,6 +47,8 @@ _POOL_DEFAULTS = {
     "async_scheduling": False,
     # how a worker spreads its requests over its attention-DP ranks (docs/routing.md)
     "rank_policy": "round_robin",
+    # vllm policy with prefix_caching: a CPU tier of KV blocks (docs/prefix-caching.md)
+    "kv_offload": {"num_blocks": None, "bandwidth_gb_per_second": None, "bytes_per_token": None},
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -142,9 +144,9 @@ DEFAULTS: dict[str, Any] = {
         "mode": "aggregated",
         "policy": "vllm",
         # Separate copies: deepcopy would keep one shared dict shared.
-        "aggregated": dict(_POOL_DEFAULTS),
-        "prefill": dict(_POOL_DEFAULTS),
-        "decode": dict(_POOL_DEFAULTS),
+        "aggregated": copy.deepcopy(_POOL_DEFAULTS),
+        "prefill": copy.deepcopy(_POOL_DEFAULTS),
+        "decode": copy.deepcopy(_POOL_DEFAULTS),
         "kv_transfer": {"bandwidth_gb_per_second": None, "bytes_per_token": None},
         # Routing over workers (docs/routing.md): the receiving pool (aggregated
         # or P/D prefill), then the P/D decode pool; weights of prefix_aware's
@@ -472,6 +474,7 @@ class PoolConfig:
     prefix_caching: bool  # aggregated or prefill pool (docs/prefix-caching.md)
     async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
     rank_policy: str = "round_robin"  # RANK_POLICIES (docs/routing.md)
+    kv_offload: "KVOffloadConfig | None" = None  # CPU tier (docs/prefix-caching.md); None: none
 
     @property
     def num_ranks(self) -> int:
@@ -887,6 +890,7 @@ def _pool(
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
         rank_policy=_choice(f"{prefix}.rank_policy", raw["rank_policy"], RANK_POLICIES),
+        kv_offload=_kv_offload(prefix, raw, block_size),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1155,6 +1159,43 @@ def _router(raw: Mapping[str, Any], decode_raw: Mapping[str, Any]) -> RouterConf
         decode_policy=_choice("engine.decode_router.policy", decode_raw["policy"], DECODE_ROUTER_POLICIES),
         weights=tuple(_number(f"engine.router.weights.{key}", weights[key]) for key in ROUTER_WEIGHTS),
     )
+
+
+@dataclass(frozen=True)
+class KVOffloadConfig:
+    """A rank's CPU tier of KV blocks (vLLM's OffloadingConnector, docs/prefix-caching.md)."""
+
+    num_blocks: int  # CPU blocks per rank, at the pool's block_size
+    bandwidth_gb_per_second: float  # each direction, GB/s
+    bytes_per_token: float  # KV bytes per token
+
+    def block_ns(self, block_size: int) -> int:
+        """One block's copy, ns: rint(block_size x bytes_per_token / (bandwidth x 1e9) x 1e9)."""
+        return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
+
+
+def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int) -> KVOffloadConfig | None:
+    """All three keys set (a CPU tier) or all null (none); only beside prefix caching."""
+    path = f"{prefix}.kv_offload"
+    keys = raw["kv_offload"]
+    if all(value is None for value in keys.values()):
+        return None
+    for key, value in keys.items():
+        if value is None:
+            raise ConfigError(f"{path}.{key} must be set with the other {path} keys (all null: no CPU tier)")
+    if not raw["prefix_caching"]:
+        raise ConfigError(f"{path} needs {prefix}.prefix_caching=true (the CPU tier holds prefix-cache blocks)")
+    if raw["async_scheduling"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
+    offload = KVOffloadConfig(
+        num_blocks=_count(f"{path}.num_blocks", keys["num_blocks"]),
+        bandwidth_gb_per_second=_number(f"{path}.bandwidth_gb_per_second", keys["bandwidth_gb_per_second"], strict=True),
+        bytes_per_token=_number(f"{path}.bytes_per_token", keys["bytes_per_token"], strict=True),
+    )
+    if not block_size * offload.bytes_per_token / (offload.bandwidth_gb_per_second * 1e9) * 1e3 < MAX_INSTANT_MS:
+        raise ConfigError(f"{path}.bandwidth_gb_per_second={offload.bandwidth_gb_per_second!r}: one block's copy "
+                          f"exceeds {MAX_INSTANT_MS:.4g} ms")
+    return offload
 
 
 def _check_combinations(cfg: SimConfig) -> None:

@@ -28,6 +28,7 @@ from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
 from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities
+from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_shape, offload_state
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
@@ -86,6 +87,7 @@ class EngineRun:
     worker_role: np.ndarray
     pass_log: np.ndarray | None
     pass_ms: np.ndarray | None
+    offload: OffloadRun | None = None  # the CPU tier's results (None: no tier)
 
 
 class Buffers(NamedTuple):
@@ -123,6 +125,7 @@ class Prepared:
     cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
     router: Router
     sessions: bool = False  # placement by send sequence number (out.send_seq)
+    offload_shape: OffloadShape | None = None  # the CPU tier (simcore.scheduler.offload)
 
     @property
     def closed(self) -> bool:
@@ -133,7 +136,13 @@ class Prepared:
         return self.client.detok_mode
 
     def prefix_cache(self) -> tuple:
-        return allocate_prefix_cache(*self.cache_shape)
+        """The prefix-cache state tuple ``(state, ident)`` of ``kv_nb``, the CPU tier's state at the state's tail."""
+        return allocate_prefix_cache(*self.cache_shape, tail=offload_state(self.offload_shape))
+
+    def with_offload(self, run: EngineRun, state: np.ndarray) -> EngineRun:
+        """``run`` with the CPU tier's results read from the prefix-cache ``state`` after the run."""
+        run.offload = offload_results(self.offload_shape, state)
+        return run
 
     def kernel_args(self, buffers: Buffers, prefix_cache: tuple) -> tuple:
         """Positional arguments of ``simulate_engine_nb`` (and, stacked, ``simulate_batch_nb``)."""
@@ -240,7 +249,8 @@ def run_prepared(
             buffers.receipts[STREAM_INCLUDE][:] = itl_include
         if prep.send is not None:
             buffers.send_ns[:] = prep.send
-        args = prep.kernel_args(buffers, prep.prefix_cache())
+        cache = prep.prefix_cache()
+        args = prep.kernel_args(buffers, cache)
         if on_progress is None:
             status, rows, num_emitted = nb.simulate_engine_nb(*args)
         else:
@@ -252,7 +262,7 @@ def run_prepared(
             itl_include = itl_rerun_mask(prep, buffers)
             if itl_include is not None:
                 continue
-        return finish(prep, buffers, status, rows, num_emitted)
+        return prep.with_offload(finish(prep, buffers, status, rows, num_emitted), cache[0])
 
 
 def _kernel_with_progress(args: tuple, progress: np.ndarray, total: int, on_progress: ProgressCallback):
@@ -444,6 +454,7 @@ def prepare(
         rank_worker=rank_worker,
         cache_shape=(num_slots, len(ranks.policy), ident_offset, ident),
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
+        offload_shape=offload_shape(receiving, len(ranks.policy), n),
     )
 
 

@@ -78,6 +78,8 @@ def shape_of(prep: Prepared) -> dict[str, object]:
     shape["prefix-cache state sizes (prefix_caching, num_blocks, prompt blocks)"] = (
         num_slots, num_ranks, ident_offset.shape[0], ident.shape[0]
     )
+    offload = prep.offload_shape
+    shape["CPU-tier sizes (kv_offload.num_blocks per rank, requests)"] = (offload.capacity.tobytes(), offload.n)
     return shape
 
 
@@ -192,7 +194,8 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
         if itl_include is not None:  # bounded mode with incomplete requests
             runs.append(run_prepared(prep, itl_include))
             continue
-        runs.append(finish(prep, row, int(status[c, 0]), int(status[c, 1]), int(status[c, 2])))
+        run = finish(prep, row, int(status[c, 0]), int(status[c, 1]), int(status[c, 2]))
+        runs.append(prep.with_offload(run, prefix_cache[0][c]))
     return runs
 
 

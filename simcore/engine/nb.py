@@ -56,6 +56,7 @@ from numba.extending import intrinsic
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb
+from simcore.scheduler.offload_nb import offload_loads_end_nb, offload_loads_pending_nb, offload_next_event_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
     batch_summary_nb,
@@ -498,6 +499,8 @@ def _replay_nb(
             t = arr_key[0]
         if xfer_size > 0 and xfer_key[0] < t:
             t = xfer_key[0]
+        if offload_loads_pending_nb(prefix_cache):  # CPU -> GPU load ends
+            t = offload_next_event_nb(prefix_cache, t)
         if closed_loop:
             if send_size > 0 and next_row < n and send_key[0] < t:
                 t = send_key[0]
@@ -767,6 +770,10 @@ def _replay_nb(
                     route_leave_nb(route, k, g)
                 if session_mode and reject_ns[k] == t:
                     send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+
+            # (d) CPU -> GPU KV loads ending at t (docs/prefix-caching.md).
+            if offload_loads_pending_nb(prefix_cache) and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
+                progressed = True
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next

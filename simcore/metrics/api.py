@@ -16,7 +16,7 @@ from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import (
-    DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, summary_key,
+    CACHE_TIERS, DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, summary_key,
 )
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform, string_array
@@ -121,6 +121,7 @@ def requests_table(
         "generated_tokens": run.generated,
         "num_preemptions": run.num_preemptions,
         "cached_tokens": pa.array(run.cached_tokens, mask=run.first_admit_ns == NOT_YET),
+        **_tier_columns(run),
         "send_ms": _instant_ms(run.send_ns),
         "engine_arrival_ms": _instant_ms(run.arrival_ns),
         "first_admit_ms": _instant_ms(run.first_admit_ns),
@@ -344,6 +345,7 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         "total_token_throughput": per_second(total_input + total_output),
         "request_goodput": _goodput(cols, metrics.goodput, per_second),
         "prefix_cache_hit_rate": _hit_rate(run, input_tokens),
+        **_tier_summary(run, input_tokens),
     }
     for metric in DISTRIBUTIONS:
         if metric.column is None:  # pooled over token gaps
@@ -377,6 +379,36 @@ def _hit_rate(run: EngineRun, input_tokens: np.ndarray) -> float | None:
     if not admitted.any():
         return None
     return float(run.cached_tokens[admitted].sum() / input_tokens[admitted].sum())
+
+
+def _cpu_cached_tokens(run: EngineRun) -> np.ndarray:
+    return np.zeros_like(run.cached_tokens) if run.offload is None else run.offload.cpu_cached_tokens
+
+
+def _tier_columns(run: EngineRun) -> dict[str, pa.Array]:
+    """``cached_tokens`` split by tier (GPU, CPU) and the CPU -> GPU load time."""
+    never = run.first_admit_ns == NOT_YET
+    cpu = _cpu_cached_tokens(run)
+    load_ns = np.zeros_like(cpu) if run.offload is None else run.offload.kv_load_ns
+    return {
+        "gpu_cached_tokens": pa.array(run.cached_tokens - cpu, mask=never),
+        "cpu_cached_tokens": pa.array(cpu, mask=never),
+        "kv_load_ms": pa.array(load_ns / 1e6, mask=load_ns == 0),
+    }
+
+
+def _tier_summary(run: EngineRun, input_tokens: np.ndarray) -> dict[str, float | None]:
+    """The summary figures of ``CACHE_TIERS`` (all null without a CPU tier)."""
+    admitted = run.first_admit_ns != NOT_YET
+    if run.offload is None or not admitted.any():
+        return {metric.name: None for metric in CACHE_TIERS}
+    prompt = input_tokens[admitted].sum()
+    cpu = run.offload.cpu_cached_tokens[admitted].sum()
+    return dict(zip(
+        (metric.name for metric in CACHE_TIERS),
+        (float((run.cached_tokens[admitted].sum() - cpu) / prompt), float(cpu / prompt),
+         run.offload.loaded_bytes / 1e9, run.offload.stored_bytes / 1e9),
+    ))
 
 
 def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | None:

@@ -67,6 +67,25 @@ E2EL = Distribution(
 #: In ``vllm bench serve``'s order (``--percentile-metrics ttft,tpot,itl,e2el``).
 DISTRIBUTIONS = (TTFT, TPOT, ITL, E2EL)
 BY_NAME = {metric.name: metric for metric in DISTRIBUTIONS}
+
+@dataclass(frozen=True)
+class CacheTierMetric:
+    """A summary figure of the KV-cache tiers (docs/prefix-caching.md): ``formula`` over admitted requests."""
+
+    name: str
+    unit: str
+    formula: str
+
+
+#: Summary keys of the cache tiers, after ``prefix_cache_hit_rate`` (the tiers
+#: are null without a CPU tier, ``kv_offload``).
+CACHE_TIERS = (
+    CacheTierMetric("gpu_prefix_cache_hit_rate", "", "sum gpu_cached_tokens / sum input_tokens"),
+    CacheTierMetric("cpu_prefix_cache_hit_rate", "", "sum cpu_cached_tokens / sum input_tokens"),
+    CacheTierMetric("kv_offload_loaded_gb", "GB", "KV bytes copied CPU -> GPU / 1e9"),
+    CacheTierMetric("kv_offload_stored_gb", "GB", "KV bytes copied GPU -> CPU / 1e9"),
+)
+
 #: The statistics every distribution reports besides its percentiles, in summary order.
 STATISTICS = ("mean", "median", "std", "min", "max")
 

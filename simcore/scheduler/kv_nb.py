@@ -73,7 +73,8 @@ RANK_WIDTH = 8
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray):
+def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,
+                          tail: np.ndarray | None = None):
     """The cache state tuple for ``num_slots`` identity-bearing blocks (Python side).
 
     Parameters
@@ -86,6 +87,10 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
         ``n + 1`` offsets of each request's prompt-block identities in ``ident``.
     ident : ndarray(int64, ndim=1)
         Prompt-block identities (>= 0), request by request.
+    tail : ndarray(int64, ndim=1), optional
+        Another module's state, appended after the cache's parts (in the same
+        array: no more arrays per call); the state's last word then holds its
+        offset (``simcore.scheduler.offload_nb``).
 
     Returns
     -------
@@ -98,7 +103,8 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
     total = ident.shape[0]
     sizes = [2 << bits, SLOT_WIDTH * num_slots, num_slots, RANK_WIDTH * num_ranks, max(n, 1), n + 1, total]
     bases = HEADER + np.concatenate([[0], np.cumsum(sizes)])
-    state = np.empty(int(bases[-1]), dtype=np.int64)
+    extra = 0 if tail is None else tail.shape[0] + 1
+    state = np.empty(int(bases[-1]) + extra, dtype=np.int64)
     state[:HEADER] = [num_slots, (1 << bits) - 1, 64 - bits, 0, *bases[:-1]]
     state[bases[0] : bases[1]] = -1
     slots = state[bases[1] : bases[2]].reshape(num_slots, SLOT_WIDTH)
@@ -112,6 +118,9 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
     ranks[:, [R_HEAD, R_TAIL, R_MEMO_REQUEST]] = -1
     state[bases[4] : bases[5]] = 0
     state[bases[5] : bases[6]] = ident_offset
+    if tail is not None:
+        state[bases[-1] : -1] = tail
+        state[-1] = bases[-1]
     return (state, np.ascontiguousarray(ident, dtype=np.int64))
 
 

@@ -20,6 +20,13 @@ from simcore.scheduler.kv_nb import (
     kv_take_hits_nb,
 )
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_match_nb, radix_release_nb
+from simcore.scheduler.offload_nb import (
+    BLOCKED,
+    PROCEED,
+    offload_admission_nb,
+    offload_enabled_nb,
+    offload_store_batch_nb,
+)
 
 POLICY_VLLM = 0
 POLICY_SGLANG = 1
@@ -68,6 +75,19 @@ def _wait_push_front_nb(head, tail, nxt, prv, g, k):
     else:
         tail[g] = k
     head[g] = k
+
+
+@njit(cache=True)
+def _wait_unlink_nb(head, tail, nxt, prv, g, k):
+    """Take request k out of rank g's waiting queue, wherever it is."""
+    if prv[k] >= 0:
+        nxt[prv[k]] = nxt[k]
+    else:
+        head[g] = nxt[k]
+    if nxt[k] >= 0:
+        prv[nxt[k]] = prv[k]
+    else:
+        tail[g] = prv[k]
 
 
 @njit(cache=True)
@@ -201,7 +221,12 @@ def build_vllm_batch_nb(
         sched_n[k] = n_tok
         budget -= n_tok
         i += 1
+    offload = caching and offload_enabled_nb(pc, g)
+    first_admitted = run_len[g]
     if preempted:
+        if offload:
+            offload_store_batch_nb(pc, g, num_ranks, running, run_len, first_admitted, sched_n, computed,
+                                   num_preemptions, block_size)
         return True
     # Blocks still promised to running requests until they complete (no-evict).
     promised = 0
@@ -210,15 +235,26 @@ def build_vllm_batch_nb(
             k = running[g, i]
             promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role) - held[k]
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
-    while wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
-        k = wait_head[g]
+    # With a CPU tier, requests loading their KV stay queued and are passed over.
+    k = wait_head[g]
+    while k >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         known = input_tokens[k] + planned[k]
         hits = 0
         cached_hits = 0
-        start = computed[k]  # 0, or input - 1 for a P/D decode entrant
-        if caching:
+        if offload:
+            code, hits, cached_hits = offload_admission_nb(
+                pc, g, num_ranks, k, t, known, block_size, num_blocks, rank_max_sequences[g], blocks_used, held,
+                computed, first_admit_ns[k] < 0,
+            )
+            if code == BLOCKED:
+                break
+            if code != PROCEED:
+                k = wait_next[k]
+                continue
+        elif caching:
             hits, cached_hits = kv_hits_nb(pc, g, num_ranks, k, known, block_size)
-            start = hits * block_size
+        fresh = computed[k] == 0  # else a P/D decode entrant (input - 1) or a loaded request
+        start = hits * block_size if caching and fresh else computed[k]
         n_tok = min(known - start, budget)
         grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
         if grow + cached_hits > num_blocks - blocks_used[g]:
@@ -228,10 +264,11 @@ def build_vllm_batch_nb(
             if footprint > num_blocks - blocks_used[g] - promised:
                 break
             promised += footprint - grow - hits
-        _wait_pop_front_nb(wait_head, wait_tail, wait_next, wait_prev, g)
+        following = wait_next[k]
+        _wait_unlink_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
         running[g, run_len[g]] = k
         run_len[g] += 1
-        if caching:
+        if caching and fresh:
             kv_take_hits_nb(pc, g, k, hits, blocks_used)
             computed[k] = hits * block_size
             held[k] = hits
@@ -241,9 +278,13 @@ def build_vllm_batch_nb(
             kv_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size)
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
-            cached_tokens[k] = hits * block_size
+            cached_tokens[k] = computed[k]
         sched_n[k] = n_tok
         budget -= n_tok
+        k = following
+    if offload:
+        offload_store_batch_nb(pc, g, num_ranks, running, run_len, first_admitted, sched_n, computed,
+                               num_preemptions, block_size)
     return False
 
 

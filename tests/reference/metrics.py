@@ -83,6 +83,15 @@ def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap
             / float(sum(int(input_tokens[k]) for k in admitted)))
     else:
         out["prefix_cache_hit_rate"] = None
+    # The tiers (docs/prefix-caching.md, CPU offload tier): GPU = cached - CPU; null without one.
+    tiers = ("gpu_prefix_cache_hit_rate", "cpu_prefix_cache_hit_rate", "kv_offload_loaded_gb", "kv_offload_stored_gb")
+    out.update(dict.fromkeys(tiers))
+    if "loaded_bytes" in sim_result and admitted:
+        prompt = float(sum(int(input_tokens[k]) for k in admitted))
+        cpu = sum(reqs[k]["cpu_cached_tokens"] for k in admitted)
+        gpu = sum(reqs[k]["cached_tokens"] for k in admitted) - cpu
+        out.update(zip(tiers, (float(gpu) / prompt, float(cpu) / prompt,
+                               sim_result["loaded_bytes"] / 1e9, sim_result["stored_bytes"] / 1e9)))
 
     # duration: last final receipt of a completed request - first send
     if completed:

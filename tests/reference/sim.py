@@ -156,6 +156,7 @@ import math
 from collections import OrderedDict, deque
 
 from tests.reference.routing import ReferenceRouter
+from tests.reference.offload import OffloadMixin
 
 #: Pool-key defaults per policy, from the table of docs/policies.md.  A key with no
 #: entry for a policy is not used by it (and must be left None).
@@ -322,6 +323,7 @@ class Pool:
             else:
                 resolved[key] = defaults[key] if value is None else value
         self.name = name
+        self.params = params
         self.policy = policy
         self.first_worker = first_worker  # global index of its worker 0
         replicas = params.get("replicas")
@@ -429,7 +431,7 @@ class Worker:
 # ---------------------------------------------------------------- simulator
 
 
-class ReferenceSim:
+class ReferenceSim(OffloadMixin):
     def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
                  hash_ids=None, sessions=None):
         n_rows = len(request_ids)
@@ -553,6 +555,8 @@ class ReferenceSim:
                         len(req.idents), rp.blocks_for(req.input_tokens + req.output_tokens))]
         self.clock = 0  # sglang: access counter of the radix cache
 
+        self.offload_setup(rp)  # the CPU tier (tests/reference/offload.py)
+
         # Pending events.
         #  sends: deque of (t, row), rows in table order with non-decreasing t (SPEC §2)
         #  arrivals: heap of (t, row)  -- tokenization job ends / engine arrivals
@@ -620,6 +624,8 @@ class ReferenceSim:
             candidates.append(self.transfers[0][0])
         if self.receipts:
             candidates.append(self.receipts[0][0])
+        if self.loads:
+            candidates.append(self.offload_next_time())
         return min(candidates) if candidates else None
 
     def run(self):
@@ -635,6 +641,7 @@ class ReferenceSim:
 
     def process_instant(self, t):
         """SPEC §5 equal-time order: repeat (a)-(d) until nothing is left at t, then (e)."""
+        self.now = t
         while True:
             progressed = False
             # (a) pass ends, by global worker index
@@ -666,6 +673,9 @@ class ReferenceSim:
             while self.transfers and self.transfers[0][0] == t:
                 _, _, row = heapq.heappop(self.transfers)
                 self.transfer_end(self.requests[row], t)
+                progressed = True
+            # ... then CPU -> GPU KV loads ending at t (tests/reference/offload.py)
+            if self.offload_loads_end(t):
                 progressed = True
             if not progressed:
                 break
@@ -1015,6 +1025,11 @@ class ReferenceSim:
             promised = sum(pool.footprint(r) - r.held_blocks for r in rank.running)
 
         # Step 2: waiting requests, FIFO, with head-of-line blocking.
+        if self.offload_on(pool):
+            if not preempted:
+                self.offload_admit(pool, rank, batch, admitted, B)
+            self.offload_store_batch(pool, rank, batch, admitted)
+            return batch, preempted, admitted
         while (rank.waiting and len(rank.running) < pool.max_sequences and B > 0
                and not preempted):
             req = rank.waiting[0]
@@ -1464,6 +1479,7 @@ class ReferenceSim:
                 generated_tokens=req.generated,
                 num_preemptions=req.num_preemptions,
                 cached_tokens=req.cached_tokens,  # None if never admitted
+                **self.offload_result(req),
                 send_ns=req.send_ns,
                 arrival_ns=req.arrival_ns,
                 first_admit_ns=req.first_admit_ns,
@@ -1476,7 +1492,8 @@ class ReferenceSim:
                 end_ns=req.end_ns,
             ))
             tokens.append([(emit, recv) for emit, recv, _ in req.tokens])
-        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records)
+        return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
+                    **self.offload_summary())
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None):
