@@ -890,7 +890,7 @@ def _pool(
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
         rank_policy=_choice(f"{prefix}.rank_policy", raw["rank_policy"], RANK_POLICIES),
-        kv_offload=_kv_offload(prefix, raw, block_size),
+        kv_offload=_kv_offload(prefix, raw, block_size, policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1174,7 +1174,7 @@ class KVOffloadConfig:
         return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
 
 
-def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int) -> KVOffloadConfig | None:
+def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int, policy: str) -> KVOffloadConfig | None:
     """All three keys set (a CPU tier) or all null (none); only beside prefix caching."""
     path = f"{prefix}.kv_offload"
     keys = raw["kv_offload"]
@@ -1183,6 +1183,8 @@ def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int) -> KVOfflo
     for key, value in keys.items():
         if value is None:
             raise ConfigError(f"{path}.{key} must be set with the other {path} keys (all null: no CPU tier)")
+    if policy != "vllm":
+        raise ConfigError(f"{path} is modelled for engine.policy=vllm only (vLLM's OffloadingConnector), got {policy}")
     if not raw["prefix_caching"]:
         raise ConfigError(f"{path} needs {prefix}.prefix_caching=true (the CPU tier holds prefix-cache blocks)")
     if raw["async_scheduling"]:

@@ -238,3 +238,11 @@ def test_the_cli_runs_a_cpu_tier(tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["cpu_prefix_cache_hit_rate"] == 0.0 and summary["kv_offload_stored_gb"] > 0
+
+
+@pytest.mark.parametrize("policy", ["sglang", "trtllm"])
+def test_offload_on_another_policy_is_refused(policy):
+    # Their prefix caches exist, but the CPU tier is vLLM's connector only.
+    pool = {"prefix_caching": True, "kv_offload": {"num_blocks": 4, "bandwidth_gb_per_second": 1.0, "bytes_per_token": 1.0}}
+    with pytest.raises(ConfigError, match=rf"engine\.aggregated\.kv_offload is modelled for engine\.policy=vllm only.*{policy}"):
+        simcore.load_config({"engine": {"policy": policy, "aggregated": pool}})

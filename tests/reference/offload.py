@@ -120,7 +120,7 @@ class OffloadMixin:
                 if tokens == req.known:
                     tokens -= 1
                 req.computed = tokens
-                self.register(pool, rank, req, 0)
+                self.register(pool, rank, req, req.computed)
                 if req.first_admit_ns is None:
                     req.cpu_first = tokens - req.off_hits * bs
                 req.off_state = "loaded"
