@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from simcore import enums
+from simcore.arrow_np import to_arrow
 from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
@@ -101,7 +102,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
     """
     run = cols.run
     status = pa.DictionaryArray.from_arrays(
-        pa.array(cols.status, type=pa.int8()), string_array(list(STATUS_NAMES))
+        to_arrow(cols.status, pa.int8()), string_array(list(STATUS_NAMES))
     )
     data = {
         "request_id": request_id,
@@ -113,7 +114,7 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "output_tokens": output_tokens,
         "generated_tokens": run.generated,
         "num_preemptions": run.num_preemptions,
-        "cached_tokens": pa.array(run.cached_tokens, mask=run.first_admit_ns == NOT_YET),
+        "cached_tokens": to_arrow(run.cached_tokens, valid=run.first_admit_ns != NOT_YET),
         "send_ms": _instant_ms(run.send_ns),
         "engine_arrival_ms": _instant_ms(run.arrival_ns),
         "first_admit_ms": _instant_ms(run.first_admit_ns),
@@ -125,17 +126,14 @@ def requests_table(request_id: pa.Array, input_tokens, output_tokens, cols: Requ
         "transfer_end_ms": _instant_ms(run.transfer_end_ns),
         **cols.stages,
     }
-    arrays = [
-        pa.array(value, from_pandas=True) if isinstance(value, np.ndarray) else value
-        for value in data.values()
-    ]
+    arrays = [to_arrow(value) if isinstance(value, np.ndarray) else value for value in data.values()]
     return conform(pa.table(arrays, names=list(data)), REQUESTS_SCHEMA)
 
 
 def _pd_placement(run: EngineRun) -> dict[str, pa.Array]:
     """P/D placement columns: prefill (receiving) and decode worker/rank; null when aggregated."""
     def nullable(values, valid):
-        return pa.array(values, type=pa.int32(), mask=~valid)
+        return to_arrow(values, pa.int32(), valid)
 
     receiving = np.full(run.worker.shape[0], run.disaggregated)
     handed_off = run.decode_rank != NOT_YET
