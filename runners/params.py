@@ -25,6 +25,7 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
 import simcore
+from simcore.arrow_np import from_pylist
 from simcore.config import dotted_keys
 
 #: Top-level keys handled by the runner, never passed to :func:`simcore.run`.
@@ -284,5 +285,5 @@ def id_columns(run_id: str, seed: Any, keys: Sequence[str], values: Mapping[str,
         row.append(_coerce(values.get(key), field.type))
     schema = pa.schema(fields)
     return pa.Table.from_arrays(
-        [pa.array([value], type=field.type) for value, field in zip(row, fields)], schema=schema
+        [from_pylist([value], field.type) for value, field in zip(row, fields)], schema=schema
     )

@@ -4,8 +4,8 @@ pyarrow imports pandas (about 0.08 s) the first time it converts an ndarray
 (``pa.array``), an Array to NumPy (``to_numpy``, ``np.asarray``) or a Python
 value to a scalar, when pandas is installed.  The result tables and the
 default exports convert through these helpers instead (issue 14: start-up);
-the values are those ``pa.array(values, from_pandas=True)`` and
-``to_numpy(zero_copy_only=False)`` give.
+the values are those ``pa.array(values, from_pandas=True)``, ``pa.array``
+of a list and ``to_numpy(zero_copy_only=False)`` give.
 """
 
 from __future__ import annotations
@@ -52,6 +52,38 @@ def to_arrow(values: np.ndarray, type: pa.DataType | None = None, valid: np.ndar
     null_count = 0 if valid is None else n - int(np.count_nonzero(valid))
     bitmap = _bitmap(valid) if null_count else None
     return pa.Array.from_buffers(type, n, [bitmap, pa.py_buffer(data)], null_count=null_count)
+
+
+def from_pylist(values: list, type: pa.DataType) -> pa.Array:
+    """``pa.array(values, type=type)`` of Python values (None: null) for bool, int, float and string types.
+
+    Other types (lists) go through ``pa.array``.
+
+    Parameters
+    ----------
+    values : list
+        Python values of ``type`` (bool, int, float or str) or None.
+    type : pyarrow.DataType
+
+    Returns
+    -------
+    pyarrow.Array
+    """
+    valid = np.array([value is not None for value in values], dtype=np.bool_)
+    try:
+        if type == pa.string():
+            encoded = [value.encode() if value is not None else b"" for value in values]
+            offsets = np.zeros(len(values) + 1, dtype=np.int32)
+            np.cumsum([len(item) for item in encoded], out=offsets[1:])
+            null_count = len(values) - int(np.count_nonzero(valid))
+            buffers = [_bitmap(valid) if null_count else None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+            return pa.Array.from_buffers(type, len(values), buffers, null_count=null_count)
+        if type == pa.bool_() or type in NUMPY_DTYPES:
+            dtype = np.bool_ if type == pa.bool_() else NUMPY_DTYPES[type]
+            return to_arrow(np.array([value if value is not None else 0 for value in values], dtype=dtype), type, valid)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        pass  # not of the type: pa.array converts it or raises its own error
+    return pa.array(values, type=type)
 
 
 def to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from simcore.arrow_np import to_arrow, to_numpy
+from simcore.arrow_np import from_pylist, to_arrow, to_numpy
 
 FLOATS = np.array([0.5, np.nan, -2.0, 1e300, np.nan, 0.0, 3.25, np.inf, -0.0])
 INTS = np.array([3, -1, 0, 2**62, -(2**62), 7, 1, 5, 9], dtype=np.int64)
@@ -60,13 +60,42 @@ def test_ints_with_nulls_are_refused():
         to_numpy(pa.array([1, None], type=pa.int64()))
 
 
-def test_the_default_run_and_its_export_do_not_import_pandas():
+def test_the_default_run_its_export_and_sweep_columns_do_not_import_pandas():
     code = (
         "import sys, simcore\n"
         "from runners.export import vllm_bench_document\n"
         "result = simcore.run({'workload': {'num_requests': 20}})\n"
         "vllm_bench_document(result, None, detailed=False)\n"
+        "from runners.params import id_columns\n"
+        "from runners.writer import with_columns\n"
+        "with_columns(result.requests, id_columns('point-0', 0, ['load.concurrency'], {'load.concurrency': 4}))\n"
         "print('pandas' in sys.modules, 'scipy.linalg' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("values,type_", [
+    (["point-000", None, "é/ü", ""], pa.string()),
+    ([3, None, -(2**63), 2**63 - 1], pa.int64()),
+    ([0.5, None, float("nan"), 3], pa.float64()),
+    ([True, None, False], pa.bool_()),
+    ([None, None], pa.int64()),
+    ([], pa.string()),
+    ([[1, 2], None], pa.list_(pa.int64())),
+    ([1.5, 2], pa.int64()),
+])
+def test_from_pylist_equals_pa_array(values, type_):
+    expected = pa.array(values, type=type_)
+    got = from_pylist(values, type_)
+    assert got.type == expected.type and got.null_count == expected.null_count
+    assert got.is_valid().to_pylist() == expected.is_valid().to_pylist()
+    assert str(got.to_pylist()) == str(expected.to_pylist())  # nan as 'nan' on both sides
+
+
+@pytest.mark.parametrize("values,type_", [([2**70], pa.int64()), (["x"], pa.float64()), ([3], pa.string())])
+def test_from_pylist_raises_what_pa_array_raises(values, type_):
+    with pytest.raises(Exception) as expected:
+        pa.array(values, type=type_)
+    with pytest.raises(expected.type):
+        from_pylist(values, type_)
