@@ -208,7 +208,7 @@ def group_choices(overrides: Iterable[str]) -> dict[str, str]:
     lines = [line for line in overrides if _assigned_key(line) not in leaves]
     for override in parse_overrides(lines):
         key, value = override.key_or_group, override.value()
-        if isinstance(value, str) and key not in config_leaves() and is_config_key(key):
+        if isinstance(value, str) and key not in leaves and is_config_key(key):
             choices[key] = value
     return choices
 
