@@ -8,7 +8,8 @@ Times, in fresh subprocesses (each writes its results into a temporary
   and its ratio to ``warm_baseline``: the same command importing ``git archive``
   of ``--baseline`` (default ``main``), runs interleaved with this tree's;
   bytecode is cached for both (``PYTHONDONTWRITEBYTECODE`` dropped), as in an
-  installed package;
+  installed package; ``warm_cpu`` / ``warm_baseline_cpu``: their CPU seconds
+  (user + system), steadier than wall time on a shared machine;
 - ``cold``: ``replaysim`` with a fresh, empty ``NUMBA_CACHE_DIR`` (every kernel
   compiles; Python bytecode caches stay warm), median of ``--cold-runs``;
 - ``import_simcore`` / ``import_runners_cli``: ``import simcore`` and
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -59,16 +61,21 @@ def console_script() -> str:
     return found
 
 
-def run_command(argv: list[str], cache_dir: str, work: str, tree: Path = ROOT) -> float:
+def run_command(argv: list[str], cache_dir: str, work: str, tree: Path = ROOT, cpu: list | None = None) -> float:
+    """Wall seconds of the command; its CPU seconds (user + system) appended to ``cpu`` when given."""
     # PYTHONPATH: the console script imports this checkout (or the baseline tree) even if another is
     # installed; bytecode is cached as in an installed package (else every run compiles the sources).
     env = command_env(tree, cache_dir)
     run_dir = tempfile.mkdtemp(dir=work)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(
         [*argv, f"hydra.run.dir={run_dir}"], cwd=work, env=env, capture_output=True, text=True
     )
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu is not None:
+        cpu.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
     if not (Path(run_dir) / "summary.json").exists():
@@ -171,15 +178,19 @@ def main() -> None:
         base_cache = os.path.join(work, "numba-base")
         run_command(command, warm_cache, work)  # fills the warm cache
         run_command(command, base_cache, work, base_tree)
-        warm, base = [], []
+        warm, base, warm_cpu, base_cpu = [], [], [], []
         for _ in range(args.runs):  # interleaved, so that other load falls on both alike
-            warm.append(run_command(command, warm_cache, work))
-            base.append(run_command(command, base_cache, work, base_tree))
+            warm.append(run_command(command, warm_cache, work, cpu=warm_cpu))
+            base.append(run_command(command, base_cache, work, base_tree, cpu=base_cpu))
         if cold:  # --cold-runs 0 skips the minute of compiling
             row("cold", "replaysim, empty NUMBA_CACHE_DIR (JIT compile)", cold)
         row("warm", f"{command[0]}, warm numba cache", warm,
             f"{statistics.median(base) / statistics.median(warm):.2f}")
         row("warm_baseline", f"the same, {args.baseline}", base)
+        # CPU seconds (user + system): steadier than wall time on a shared machine
+        row("warm_cpu", "the warm command's CPU time", warm_cpu,
+            f"{statistics.median(base_cpu) / statistics.median(warm_cpu):.2f}")
+        row("warm_baseline_cpu", f"the same, {args.baseline}", base_cpu)
 
         row("python_startup", "python -c pass (wall)", [wall_of_subprocess([sys.executable, "-c", "pass"]) for _ in range(args.runs)])
         row("import_simcore", "import simcore (in a fresh interpreter)",
@@ -202,7 +213,8 @@ def main() -> None:
     print(
         f"replaysim (embedded default), warm numba cache: {warm_s:.2f} s wall "
         f"(target <= {TARGET_S} s: {verdict}; x{statistics.median(base) / warm_s:.2f} vs {args.baseline} "
-        f"{statistics.median(base):.2f} s); {cold_text}; "
+        f"{statistics.median(base):.2f} s; CPU {statistics.median(warm_cpu):.2f} s, "
+        f"x{statistics.median(base_cpu) / statistics.median(warm_cpu):.2f}); {cold_text}; "
         f"the pure-Python reference alone takes x{ref / warm_s:.1f} the warm command"
     )
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import simcore
+from simcore.arrow_np import to_numpy
 from simcore.metrics.registry import DISTRIBUTIONS, ITL, TPOT, percentile_names, summary_key
 
 VLLM_BENCH_FILE = "vllm_bench.json"
@@ -40,7 +41,12 @@ DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "sta
 
 
 def _float_column(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+    return to_numpy(table.column(name)).astype(np.float64, copy=False)
+
+
+def _status(requests: pa.Table) -> np.ndarray:
+    """Each request's status name (object array), read without pyarrow's pandas shim."""
+    return np.array(requests.column("status").cast(pa.string()).to_pylist(), dtype=object)
 
 
 def _gaps_s(requests: pa.Table, tokens: pa.Table | None) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +145,7 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
     summary = result.summary
     cfg = result.config
     requests = result.requests
-    status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
+    status = _status(requests)
     completed = status == "completed"
     send_ms = _float_column(requests, "send_ms")
     last_ms = _float_column(requests, "last_token_ms")
@@ -244,7 +250,7 @@ def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | N
     holds (the others are left out, as aiperf leaves out unset keys).
     """
     if tokens is not None:
-        status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
+        status = _status(requests)
         owner, gaps = _gaps_s(requests, tokens)
         return _record_block(ITL.unit, gaps[status[owner] == "completed"] * MS_PER_S)
     block: dict[str, Any] = {"unit": ITL.unit}
@@ -285,7 +291,7 @@ def aiperf_document(result: simcore.Result, tokens: pa.Table | None) -> dict[str
     """
     summary = result.summary
     requests = result.requests
-    status = requests.column("status").cast(pa.string()).to_numpy(zero_copy_only=False)
+    status = _status(requests)
     done = status == "completed"
 
     def column(name: str) -> np.ndarray:

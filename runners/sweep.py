@@ -46,6 +46,7 @@ from runners.writer import (
     write_atomic,
     write_results,
 )
+from simcore.arrow_np import from_pylist
 from simcore.config import ConfigError, SimConfig, load_config
 
 #: Defaults of the runner's own keys (registered beside the simcore defaults).
@@ -557,13 +558,13 @@ def _read_json(path: Path) -> dict | None:
 def _column(values: list[Any]) -> pa.Array:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, bool) for v in present):
-        return pa.array(values, type=pa.bool_())
+        return from_pylist(values, pa.bool_())
     if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
-        return pa.array(values, type=pa.int64() if present else pa.float64())
+        return from_pylist(values, pa.int64() if present else pa.float64())
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
-        return pa.array([None if v is None else float(v) for v in values], type=pa.float64())
-    return pa.array([None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values],
-                    type=pa.string())
+        return from_pylist([None if v is None else float(v) for v in values], pa.float64())
+    return from_pylist([None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values],
+                       pa.string())
 
 
 def summary_table(root: str | Path) -> pa.Table:
@@ -627,21 +628,21 @@ def summary_table(root: str | Path) -> pa.Table:
         pa.field("seed", pa.int64()),
     ]
     arrays = [
-        pa.array([r["run_id"] for r in rows], type=pa.string()),
-        pa.array([r["status"] for r in rows], type=pa.string()),
-        pa.array([params._coerce(r["seed"], pa.int64()) for r in rows], type=pa.int64()),
+        from_pylist([r["run_id"] for r in rows], pa.string()),
+        from_pylist([r["status"] for r in rows], pa.string()),
+        from_pylist([params._coerce(r["seed"], pa.int64()) for r in rows], pa.int64()),
     ]
     for key in keys:
         field = params.parameter_field(key)
         fields.append(field)
-        arrays.append(pa.array([params._coerce(r["parameters"].get(key), field.type) for r in rows], type=field.type))
+        arrays.append(from_pylist([params._coerce(r["parameters"].get(key), field.type) for r in rows], field.type))
     for name in metric_names:
         column = _column([r["metrics"].get(name) for r in rows])
         fields.append(pa.field(name, column.type))
         arrays.append(column)
     for name in ("error_type", "error", "overrides", "path"):
         fields.append(pa.field(name, pa.string()))
-        arrays.append(pa.array([r[name] for r in rows], type=pa.string()))
+        arrays.append(from_pylist([r[name] for r in rows], pa.string()))
     failed = [r["run_id"] for r in rows if r["status"] == "failed"]
     metadata = {"parameters": json.dumps(keys), "failed": json.dumps(failed)}
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))

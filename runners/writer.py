@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import simcore
+from simcore.arrow_np import to_arrow
 from simcore.schema import SCHEMA_VERSION
 
 PARQUET_COMPRESSION = "zstd"
@@ -328,7 +329,7 @@ def with_columns(table: pa.Table, columns: pa.Table | None) -> pa.Table:
     if clash:
         raise ValueError(f"sweep columns {sorted(clash)} clash with result columns")
     n = table.num_rows
-    index = pa.array(np.zeros(n, dtype=np.int64))
+    index = to_arrow(np.zeros(n, dtype=np.int64))
     arrays = [columns.column(i).take(index) for i in range(columns.num_columns)]
     fields = list(columns.schema) + list(table.schema)
     schema = pa.schema(fields, metadata=table.schema.metadata)

@@ -84,9 +84,12 @@ def allocate_stream_state(n: int, batch: int | None = None) -> tuple:
     """
     lead = () if batch is None else (batch,)
     initial = {"num_received": 0, "gap_sq_hi": 0, "gap_sq_lo": 0, "itl_include": 1}
-    state = [np.full(lead + (n,), initial.get(name, -1), dtype=np.int64) for name in RECEIPT_FIELDS + ("itl_include",)]
-    state.append(np.zeros(lead + (SKETCH_BUCKETS if n else 0,), dtype=np.int64))
-    return tuple(state)
+    names = RECEIPT_FIELDS + ("itl_include",)
+    # One block, its rows the per-request arrays: one allocation per call, not eight.
+    state = np.empty((len(names),) + lead + (n,), dtype=np.int64)
+    for row, name in zip(state, names):
+        row.fill(initial.get(name, -1))
+    return (*state, np.zeros(lead + (SKETCH_BUCKETS if n else 0,), dtype=np.int64))
 
 
 def completed_mask(finish_ns: np.ndarray, reject_ns: np.ndarray, generated: np.ndarray, num_received: np.ndarray) -> np.ndarray:

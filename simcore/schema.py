@@ -17,9 +17,8 @@ SCHEMA_VERSION = "1"
 def string_array(strings: list[str]) -> pa.StringArray:
     """``pa.array(strings, type=pa.string())``, built from its buffers.
 
-    ``pa.array`` of Python strings imports pandas (~0.15 s) on first use.
-    (pyarrow 26 imports it too on the first ``pa.array`` of an ndarray and the
-    first ``to_numpy``, which the result tables and exports still call.)
+    ``pa.array`` of Python strings imports pandas (~0.15 s) on first use
+    (as does that of an ndarray: ``simcore.arrow_np``).
 
     Parameters
     ----------

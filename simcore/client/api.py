@@ -41,13 +41,15 @@ def server_index(request_ids: pa.Array, workers: int) -> np.ndarray:
         return out
     if isinstance(request_ids, pa.ChunkedArray):
         request_ids = request_ids.combine_chunks()
-    ids = request_ids.cast(pa.large_string())
+    # Offsets read as they are stored (a cast to large_string costs a small call more than the hash).
+    ids = request_ids if request_ids.type in (pa.string(), pa.large_string()) else request_ids.cast(pa.large_string())
     _, offsets_buf, data_buf = ids.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64, count=n + 1 + ids.offset)[ids.offset :]
+    width = np.int32 if ids.type == pa.string() else np.int64
+    offsets = np.frombuffer(offsets_buf, dtype=width, count=n + 1 + ids.offset)[ids.offset :].astype(np.int64)
     data = (
         np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     )
-    fnv1a64_mod_nb(data, np.ascontiguousarray(offsets), workers, out)
+    fnv1a64_mod_nb(data, offsets, workers, out)
     return out
 
 

@@ -6,6 +6,7 @@ ns, -1 for "did not happen") that ``simcore.metrics`` turns into tables.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -39,6 +40,10 @@ STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
 STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
 POLICY_CODES = {"vllm": POLICY_VLLM, "sglang": POLICY_SGLANG, "trtllm": POLICY_TRTLLM}
 PROGRESS_INTERVAL_S = 0.2
+#: Per-request outputs allocated as "did not happen" (-1) and as counts (0).
+NOT_YET_OUTPUTS = ("arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
+                   "transfer_end_ns", "decode_rank", "placed_rank", "placed_worker", "send_seq")
+COUNT_OUTPUTS = ("cached_tokens", "generated", "num_preemptions")
 
 #: ``on_progress(done, total)``: requests finished or rejected, out of the run's requests.
 ProgressCallback = Callable[[int, int], None]
@@ -137,7 +142,12 @@ class Prepared:
 
     def prefix_cache(self) -> tuple:
         """The prefix-cache state tuple ``(state, ident)`` of ``kv_nb``, the CPU tier's state at the state's tail."""
-        return allocate_prefix_cache(*self.cache_shape, tail=offload_state(self.offload_shape))
+        num_slots, num_ranks, ident_offset, ident = self.cache_shape
+        if ident.shape[0] or self.offload_shape is not None:
+            return allocate_prefix_cache(*self.cache_shape, tail=offload_state(self.offload_shape))
+        # No prompt-block identities (prefix caching off): every call of this size starts
+        # from the same state, so copy it rather than build it (issue 11).
+        return tuple(array.copy() for array in _empty_prefix_cache(num_slots, num_ranks, ident_offset.shape[0] - 1))
 
     def with_offload(self, run: EngineRun, state: np.ndarray) -> EngineRun:
         """``run`` with the CPU tier's results read from the prefix-cache ``state`` after the run."""
@@ -148,6 +158,12 @@ class Prepared:
         """Positional arguments of ``simulate_engine_nb`` (and, stacked, ``simulate_batch_nb``)."""
         return kernel_args(self.requests, self.load, self.client, self.topology, self.ranks, self.timing,
                            buffers, prefix_cache, self.router)
+
+
+@functools.lru_cache(maxsize=4)
+def _empty_prefix_cache(num_slots: int, num_ranks: int, n: int) -> tuple:
+    """The prefix-cache state of ``n`` requests without prompt-block identities; copied, never passed."""
+    return allocate_prefix_cache(num_slots, num_ranks, np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 def kernel_args(
@@ -575,7 +591,7 @@ def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
         worker_num_ranks += [pool.attention_dp] * pool.replicas
         ranks += [pool] * pool.num_ranks
     worker_num_ranks = np.array(worker_num_ranks, dtype=np.int64)
-    first_rank = np.concatenate(([0], np.cumsum(worker_num_ranks)[:-1])).astype(np.int64)
+    first_rank = np.cumsum(worker_num_ranks) - worker_num_ranks
 
     def per_rank(field):
         return np.array([getattr(pool, field) or 0 for pool in ranks], dtype=np.int64)
@@ -646,37 +662,22 @@ def allocate_buffers(
         Send instants and per-request instants ``-1`` (ns), counts 0.
     """
     lead = () if batch is None else (batch,)
-
-    def not_yet(length):
-        return np.full(lead + (length,), -1, dtype=np.int64)
-
-    def zeros(length, dtype=np.int64):
-        return np.zeros(lead + (length,), dtype=dtype)
-
-    per_token = 0 if bounded else num_tokens
+    # The per-request arrays are rows of two blocks: two fills instead of a dozen
+    # np.full calls, which dominate a small call's allocation (issue 11).
+    send_ns, *not_yet = np.full((1 + len(NOT_YET_OUTPUTS),) + lead + (n,), -1, dtype=np.int64)
+    counts = np.zeros((len(COUNT_OUTPUTS),) + lead + (n,), dtype=np.int64)
+    per_token = lead + (0 if bounded else num_tokens,)
     out = Outputs(
-        arrival_ns=not_yet(n),
-        first_admit_ns=not_yet(n),
-        first_emit_ns=not_yet(n),
-        finish_ns=not_yet(n),
-        reject_ns=not_yet(n),
-        handoff_ns=not_yet(n),
-        transfer_end_ns=not_yet(n),
-        decode_rank=not_yet(n),
-        cached_tokens=zeros(n),
-        generated=zeros(n),
-        num_preemptions=zeros(n),
-        token_emit_ns=not_yet(per_token),
-        token_recv_ns=not_yet(per_token),
-        progress=zeros(1),
-        placed_rank=not_yet(n),
-        placed_worker=not_yet(n),
-        send_seq=not_yet(n),
+        **dict(zip(NOT_YET_OUTPUTS, not_yet)),
+        **dict(zip(COUNT_OUTPUTS, counts)),
+        token_emit_ns=np.full(per_token, -1, dtype=np.int64),
+        token_recv_ns=np.full(per_token, -1, dtype=np.int64),
+        progress=np.zeros(lead + (1,), dtype=np.int64),
     )
     logs = Logs(
         emit_log=np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64),
         pass_log=np.zeros(lead + (pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64),
-        pass_ms=zeros(pass_rows, np.float64),
-        bad_batch=zeros(8, np.float64),
+        pass_ms=np.zeros(lead + (pass_rows,), dtype=np.float64),
+        bad_batch=np.zeros(lead + (8,), dtype=np.float64),
     )
-    return Buffers(not_yet(n), out, allocate_stream_state(n if bounded else 0, batch), logs)
+    return Buffers(send_ns, out, allocate_stream_state(n if bounded else 0, batch), logs)

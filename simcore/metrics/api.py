@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from simcore import enums
+from simcore.arrow_np import to_arrow
 from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
@@ -108,19 +109,19 @@ def requests_table(
     """
     run = cols.run
     status = pa.DictionaryArray.from_arrays(
-        pa.array(cols.status, type=pa.int8()), string_array(list(STATUS_NAMES))
+        to_arrow(cols.status, pa.int8()), string_array(list(STATUS_NAMES))
     )
     data = {
         "request_id": request_id,
         "status": status,
-        "worker": pa.array(run.worker, mask=run.worker < 0),  # negative: a session turn never sent
-        "rank": pa.array(run.rank, mask=run.rank < 0),
+        "worker": to_arrow(run.worker, pa.int32(), run.worker >= 0),  # negative: never placed
+        "rank": to_arrow(run.rank, pa.int32(), run.rank >= 0),
         **_pd_placement(run),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "generated_tokens": run.generated,
         "num_preemptions": run.num_preemptions,
-        "cached_tokens": pa.array(run.cached_tokens, mask=run.first_admit_ns == NOT_YET),
+        "cached_tokens": to_arrow(run.cached_tokens, valid=run.first_admit_ns != NOT_YET),
         **_tier_columns(run),
         "send_ms": _instant_ms(run.send_ns),
         "engine_arrival_ms": _instant_ms(run.arrival_ns),
@@ -135,17 +136,14 @@ def requests_table(
         "session_id": pa.nulls(len(request_id), pa.string()) if session_id is None else session_id,
         "turn": pa.nulls(len(request_id), pa.int64()) if turn is None else turn,
     }
-    arrays = [
-        pa.array(value, from_pandas=True) if isinstance(value, np.ndarray) else value
-        for value in data.values()
-    ]
+    arrays = [to_arrow(value) if isinstance(value, np.ndarray) else value for value in data.values()]
     return conform(pa.table(arrays, names=list(data)), REQUESTS_SCHEMA)
 
 
 def _pd_placement(run: EngineRun) -> dict[str, pa.Array]:
     """P/D placement columns: prefill (receiving) and decode worker/rank; null when aggregated."""
     def nullable(values, valid):
-        return pa.array(values, type=pa.int32(), mask=~valid)
+        return to_arrow(values, pa.int32(), valid)
 
     receiving = np.full(run.worker.shape[0], run.disaggregated) & (run.worker >= 0)
     handed_off = run.decode_rank != NOT_YET
@@ -391,9 +389,9 @@ def _tier_columns(run: EngineRun) -> dict[str, pa.Array]:
     cpu = _cpu_cached_tokens(run)
     load_ns = np.zeros_like(cpu) if run.offload is None else run.offload.kv_load_ns
     return {
-        "gpu_cached_tokens": pa.array(run.cached_tokens - cpu, mask=never),
-        "cpu_cached_tokens": pa.array(cpu, mask=never),
-        "kv_load_ms": pa.array(load_ns / 1e6, mask=load_ns == 0),
+        "gpu_cached_tokens": to_arrow(run.cached_tokens - cpu, valid=~never),
+        "cpu_cached_tokens": to_arrow(cpu, valid=~never),
+        "kv_load_ms": to_arrow(load_ns / 1e6, valid=load_ns != 0),
     }
 
 

@@ -244,6 +244,22 @@ def _nonblank_lines(lines: list[bytes], blank: Callable[[bytes], bool]) -> list[
     return [number for number, text in enumerate(lines, 1) if not blank(text)]
 
 
+def _line_spans(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of the lines of ``data`` split at ``\\n`` (as ``data.split(b"\\n")``)."""
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+    return np.concatenate(([0], ends + 1)), np.append(ends, len(data))
+
+
+def _csv_row_lines(data: bytes, starts: np.ndarray, stops: np.ndarray) -> list[int]:
+    """1-based numbers of the lines that hold more than carriage returns (vectorised: a trace has many)."""
+    held = stops > starts
+    # Only a line that starts with a carriage return can hold nothing else: those few are checked one by one.
+    first = np.frombuffer(data, dtype=np.uint8)[starts[held]] == ord("\r")
+    for line in np.flatnonzero(held)[first]:
+        held[line] = bool(data[starts[line] : stops[line]].rstrip(b"\r"))
+    return (np.flatnonzero(held) + 1).tolist()
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -446,11 +462,12 @@ def _mooncake_rows(
 
 def _read_azure(path: str, data: bytes, with_times: bool) -> _Trace:
     utf8_text(data, path, "an Azure LLM inference trace (CSV)")  # in any column, read or not
-    lines = data.split(b"\n")
-    numbers = _nonblank_lines(lines, lambda text: not text.rstrip(b"\r"))
+    starts, stops = _line_spans(data)
+    numbers = _csv_row_lines(data, starts, stops)
     if not numbers:
         raise ConfigError(f"{path}:1: empty file, expected a header row ({AZURE_TIME},{AZURE_INPUT},{AZURE_OUTPUT})")
-    header_text = lines[numbers[0] - 1].decode("utf-8", errors="replace").removeprefix("\ufeff")
+    first = numbers[0] - 1
+    header_text = data[starts[first] : stops[first]].decode("utf-8", errors="replace").removeprefix("\ufeff")
     header = [name.strip() for name in next(csv.reader([header_text]))]
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
