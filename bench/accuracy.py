@@ -25,6 +25,8 @@ run's own files state:
   model; the model's hidden size from :data:`MODELS`), and
   ``async_scheduling`` as the run's vLLM had it (``meta.json``'s resolved
   ``scheduler_config.async_scheduling``, else vLLM 0.19's default, on), and
+  prefix caching as the run's vLLM had it (``meta.json``'s resolved
+  ``cache_config.enable_prefix_caching``, else vLLM's default, on), and
   CUDA-graph padding at the run's capture sizes (``meta.json``'s resolved
   ``compilation_config.cudagraph_capture_sizes``, else ``vllm_default``:
   none of the runs set ``enforce_eager``);
@@ -76,6 +78,9 @@ MODELS = {
 #: GPUs of the runs and their aiconfigurator-core system names (None: not in its database).
 AIC_SYSTEMS = {"RTX4090": None, "RTXPRO6000": "rtx_pro_6000_server"}
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
+#: vLLM V1 turns prefix caching on by default for generative models
+#: (``EngineArgs``: ``enable_prefix_caching`` None resolves to True).
+PREFIX_CACHING_DEFAULT = True
 #: vLLM turns asynchronous scheduling on by default from 0.14 (vllm/config/vllm.py,
 #: VllmConfig.__post_init__; not for PP > 1 or most speculative decoding).
 ASYNC_DEFAULT_FROM = (0, 14)
@@ -117,6 +122,19 @@ def async_scheduling(meta: dict) -> tuple[bool, str]:
         return resolved, "meta.json resolved scheduler_config"
     version = tuple(int(x) for x in str(meta.get("vllm_version", "0.0")).split(".")[:2])
     return version >= ASYNC_DEFAULT_FROM, f"vLLM {meta.get('vllm_version')} default"
+
+
+def prefix_caching(meta: dict) -> tuple[bool, str]:
+    """Whether the run's vLLM cached prefixes, and where that comes from.
+
+    It matters under KV pressure: a preempted request's freed blocks keep
+    their hashes, so when it is admitted again it finds its own prompt blocks
+    that were not evicted meanwhile instead of recomputing them.
+    """
+    resolved = ((meta.get("resolved_config") or {}).get("cache_config") or {}).get("enable_prefix_caching")
+    if isinstance(resolved, bool):
+        return resolved, "meta.json resolved cache_config"
+    return PREFIX_CACHING_DEFAULT, f"vLLM {meta.get('vllm_version')} default"
 
 
 def cuda_graph_sizes(meta: dict) -> tuple[list[int] | str | None, str]:
@@ -183,6 +201,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
     asynchronous, async_source = async_scheduling(meta)
     shipped_engine = json.loads(json.dumps(engine))
     shipped_engine["aggregated"]["async_scheduling"] = asynchronous
+    caching, caching_source = prefix_caching(meta)
+    shipped_engine["aggregated"]["prefix_caching"] = caching
     table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
     graphs, graphs_source = cuda_graph_sizes(meta)
     shipped_timing = dict(table_timing, cuda_graph_sizes=graphs)
@@ -205,6 +225,7 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
         "notes": [
             f"async_scheduling {str(asynchronous).lower()} ({async_source})",
             f"cuda_graph_sizes {_graphs_note(graphs)} ({graphs_source})",
+            f"prefix_caching {str(caching).lower()} ({caching_source})",
         ] + ([link] if link else []),
         "seconds": {},
         "llmservingsim": llmservingsim_figures(case),
@@ -417,9 +438,15 @@ def render(results: list[dict], versions: dict) -> str:
         "both (per-step gap, sampler, padding) moves both the same way, so what is left is "
         "the per-GPU profile against the served engine (graph replay, clocks), which only a "
         "fit to the run can take out.",
-        "- Prefix caching: the RTX 4090 run had `enable_prefix_caching` on (vLLM's default); "
-        "the request files carry no prompt contents or block hashes, so no prefix can be "
-        "shared in the replay (ShareGPT single-turn prompts rarely share whole 16-token blocks).",
+        "- Prefix caching is on as in the runs (`enable_prefix_caching`, vLLM's default; the "
+        "RTX 4090 file states it). The request files carry no prompt contents or block "
+        "hashes, so each prompt's blocks are its own and no prefix is shared between "
+        "requests (ShareGPT single-turn prompts rarely share whole 16-token blocks); what "
+        "it changes is preemption under KV pressure (the RTX 4090 run): a preempted "
+        "request's freed blocks keep their hashes, and when it is admitted again it "
+        "reuses those of its prompt not evicted meanwhile instead of recomputing them. "
+        "vLLM also hashes the full blocks of generated tokens, which the replay does not "
+        "(`docs/prefix-caching.md`), so it recomputes those.",
         "- The replay has no tokenizer or detokenizer stage (the runs drove `AsyncLLM` in-process "
         "and the measured latencies start at `queued_ts`).",
         "- Batch-skew corrections (`skew.csv`, `skew_fit.csv`) of the profiler are not used.",
