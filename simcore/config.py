@@ -44,6 +44,8 @@ _POOL_DEFAULTS = {
     "prefix_caching": False,
     # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md)
     "async_scheduling": False,
+    # vllm policy: admit a waiting request only if its whole sequence fits (docs/semantics.md)
+    "reserve_full_isl": False,
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -429,6 +431,7 @@ class PoolConfig:
     schedule_conservativeness: float | None  # sglang
     prefix_caching: bool  # vllm, aggregated or prefill pool (docs/prefix-caching.md)
     async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
+    reserve_full_isl: bool = False  # vllm (docs/semantics.md)
 
     @property
     def num_ranks(self) -> int:
@@ -818,6 +821,7 @@ def _pool(
         **{key: _optional_count(f"{prefix}.{key}", pick(key)) for key in optional_counts},
         prefix_caching=_prefix_caching(prefix, raw["prefix_caching"], policy),
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
+        reserve_full_isl=_reserve_full_isl(prefix, raw["reserve_full_isl"], policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1069,6 +1073,13 @@ def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
         "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
         "set it on engine.decode or engine.aggregated",
     )
+
+
+def _reserve_full_isl(prefix: str, value: Any, policy: str) -> bool:
+    enabled = _flag(f"{prefix}.reserve_full_isl", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{prefix}.reserve_full_isl is modelled for engine.policy=vllm only, got {policy}")
+    return enabled
 
 
 def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:

@@ -45,6 +45,7 @@ def random_scenario(
     curve_dir: str | None = None,
     cuda_graphs: bool = False,
     prefix_pressure: bool = False,
+    reserve_full_isl: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -74,6 +75,10 @@ def random_scenario(
     long hash_ids chains (a fifth of the scenarios also repeat hashes inside a
     prompt), on a cache a few prompts fill, with a waiting queue (head-of-line
     blocking, preemption); drawn last.
+    ``reserve_full_isl`` turns on vLLM's whole-sequence admission on every pool
+    (vllm policy), often with a token budget below the prompts (chunked
+    prefills) and (without ``hash_ids``) prompts up to four times longer; drawn after
+    everything else.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -243,6 +248,16 @@ def random_scenario(
             for _ in range(n):
                 send_ns.append(t)
                 t += rnd.choice([0, 0, 0, 100_000, rnd.randint(0, 3_000_000)])
+    if reserve_full_isl:
+        assert policy == "vllm", "reserve_full_isl is a vllm admission rule"
+        for name in ("aggregated", "prefill", "decode"):
+            pool = config["engine"].get(name)
+            if isinstance(pool, dict):
+                pool["reserve_full_isl"] = True
+                if rnd.random() < 0.7:  # chunked prompts: the first chunk fits long before the whole
+                    pool["max_batched_tokens"] = rnd.randint(2, 8)
+        if hash_ids is None:  # (hash chains are drawn for the prompts' lengths)
+            inputs = [min(x * rnd.randint(1, 4), 160) for x in inputs]
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 

@@ -26,6 +26,7 @@ NUM_STEADY_SCENARIOS = 60  # per policy (vllm, trtllm)
 NUM_CURVE_SCENARIOS = 100  # a third of them disaggregated
 NUM_GRAPH_SCENARIOS = 300  # mixed with the other features
 NUM_PREFIX_PRESSURE_SCENARIOS = 150
+NUM_FULL_ISL_SCENARIOS = 300  # mixed with prefix caching, async scheduling and P/D
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -271,3 +272,14 @@ def test_detokenization_paths_agree_on_open_loop(seed):
     inside, _, _ = run_fast(scenario, detok_path="kernel", record_passes=False)
     np.testing.assert_array_equal(after.token_emit_ns, inside.token_emit_ns)
     np.testing.assert_array_equal(after.token_recv_ns, inside.token_recv_ns)
+
+
+@pytest.mark.parametrize("seed", range(NUM_FULL_ISL_SCENARIOS))
+def test_reserve_full_isl_matches_reference(seed):
+    compare_with_reference(
+        random_scenario(
+            seed, reserve_full_isl=True, disaggregated=seed % 3 == 2, prefix_caching=seed % 4 == 1,
+            async_scheduling=seed % 2 == 1, long_outputs=seed % 7 == 3,
+        )
+    )
+

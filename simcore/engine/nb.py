@@ -159,7 +159,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         timing.params, timing.table, load.cap_ns, out.arrival_ns, out.first_admit_ns, out.first_emit_ns,
         out.finish_ns, out.reject_ns, out.handoff_ns, out.transfer_end_ns, out.decode_rank, out.cached_tokens,
         out.generated, out.num_preemptions, out.token_emit_ns, out.token_recv_ns, receipts, logs.emit_log,
-        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress,
+        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress, ranks.reserve_full_isl,
     )
 
 
@@ -221,6 +221,7 @@ def _replay_nb(
     pass_ms,
     bad_batch,
     progress,
+    rank_reserve_full_isl,
 ):
     """The event loop of ``simulate_engine_nb``, over the members of its typed state.
 
@@ -639,7 +640,7 @@ def _replay_nb(
                             rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
                             rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
                             worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                            cached_tokens, worker_async[w],
+                            cached_tokens, worker_async[w], rank_reserve_full_isl[g],
                         )
                     batch_summary_nb(
                         summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,

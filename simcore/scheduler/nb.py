@@ -101,6 +101,7 @@ def build_vllm_batch_nb(
     blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
     rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens, asynchronous,
+    reserve_full,
 ):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
@@ -155,6 +156,9 @@ def build_vllm_batch_nb(
         Per request prompt tokens reused at the first admission, tokens; set then.
     asynchronous : bool
         Asynchronous scheduling on this rank's worker (docs/semantics.md).
+    reserve_full : bool
+        vLLM's ``scheduler_reserve_full_isl``: a waiting request is admitted
+        only if the blocks of all its known tokens fit, not just its first chunk.
 
     Returns
     -------
@@ -219,7 +223,10 @@ def build_vllm_batch_nb(
             start = hits * block_size
         n_tok = min(known - start, budget)
         grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
-        if grow + cached_hits > num_blocks - blocks_used[g]:
+        must_fit = grow
+        if reserve_full:  # the whole sequence, not only the chunk scheduled now
+            must_fit = _grow_nb(known, held[k] + hits, block_size)
+        if must_fit + cached_hits > num_blocks - blocks_used[g]:
             break
         if no_evict:
             footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)

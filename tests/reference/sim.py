@@ -317,6 +317,9 @@ class Pool:
         self.async_scheduling = bool(params.get("async_scheduling") or False)
         if self.async_scheduling and (policy != "vllm" or name == "prefill"):
             raise ValueError(f"engine.{name}.async_scheduling: vllm policy, aggregated or decode pool only")
+        self.reserve_full_isl = bool(params.get("reserve_full_isl") or False)
+        if self.reserve_full_isl and policy != "vllm":
+            raise ValueError(f"engine.{name}.reserve_full_isl is modelled for policy vllm only")
         if self.prefix_caching and policy != "vllm":
             raise ValueError(f"engine.{name}.prefix_caching is modelled for policy vllm only")
         if self.prefix_caching and name == "decode":
@@ -830,6 +833,12 @@ class ReferenceSim:
             hits.append(block)
         return hits
 
+    @staticmethod
+    def admission_tokens(pool, req, computed, n):
+        """Tokens whose blocks must fit to admit a waiting request: computed + n, or
+        with vLLM's scheduler_reserve_full_isl all its known tokens."""
+        return req.known if pool.reserve_full_isl else computed + n
+
     def build_batch_vllm(self, pool, rank, no_evict):
         """SPEC §5 pass start for one rank (policy vllm); with ``no_evict`` the trtllm
         GUARANTEED_NO_EVICT admission rule of docs/policies.md is added to step 2."""
@@ -888,7 +897,7 @@ class ReferenceSim:
                 h = len(hits)
                 computed = h * pool.block_size
                 n = min(req.known - computed, B)
-                new = pool.blocks_for(computed + n) - h
+                new = pool.blocks_for(self.admission_tokens(pool, req, computed, n)) - h
                 evictable = sum(1 for block in hits if block.ref == 0)
                 if new + evictable > pool.num_blocks - rank.used_blocks:
                     break  # head of line
@@ -913,7 +922,7 @@ class ReferenceSim:
                 footprint = pool.footprint(req)
                 if footprint > pool.num_blocks - rank.used_blocks - promised:
                     break  # FIFO, no skipping
-            if not fits(req, n):
+            if not fits(req, self.admission_tokens(pool, req, req.computed, n) - req.computed):
                 break
             rank.waiting.popleft()
             rank.running.append(req)
