@@ -25,7 +25,9 @@ run's own files state:
   model; the model's hidden size from :data:`MODELS`), and
   ``async_scheduling`` as the run's vLLM had it (``meta.json``'s resolved
   ``scheduler_config.async_scheduling``, else vLLM 0.19's default, on), and
-  prefix caching as the run's vLLM had it (``meta.json``'s resolved
+  whole-sequence admission (``reserve_full_isl``) as the run's vLLM had it
+  (``scheduler_config.scheduler_reserve_full_isl``, else vLLM 0.19.0's
+  default, on), prefix caching as the run's vLLM had it (``meta.json``'s resolved
   ``cache_config.enable_prefix_caching``, else vLLM's default, on), and
   CUDA-graph padding at the run's capture sizes (``meta.json``'s resolved
   ``compilation_config.cudagraph_capture_sizes``, else ``vllm_default``:
@@ -81,6 +83,9 @@ METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2E"))
 #: vLLM V1 turns prefix caching on by default for generative models
 #: (``EngineArgs``: ``enable_prefix_caching`` None resolves to True).
 PREFIX_CACHING_DEFAULT = True
+#: ``scheduler_reserve_full_isl`` defaults to True in vLLM 0.19.0 (the RTX 4090
+#: run's resolved ``scheduler_config``, the only file of that version stating it).
+RESERVE_FULL_ISL_DEFAULT = True
 #: vLLM turns asynchronous scheduling on by default from 0.14 (vllm/config/vllm.py,
 #: VllmConfig.__post_init__; not for PP > 1 or most speculative decoding).
 ASYNC_DEFAULT_FROM = (0, 14)
@@ -135,6 +140,14 @@ def prefix_caching(meta: dict) -> tuple[bool, str]:
     if isinstance(resolved, bool):
         return resolved, "meta.json resolved cache_config"
     return PREFIX_CACHING_DEFAULT, f"vLLM {meta.get('vllm_version')} default"
+
+
+def reserve_full_isl(meta: dict) -> tuple[bool, str]:
+    """Whether the run's vLLM admitted a waiting request only when its whole sequence fit."""
+    resolved = ((meta.get("resolved_config") or {}).get("scheduler_config") or {}).get("scheduler_reserve_full_isl")
+    if isinstance(resolved, bool):
+        return resolved, "meta.json resolved scheduler_config"
+    return RESERVE_FULL_ISL_DEFAULT, f"vLLM {meta.get('vllm_version')} default"
 
 
 def cuda_graph_sizes(meta: dict) -> tuple[list[int] | str | None, str]:
@@ -203,6 +216,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
     shipped_engine["aggregated"]["async_scheduling"] = asynchronous
     caching, caching_source = prefix_caching(meta)
     shipped_engine["aggregated"]["prefix_caching"] = caching
+    whole, whole_source = reserve_full_isl(meta)
+    shipped_engine["aggregated"]["reserve_full_isl"] = whole
     table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
     graphs, graphs_source = cuda_graph_sizes(meta)
     shipped_timing = dict(table_timing, cuda_graph_sizes=graphs)
@@ -226,6 +241,7 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, calibrate: b
             f"async_scheduling {str(asynchronous).lower()} ({async_source})",
             f"cuda_graph_sizes {_graphs_note(graphs)} ({graphs_source})",
             f"prefix_caching {str(caching).lower()} ({caching_source})",
+            f"reserve_full_isl {str(whole).lower()} ({whole_source})",
         ] + ([link] if link else []),
         "seconds": {},
         "llmservingsim": llmservingsim_figures(case),
