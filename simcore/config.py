@@ -161,6 +161,9 @@ DEFAULTS: dict[str, Any] = {
         "pass_overhead_us": 0.0,
         # linear, table, aic: CUDA-graph capture sizes (null: none, a list, or vllm_default)
         "cuda_graph_sizes": None,
+        # linear, table: share of the decode attention's gap from the mean to the longest
+        # context added for batches of mixed lengths (docs/timing.md)
+        "attention_skew_alpha": 0.0,
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -509,6 +512,8 @@ class TimingConfig:
     # linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their
     # tokens (ascending, unique; None: no padding; VLLM_DEFAULT_GRAPHS until the pools resolve it)
     cuda_graph_sizes: tuple[int, ...] | str | None = None
+    # linear, table: decode attention + alpha x (at the longest context - at the mean)
+    attention_skew_alpha: float = 0.0
 
     @property
     def allreduce(self) -> bool:
@@ -929,7 +934,13 @@ def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any], pol
         prefill_scale=_number("timing.prefill_scale", raw["prefill_scale"], strict=True),
         decode_scale=_number("timing.decode_scale", raw["decode_scale"], strict=True),
         pass_overhead_us=_number("timing.pass_overhead_us", raw["pass_overhead_us"]),
+        attention_skew_alpha=_number("timing.attention_skew_alpha", raw["attention_skew_alpha"]),
     )
+    if out["attention_skew_alpha"] != 0.0 and kind not in ("linear", "table"):
+        raise ConfigError(
+            f"timing.attention_skew_alpha is only used by timing.type=linear or table, got "
+            f"{_shown(raw['attention_skew_alpha'])} with timing.type={kind}"
+        )
     out["cuda_graph_sizes"] = _graph_sizes(raw["cuda_graph_sizes"], policy)
     for key in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
         if raw[key] != DEFAULTS["timing"][key] and kind == "fixed":

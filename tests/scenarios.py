@@ -46,6 +46,7 @@ def random_scenario(
     cuda_graphs: bool = False,
     prefix_pressure: bool = False,
     reserve_full_isl: bool = False,
+    attention_skew: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -79,6 +80,8 @@ def random_scenario(
     (vllm policy), often with a token budget below the prompts (chunked
     prefills) and (without ``hash_ids``) prompts up to four times longer; drawn after
     everything else.
+    ``attention_skew`` draws ``timing.attention_skew_alpha`` (a fixed timing
+    becoming linear with a kv term); drawn after everything else.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -258,6 +261,18 @@ def random_scenario(
                     pool["max_batched_tokens"] = rnd.randint(2, 8)
         if hash_ids is None:  # (hash chains are drawn for the prompts' lengths)
             inputs = [min(x * rnd.randint(1, 4), 160) for x in inputs]
+    if attention_skew:
+        if config["timing"]["type"] == "fixed":
+            config["timing"] = {
+                "type": "linear",
+                "base_ms": rnd.choice([0.0, 0.5]),
+                "per_prefill_token_us": rnd.choice([10.0, 33.3]),
+                "per_decode_seq_us": rnd.choice([20.0, 7.7]),
+                "per_kv_token_ns": 0.0,
+            }
+        if config["timing"]["per_kv_token_ns"] == 0.0:
+            config["timing"]["per_kv_token_ns"] = rnd.choice([40.0, 123.4, 1e4])
+        config["timing"]["attention_skew_alpha"] = rnd.choice([0.0543, 0.5, 1.0, 3.7])
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 

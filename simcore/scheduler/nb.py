@@ -540,8 +540,9 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     Parameters
     ----------
     summary : ndarray(int64, ndim=2)
-        Out, (worker ranks, >= 5): row ``r`` receives ``[num_prefill,
-        prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens]`` (tokens).
+        Out, (worker ranks, 7): row ``r`` receives ``[num_prefill,
+        prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens]`` (tokens)
+        and in column 6 the largest ``computed + 1`` of a decode entry (0: none).
     r : int
         Rank index within its worker.
     g : int
@@ -568,6 +569,7 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     prefill_kv_tokens = 0
     num_decode = 0
     decode_kv_tokens = 0
+    decode_kv_max = 0
     for i in range(run_len[g]):
         k = running[g, i]
         n_tok = sched_n[k]
@@ -581,6 +583,7 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
         if is_decode:
             num_decode += 1
             decode_kv_tokens += computed[k] + 1
+            decode_kv_max = max(decode_kv_max, computed[k] + 1)
         else:
             num_prefill += 1
             prefill_tokens += n_tok
@@ -590,3 +593,4 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     summary[r, 2] = prefill_kv_tokens
     summary[r, 3] = num_decode
     summary[r, 4] = decode_kv_tokens
+    summary[r, 6] = decode_kv_max

@@ -455,6 +455,7 @@ class ReferenceSim:
         self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
         self.t_decode_scale = float(timing.get("decode_scale", 1.0))
         self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
+        self.t_skew_alpha = float(timing.get("attention_skew_alpha") or 0.0)
         ring = timing.get("allreduce") or {}
         self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
         self.ar_curve = None
@@ -1060,11 +1061,12 @@ class ReferenceSim:
     def summarize_batch(self, batch):
         """SPEC §8 batch summary (computed is still the value before the pass)."""
         s = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
-                 num_decode=0, decode_kv_tokens=0)
+                 num_decode=0, decode_kv_tokens=0, decode_kv_max=0)
         for req, n, is_decode in batch:
             if is_decode:
                 s["num_decode"] += 1
                 s["decode_kv_tokens"] += req.computed + 1
+                s["decode_kv_max"] = max(s["decode_kv_max"], req.computed + 1)
             else:
                 s["num_prefill"] += 1
                 s["prefill_tokens"] += n
@@ -1092,6 +1094,7 @@ class ReferenceSim:
               + self.t_per_prefill_token_us * prefill_tokens / 1000
               + self.t_per_decode_seq_us * num_decode / 1000
               + self.t_per_kv_token_ns * kv / 1e6)
+        ms += self.skew_ms(s)
         ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
         if self.ar_on:
             size = run_at * float(self.ar_bytes_per_token)
@@ -1105,6 +1108,15 @@ class ReferenceSim:
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
         return ms
+
+    def skew_ms(self, s):
+        """docs/timing.md attention skew (linear): alpha x the decodes' kv term at their
+        longest context less that at their mean."""
+        d = s["num_decode"]
+        gap = s["decode_kv_max"] * d - s["decode_kv_tokens"]
+        if self.t_skew_alpha == 0.0 or d < 2 or gap <= 0:
+            return 0.0
+        return self.t_skew_alpha * (self.t_per_kv_token_ns * gap / 1e6)
 
     def try_start(self, w, t):
         """SPEC §5 pass start on an idle worker with work (retried after preempt-only)."""
@@ -1211,7 +1223,7 @@ class ReferenceSim:
         # the pass record (only passes ending by the cap get here)
         for r in range(pool.R):
             rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
-            rec.update(p.summaries[r])
+            rec.update((key, value) for key, value in p.summaries[r].items() if key != "decode_kv_max")  # not logged
             rec["rank_time_ms"] = p.times_ms[r]
             rec["blocks_in_use"] = p.blocks[r]
             rec["pool"] = pool.name
