@@ -138,8 +138,8 @@ def rank_time_ms_nb(
         ms = table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded
         )
-        alpha = skew_alpha_nb(params, TABLE_NUM_PARAMS)
-        if alpha != 0.0 and num_decode > 1 and decode_kv_max * num_decode > decode_kv_tokens:
+        alpha = skew_alpha_nb(params, TABLE_NUM_PARAMS, num_decode, decode_kv_tokens, decode_kv_max)
+        if alpha != 0.0:
             ms += alpha * table_skew_gap_ms_nb(
                 params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
                 decode_kv_max,
@@ -175,8 +175,8 @@ def rank_time_ms_nb(
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
     )
-    alpha = skew_alpha_nb(params, LINEAR_NUM_PARAMS)
-    if alpha != 0.0 and decodes > 1 and decode_kv_max * decodes > decode_kv_tokens:
+    alpha = skew_alpha_nb(params, LINEAR_NUM_PARAMS, decodes, decode_kv_tokens, decode_kv_max)
+    if alpha != 0.0:
         # the kv term of the decodes at the longest context, less that at their mean
         ms += alpha * (params[3] * (decode_kv_max * decodes - decode_kv_tokens) / 1e6)
     return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, padded)
@@ -223,9 +223,12 @@ def graph_tokens_nb(params, table, base, tokens):
 
 
 @njit(cache=True)
-def skew_alpha_nb(params, base):
-    """``timing.attention_skew_alpha`` from the pass-terms block at ``base`` (0 without the block)."""
-    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS:
+def skew_alpha_nb(params, base, num_decode, decode_kv_tokens, decode_kv_max):
+    """``timing.attention_skew_alpha`` (pass-terms block at ``base``) where the batch has
+    decodes of different lengths, else 0 (also without the block)."""
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS or num_decode < 2:
+        return 0.0
+    if decode_kv_max * num_decode <= decode_kv_tokens:  # not known (0), or all of one length
         return 0.0
     return params[base + R_SKEW_ALPHA]
 
