@@ -214,14 +214,7 @@ def random_scenario(
             "curve": _random_curve_file(rnd, curve_dir, seed, config["timing"]["tp"]),
         }
     if cuda_graphs:
-        if config["timing"]["type"] == "fixed":
-            config["timing"] = {
-                "type": "linear",
-                "base_ms": rnd.choice([0.0, 0.5]),
-                "per_prefill_token_us": rnd.choice([10.0, 33.3]),
-                "per_decode_seq_us": rnd.choice([20.0, 7.7]),
-                "per_kv_token_ns": rnd.choice([0.0, 40.0]),
-            }
+        _fixed_to_linear(rnd, config)
         if policy == "vllm" and not disaggregated and rnd.random() < 0.3:
             config["timing"]["cuda_graph_sizes"] = "vllm_default"
         else:  # small sizes, some passes beyond the largest (eager, unpadded)
@@ -262,19 +255,24 @@ def random_scenario(
         if hash_ids is None:  # (hash chains are drawn for the prompts' lengths)
             inputs = [min(x * rnd.randint(1, 4), 160) for x in inputs]
     if attention_skew:
-        if config["timing"]["type"] == "fixed":
-            config["timing"] = {
-                "type": "linear",
-                "base_ms": rnd.choice([0.0, 0.5]),
-                "per_prefill_token_us": rnd.choice([10.0, 33.3]),
-                "per_decode_seq_us": rnd.choice([20.0, 7.7]),
-                "per_kv_token_ns": 0.0,
-            }
+        _fixed_to_linear(rnd, config)
         if config["timing"]["per_kv_token_ns"] == 0.0:
             config["timing"]["per_kv_token_ns"] = rnd.choice([40.0, 123.4, 1e4])
         config["timing"]["attention_skew_alpha"] = rnd.choice([0.0543, 0.5, 1.0, 3.7])
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
+
+
+def _fixed_to_linear(rnd: random.Random, config: dict) -> None:
+    """A fixed timing becomes a random linear one (features that need per-token terms)."""
+    if config["timing"]["type"] == "fixed":
+        config["timing"] = {
+            "type": "linear",
+            "base_ms": rnd.choice([0.0, 0.5]),
+            "per_prefill_token_us": rnd.choice([10.0, 33.3]),
+            "per_decode_seq_us": rnd.choice([20.0, 7.7]),
+            "per_kv_token_ns": rnd.choice([0.0, 40.0]),
+        }
 
 
 def _random_curve_file(rnd: random.Random, directory: str, seed: int, tp: int) -> str:

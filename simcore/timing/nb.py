@@ -224,8 +224,24 @@ def graph_tokens_nb(params, table, base, tokens):
 
 @njit(cache=True)
 def skew_alpha_nb(params, base, num_decode, decode_kv_tokens, decode_kv_max):
-    """``timing.attention_skew_alpha`` (pass-terms block at ``base``) where the batch has
-    decodes of different lengths, else 0 (also without the block)."""
+    """``timing.attention_skew_alpha`` where the batch has decodes of different lengths, else 0.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The model's parameters, the pass-terms block at ``base`` (``R_SKEW_ALPHA``).
+    base : int
+        Offset of the pass-terms block in ``params``.
+    num_decode, decode_kv_tokens : int
+        Decode entries and their sum of ``computed + 1``, tokens.
+    decode_kv_max : int
+        Their largest ``computed + 1`` (0: not known).
+
+    Returns
+    -------
+    float
+        Alpha (0 without the block, with fewer than two decodes, or decodes of one length).
+    """
     if params.shape[0] < base + PASS_TERMS_NUM_PARAMS or num_decode < 2:
         return 0.0
     if decode_kv_max * num_decode <= decode_kv_tokens:  # not known (0), or all of one length
@@ -691,7 +707,20 @@ def table_pass_ms_nb(
 
 @njit(cache=True)
 def mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens):
-    """The mean prefill entry's chunk and cached tokens (0, 0 without prefill)."""
+    """The mean prefill entry's chunk and cached tokens.
+
+    Parameters
+    ----------
+    num_prefill : int
+        Prefill entries.
+    prefill_tokens, prefill_kv_tokens : int
+        Prefill tokens scheduled, and their total with the cached ones, tokens.
+
+    Returns
+    -------
+    chunk, cached : float
+        Tokens (0, 0 without prefill).
+    """
     if num_prefill == 0:
         return 0.0, 0.0
     return prefill_tokens / num_prefill, (prefill_kv_tokens - prefill_tokens) / num_prefill
@@ -709,6 +738,22 @@ def table_skew_gap_ms_nb(
     query at the longest context (LLMServingSim's profiler fits it as
     ``t = t_mean + alpha (t_max - t_mean)``; docs/timing.md).  A gap the grid
     gives below 0 counts 0.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The batch summary of SPEC §8 (at least two decodes).
+    decode_kv_max : int
+        The largest ``computed + 1`` of a decode entry, tokens.
+
+    Returns
+    -------
+    float
+        The gap, ms.
     """
     chunk, cached = mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens)
     mean_us = table_attention_us_nb(params, table, chunk, cached, num_decode, decode_kv_tokens / num_decode - 1.0)
