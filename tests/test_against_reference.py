@@ -301,9 +301,9 @@ def test_attention_skew_matches_reference(seed):
 def test_attention_skew_scenarios_change_pass_times():
     """The skew term decides: many scenarios have passes of decodes of mixed lengths."""
     differ = 0
-    for seed in range(0, NUM_SKEW_SCENARIOS, 3):
+    for seed in range(NUM_SKEW_SCENARIOS):
         on = random_scenario(seed, attention_skew=True)
         off = dict(on, config=merge_config(on["config"]))
         off["config"]["timing"]["attention_skew_alpha"] = 0.0
         differ += reference(on)[1]["passes"] != reference(off)[1]["passes"]
-    assert differ >= NUM_SKEW_SCENARIOS // 3 // 4, differ
+    assert differ >= NUM_SKEW_SCENARIOS // 6, differ
