@@ -320,9 +320,10 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
         capacity = pool.num_blocks * pool.block_size
         tokens = min(capacity, _largest_budget(pool) or capacity)
         seqs = pool.max_sequences
-        batches = [(1, tokens, capacity, 0, 0), (0, 0, 0, seqs, capacity)]
+        # (the longest decode context at the whole cache: the largest skew term too)
+        batches = [(1, tokens, capacity, 0, 0, 0), (0, 0, 0, seqs, capacity, capacity)]
         if seqs > 1:
-            batches.append((1, tokens, capacity // 2, seqs - 1, capacity // 2))
+            batches.append((1, tokens, capacity // 2, seqs - 1, capacity // 2, capacity // 2))
         times = [rank_time_ms_nb(model, params, table, *batch) for batch in batches]
         out.append(max(t if math.isfinite(t) else math.inf for t in times))
     return out
@@ -419,6 +420,9 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
                  passes * t.per_decode_seq_us * pool.max_sequences / 1000 * scale),
                 (f"timing.per_kv_token_ns={t.per_kv_token_ns!r}{scaled} of {capacity:.4g} KV tokens",
                  passes * t.per_kv_token_ns * capacity / 1e6 * scale),
+                (f"timing.attention_skew_alpha={t.attention_skew_alpha!r} x timing.per_kv_token_ns{scaled} "
+                 f"of {pool.max_sequences} x {capacity:.4g} KV tokens",
+                 passes * t.attention_skew_alpha * t.per_kv_token_ns * pool.max_sequences * capacity / 1e6 * scale),
                 (f"timing.pass_overhead_us={t.pass_overhead_us!r}{_allreduce_label(t)}{each}",
                  passes * _linear_pass_terms_ms(cfg, prefill_tokens + pool.max_sequences)),
             ]

@@ -49,6 +49,8 @@ _POOL_DEFAULTS = {
     "rank_policy": "round_robin",
     # vllm policy with prefix_caching: a CPU tier of KV blocks (docs/prefix-caching.md)
     "kv_offload": {"num_blocks": None, "bandwidth_gb_per_second": None, "bytes_per_token": None},
+    # vllm policy: admit a waiting request only if its whole sequence fits (docs/semantics.md)
+    "reserve_full_isl": False,
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -182,6 +184,9 @@ DEFAULTS: dict[str, Any] = {
         "pass_overhead_us": 0.0,
         # linear, table, aic: CUDA-graph capture sizes (null: none, a list, or vllm_default)
         "cuda_graph_sizes": None,
+        # linear, table: share of the decode attention's gap from the mean to the longest
+        # context added for batches of mixed lengths (docs/timing.md)
+        "attention_skew_alpha": 0.0,
     },
     "tokenization": {"workers": 1, "base_ms": 0.0, "per_input_us": 0.0},
     "detokenization": {
@@ -486,6 +491,7 @@ class PoolConfig:
     async_scheduling: bool = False  # vllm, aggregated or decode pool (docs/semantics.md)
     rank_policy: str = "round_robin"  # RANK_POLICIES (docs/routing.md)
     kv_offload: "KVOffloadConfig | None" = None  # CPU tier (docs/prefix-caching.md); None: none
+    reserve_full_isl: bool = False  # vllm (docs/semantics.md)
 
     @property
     def num_ranks(self) -> int:
@@ -573,6 +579,8 @@ class TimingConfig:
     # linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their
     # tokens (ascending, unique; None: no padding; VLLM_DEFAULT_GRAPHS until the pools resolve it)
     cuda_graph_sizes: tuple[int, ...] | str | None = None
+    # linear, table: decode attention + alpha x (at the longest context - at the mean)
+    attention_skew_alpha: float = 0.0
 
     @property
     def allreduce(self) -> bool:
@@ -902,6 +910,7 @@ def _pool(
         async_scheduling=_async_scheduling(prefix, raw["async_scheduling"], policy),
         rank_policy=_choice(f"{prefix}.rank_policy", raw["rank_policy"], RANK_POLICIES),
         kv_offload=_kv_offload(prefix, raw, block_size, policy),
+        reserve_full_isl=_reserve_full_isl(prefix, raw["reserve_full_isl"], policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1009,7 +1018,13 @@ def _pass_terms(raw: Mapping[str, Any], kind: str, extra: Mapping[str, Any], pol
         prefill_scale=_number("timing.prefill_scale", raw["prefill_scale"], strict=True),
         decode_scale=_number("timing.decode_scale", raw["decode_scale"], strict=True),
         pass_overhead_us=_number("timing.pass_overhead_us", raw["pass_overhead_us"]),
+        attention_skew_alpha=_number("timing.attention_skew_alpha", raw["attention_skew_alpha"]),
     )
+    if out["attention_skew_alpha"] != 0.0 and kind not in ("linear", "table"):
+        raise ConfigError(
+            f"timing.attention_skew_alpha is only used by timing.type=linear or table, got "
+            f"{_shown(raw['attention_skew_alpha'])} with timing.type={kind}"
+        )
     out["cuda_graph_sizes"] = _graph_sizes(raw["cuda_graph_sizes"], policy)
     for key in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
         if raw[key] != DEFAULTS["timing"][key] and kind == "fixed":
@@ -1153,6 +1168,13 @@ def _async_scheduling(prefix: str, value: Any, policy: str) -> bool:
         "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
         "set it on engine.decode or engine.aggregated",
     )
+
+
+def _reserve_full_isl(prefix: str, value: Any, policy: str) -> bool:
+    enabled = _flag(f"{prefix}.reserve_full_isl", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{prefix}.reserve_full_isl is modelled for engine.policy=vllm only, got {policy}")
+    return enabled
 
 
 def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:

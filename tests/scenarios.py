@@ -45,6 +45,8 @@ def random_scenario(
     curve_dir: str | None = None,
     cuda_graphs: bool = False,
     prefix_pressure: bool = False,
+    reserve_full_isl: bool = False,
+    attention_skew: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -74,6 +76,12 @@ def random_scenario(
     long hash_ids chains (a fifth of the scenarios also repeat hashes inside a
     prompt), on a cache a few prompts fill, with a waiting queue (head-of-line
     blocking, preemption); drawn last.
+    ``reserve_full_isl`` turns on vLLM's whole-sequence admission on every pool
+    (vllm policy), often with a token budget below the prompts (chunked
+    prefills) and (without ``hash_ids``) prompts up to four times longer; drawn after
+    everything else.
+    ``attention_skew`` draws ``timing.attention_skew_alpha`` (a fixed timing
+    becoming linear with a kv term); drawn after everything else.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -206,14 +214,7 @@ def random_scenario(
             "curve": _random_curve_file(rnd, curve_dir, seed, config["timing"]["tp"]),
         }
     if cuda_graphs:
-        if config["timing"]["type"] == "fixed":
-            config["timing"] = {
-                "type": "linear",
-                "base_ms": rnd.choice([0.0, 0.5]),
-                "per_prefill_token_us": rnd.choice([10.0, 33.3]),
-                "per_decode_seq_us": rnd.choice([20.0, 7.7]),
-                "per_kv_token_ns": rnd.choice([0.0, 40.0]),
-            }
+        _fixed_to_linear(rnd, config)
         if policy == "vllm" and not disaggregated and rnd.random() < 0.3:
             config["timing"]["cuda_graph_sizes"] = "vllm_default"
         else:  # small sizes, some passes beyond the largest (eager, unpadded)
@@ -247,8 +248,35 @@ def random_scenario(
             for _ in range(n):
                 send_ns.append(t)
                 t += rnd.choice([0, 0, 0, 100_000, rnd.randint(0, 3_000_000)])
+    if reserve_full_isl:
+        assert policy == "vllm", "reserve_full_isl is a vllm admission rule"
+        for name in ("aggregated", "prefill", "decode"):
+            pool = config["engine"].get(name)
+            if isinstance(pool, dict):
+                pool["reserve_full_isl"] = True
+                if rnd.random() < 0.7:  # chunked prompts: the first chunk fits long before the whole
+                    pool["max_batched_tokens"] = rnd.randint(2, 8)
+        if hash_ids is None:  # (hash chains are drawn for the prompts' lengths)
+            inputs = [min(x * rnd.randint(1, 4), 160) for x in inputs]
+    if attention_skew:
+        _fixed_to_linear(rnd, config)
+        if config["timing"]["per_kv_token_ns"] == 0.0:
+            config["timing"]["per_kv_token_ns"] = rnd.choice([40.0, 123.4, 1e4])
+        config["timing"]["attention_skew_alpha"] = rnd.choice([0.0543, 0.5, 1.0, 3.7])
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
+
+
+def _fixed_to_linear(rnd: random.Random, config: dict) -> None:
+    """A fixed timing becomes a random linear one (features that need per-token terms)."""
+    if config["timing"]["type"] == "fixed":
+        config["timing"] = {
+            "type": "linear",
+            "base_ms": rnd.choice([0.0, 0.5]),
+            "per_prefill_token_us": rnd.choice([10.0, 33.3]),
+            "per_decode_seq_us": rnd.choice([20.0, 7.7]),
+            "per_kv_token_ns": rnd.choice([0.0, 40.0]),
+        }
 
 
 def _random_curve_file(rnd: random.Random, directory: str, seed: int, tp: int) -> str:

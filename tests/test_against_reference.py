@@ -27,6 +27,8 @@ NUM_CURVE_SCENARIOS = 100  # a third of them disaggregated
 NUM_GRAPH_SCENARIOS = 300  # mixed with the other features
 NUM_PREFIX_PRESSURE_SCENARIOS = 150
 CACHING_POLICIES = ["sglang", "trtllm"]  # prefix caching beside vllm's (docs/prefix-caching.md)
+NUM_FULL_ISL_SCENARIOS = 300  # mixed with prefix caching, async scheduling and P/D
+NUM_SKEW_SCENARIOS = 300  # mixed with the policies, P/D, async scheduling, CUDA graphs, pass terms
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -306,3 +308,37 @@ def test_detokenization_paths_agree_on_open_loop(seed):
     inside, _, _ = run_fast(scenario, detok_path="kernel", record_passes=False)
     np.testing.assert_array_equal(after.token_emit_ns, inside.token_emit_ns)
     np.testing.assert_array_equal(after.token_recv_ns, inside.token_recv_ns)
+
+
+@pytest.mark.parametrize("seed", range(NUM_FULL_ISL_SCENARIOS))
+def test_reserve_full_isl_matches_reference(seed):
+    compare_with_reference(
+        random_scenario(
+            seed, reserve_full_isl=True, disaggregated=seed % 3 == 2, prefix_caching=seed % 4 == 1,
+            async_scheduling=seed % 2 == 1, long_outputs=seed % 7 == 3,
+        )
+    )
+
+
+
+@pytest.mark.parametrize("seed", range(NUM_SKEW_SCENARIOS))
+def test_attention_skew_matches_reference(seed):
+    policy = ("vllm", "vllm", "sglang", "trtllm")[seed % 4]
+    compare_with_reference(
+        random_scenario(
+            seed, policy=policy, attention_skew=True, disaggregated=seed % 3 == 2, long_outputs=seed % 5 == 1,
+            async_scheduling=policy == "vllm" and seed % 2 == 1, allreduce=seed % 6 == 0,
+            cuda_graphs=seed % 7 == 3, steady=seed % 11 == 5 and policy != "sglang" and seed % 3 != 2,
+        )
+    )
+
+
+def test_attention_skew_scenarios_change_pass_times():
+    """The skew term decides: many scenarios have passes of decodes of mixed lengths."""
+    differ = 0
+    for seed in range(NUM_SKEW_SCENARIOS):
+        on = random_scenario(seed, attention_skew=True)
+        off = dict(on, config=merge_config(on["config"]))
+        off["config"]["timing"]["attention_skew_alpha"] = 0.0
+        differ += reference(on)[1]["passes"] != reference(off)[1]["passes"]
+    assert differ >= NUM_SKEW_SCENARIOS // 6, differ

@@ -90,6 +90,39 @@ def test_table_interpolation_matches_hand_computed_values(tmp_path):
     assert pass_ms(params, table, 0, 0, 0, 0, 0) == 0.0
 
 
+def test_attention_skew_adds_alpha_of_the_gap_to_the_longest_context(tmp_path):
+    """timing.attention_skew_alpha: attention + alpha x (A at the longest decode - A at the mean)."""
+    from simcore.timing.allreduce import pass_terms_block
+
+    params, table = profile_arrays(load_profile(write_profile(tmp_path / "p"), num_layers=4))
+    cfg = load_config({"timing": {"type": "linear", "attention_skew_alpha": 0.25}}).timing
+    skewed = np.concatenate([params, pass_terms_block(cfg, table.shape[0])[0]])
+    # One prefill entry (24 over 32) and two decodes of 20 and 44 cached tokens (mean 32,
+    # longest 44): the pass of the first hand-worked case plus 4 layers x 0.25 x
+    # (A(24, 32, 2, 44) - A(24, 32, 2, 32)) = 4 x 0.25 x 0.05 x 2 x 12 = 1.2 us.
+    plain = pass_ms(params, table, 1, 24, 56, 2, 66)
+    assert pass_ms(skewed, table, 1, 24, 56, 2, 66, 45) == pytest.approx(plain + 1.2e-3, rel=1e-12)
+    # Without the longest context, with one decode or equal contexts: nothing is added.
+    assert pass_ms(skewed, table, 1, 24, 56, 2, 66) == plain
+    assert pass_ms(skewed, table, 1, 24, 56, 2, 66, 33) == plain
+    assert pass_ms(skewed, table, 0, 0, 0, 1, 6, 6) == pass_ms(params, table, 0, 0, 0, 1, 6)
+    # linear: alpha x per_kv_token_ns x (decodes x longest - their sum): 0.5 x 100 x (3 x 40 - 90) ns.
+    cfg = load_config({"timing": {"type": "linear", "base_ms": 1.0, "per_prefill_token_us": 0.0, "per_decode_seq_us": 0.0,
+                                  "per_kv_token_ns": 100.0, "attention_skew_alpha": 0.5}}).timing
+    model, lin, empty = timing_arrays(cfg)
+    assert nb.rank_time_ms_nb(model, lin, empty, 0, 0, 0, 3, 90, 40) == pytest.approx(1.0 + 9e-3 + 1.5e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [{"type": "fixed", "attention_skew_alpha": 0.1}, {"type": "linear", "attention_skew_alpha": -0.1},
+     {"type": "linear", "attention_skew_alpha": "x"}],
+)
+def test_bad_attention_skew_alpha_names_the_key(timing):
+    with pytest.raises(ConfigError, match=r"timing\.attention_skew_alpha"):
+        load_config({"timing": timing})
+
+
 def test_table_extension_never_falls_beyond_the_last_knot(tmp_path):
     """A 2-knot end segment that slopes down holds the last knot's value past it; rising ones extend."""
     dense = [

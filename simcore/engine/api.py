@@ -630,6 +630,7 @@ def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
         max_prefill_tokens=per_rank("max_prefill_tokens"),
         ratio_params=ratio,
         prefix_caching=prefix_caching,
+        reserve_full_isl=np.array([pool.reserve_full_isl for pool in ranks], dtype=np.bool_),
     )
     return topology, rank_limits, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
 

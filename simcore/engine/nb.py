@@ -183,7 +183,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         router.rank_policy, router.weights, router.draws, router.decode_draws, router.tok_index, router.tok_workers,
         out.placed_rank, out.placed_worker,
         load.session_mode, load.session_closed, load.session_think_ns, load.session_first, load.next_turn,
-        load.turn_think_ns, load.seq_rank, load.seq_tok_base, out.send_seq,
+        load.turn_think_ns, load.seq_rank, load.seq_tok_base, out.send_seq, ranks.reserve_full_isl,
     )
 
 
@@ -264,6 +264,7 @@ def _replay_nb(
     seq_rank,
     seq_tok_base,
     send_seq,
+    rank_reserve_full_isl,
 ):
     """The event loop of ``simulate_engine_nb``, over the members of its typed state.
 
@@ -306,7 +307,7 @@ def _replay_nb(
     pass_end = np.full(num_workers, -1, dtype=np.int64)
     pass_start = np.full(num_workers, -1, dtype=np.int64)
     max_ranks = worker_num_ranks.max()
-    summary = np.zeros((max_ranks, 6), dtype=np.int64)
+    summary = np.zeros((max_ranks, 7), dtype=np.int64)  # SPEC §8, blocks in use, longest decode
     rank_ms = np.zeros(max_ranks, dtype=np.float64)
 
     # Asynchronous scheduling: a worker's pass on the GPU and the one queued
@@ -320,7 +321,7 @@ def _replay_nb(
     run_slot = np.zeros(num_workers, dtype=np.int64)
     queued = np.zeros(num_workers, dtype=np.bool_)
     queued_ms = np.zeros(num_workers, dtype=np.float64)
-    queued_summary = np.zeros((num_workers if any_async else 0, max_ranks, 6), dtype=np.int64)
+    queued_summary = np.zeros((num_workers if any_async else 0, max_ranks, 7), dtype=np.int64)
     queued_rank_ms = np.zeros((num_workers if any_async else 0, max_ranks), dtype=np.float64)
     planned = np.zeros(n, dtype=np.int64) if any_async else generated
 
@@ -435,10 +436,12 @@ def _replay_nb(
             # is the decode rule of batch_summary_nb.
             num_out = 0
             decode_kv_tokens = 0
+            decode_kv_max = 0
             for i in range(run_len[0]):
                 k = running[0, i]
                 computed[k] += 1
                 decode_kv_tokens += computed[k] + 1
+                decode_kv_max = max(decode_kv_max, computed[k] + 1)
                 j = generated[k]
                 generated[k] = j + 1
                 tok = token_offset[k] + j
@@ -476,7 +479,10 @@ def _replay_nb(
             summary[0, 2] = 0
             summary[0, 3] = run_len[0]
             summary[0, 4] = decode_kv_tokens
-            ms = rank_time_ms_nb(timing_model, timing_params, timing_table, 0, 0, 0, run_len[0], decode_kv_tokens)
+            summary[0, 6] = decode_kv_max
+            ms = rank_time_ms_nb(
+                timing_model, timing_params, timing_table, 0, 0, 0, run_len[0], decode_kv_tokens, decode_kv_max
+            )
             if not (ms >= 0.0 and ms < np.inf):
                 _report_bad_batch_nb(bad_batch, 0, 0, summary, ms)
                 return BAD_TIMING, pass_log_rows, num_emitted
@@ -810,7 +816,7 @@ def _replay_nb(
                             rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
                             rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
                             worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                            cached_tokens, worker_async[w],
+                            cached_tokens, worker_async[w], rank_reserve_full_isl[g],
                         )
                     batch_summary_nb(
                         summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
@@ -831,6 +837,7 @@ def _replay_nb(
                         summary[r, 2],
                         summary[r, 3],
                         summary[r, 4],
+                        summary[r, 6],
                     )
                     if not (ms >= 0.0 and ms < np.inf):
                         _report_bad_batch_nb(bad_batch, w, r, summary, ms)

@@ -91,6 +91,7 @@ class Ranks(NamedTuple):
     max_prefill_tokens: I64  # SGLang extend-batch budget
     ratio_params: F64_2D  # (ranks, 3) SGLang new_token_ratio [init, min, decay]
     prefix_caching: BOOL
+    reserve_full_isl: BOOL  # vLLM scheduler_reserve_full_isl admission (docs/semantics.md)
 
 
 class Timing(NamedTuple):

@@ -122,6 +122,7 @@ def build_vllm_batch_nb(
     blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
     num_preemptions, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
     rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens, asynchronous,
+    reserve_full,
 ):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
@@ -177,6 +178,9 @@ def build_vllm_batch_nb(
         Per request prompt tokens reused at the first admission, tokens; set then.
     asynchronous : bool
         Asynchronous scheduling on this rank's worker (docs/semantics.md).
+    reserve_full : bool
+        vLLM's ``scheduler_reserve_full_isl``: a waiting request is admitted
+        only if the blocks of all its known tokens fit, not just its first chunk.
 
     Returns
     -------
@@ -257,7 +261,10 @@ def build_vllm_batch_nb(
         start = hits * block_size if caching and fresh else computed[k]
         n_tok = min(known - start, budget)
         grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
-        if grow + cached_hits > num_blocks - blocks_used[g]:
+        must_fit = grow
+        if reserve_full:  # the whole sequence, not only the chunk scheduled now
+            must_fit = _grow_nb(known, held[k] + hits, block_size)
+        if must_fit + cached_hits > num_blocks - blocks_used[g]:
             break
         if no_evict:
             footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
@@ -612,8 +619,9 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     Parameters
     ----------
     summary : ndarray(int64, ndim=2)
-        Out, (worker ranks, >= 5): row ``r`` receives ``[num_prefill,
-        prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens]`` (tokens).
+        Out, (worker ranks, 7): row ``r`` receives ``[num_prefill,
+        prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens]`` (tokens)
+        and in column 6 the largest ``computed + 1`` of a decode entry (0: none).
     r : int
         Rank index within its worker.
     g : int
@@ -640,6 +648,7 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     prefill_kv_tokens = 0
     num_decode = 0
     decode_kv_tokens = 0
+    decode_kv_max = 0
     for i in range(run_len[g]):
         k = running[g, i]
         n_tok = sched_n[k]
@@ -653,6 +662,7 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
         if is_decode:
             num_decode += 1
             decode_kv_tokens += computed[k] + 1
+            decode_kv_max = max(decode_kv_max, computed[k] + 1)
         else:
             num_prefill += 1
             prefill_tokens += n_tok
@@ -662,3 +672,4 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     summary[r, 2] = prefill_kv_tokens
     summary[r, 3] = num_decode
     summary[r, 4] = decode_kv_tokens
+    summary[r, 6] = decode_kv_max

@@ -143,6 +143,7 @@ def pass_terms_block(cfg: TimingConfig, table_size: int) -> tuple[np.ndarray, np
     block[nb.R_PREFILL_SCALE] = cfg.prefill_scale
     block[nb.R_DECODE_SCALE] = cfg.decode_scale
     block[nb.R_OVERHEAD_US] = cfg.pass_overhead_us
+    block[nb.R_SKEW_ALPHA] = cfg.attention_skew_alpha
     appended: list[np.ndarray] = []
     end = table_size
     if cfg.allreduce:

@@ -92,12 +92,14 @@ R_CURVE_X = 9  # offset of the curve's message sizes in ``table`` (bytes, ascend
 R_CURVE_Y = 10  # offset of the curve's times (us)
 R_GRAPH_N = 11  # CUDA-graph capture sizes: how many (0: no padding)
 R_GRAPH_X = 12  # offset of the sizes in ``table`` (tokens, ascending)
-PASS_TERMS_NUM_PARAMS = 13
+R_SKEW_ALPHA = 13  # decode-attention skew: share of (attention at the longest - at the mean) added
+PASS_TERMS_NUM_PARAMS = 14
 
 
 @njit(cache=True)
 def rank_time_ms_nb(
-    model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+    model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+    decode_kv_max=0,
 ):
     """Time of one rank's batch, ms.
 
@@ -113,6 +115,8 @@ def rank_time_ms_nb(
         Flat lookup tables of table-driven models (empty for fixed, linear).
     num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
         The batch summary of SPEC §8 (tokens, sequences).
+    decode_kv_max : int
+        The largest ``computed + 1`` of a decode entry (0: not known, no skew term).
 
     Returns
     -------
@@ -134,6 +138,12 @@ def rank_time_ms_nb(
         ms = table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded
         )
+        alpha = skew_alpha_nb(params, TABLE_NUM_PARAMS, num_decode, decode_kv_tokens, decode_kv_max)
+        if alpha != 0.0:
+            ms += alpha * table_skew_gap_ms_nb(
+                params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+                decode_kv_max,
+            )
         return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, padded)
     if model == TIMING_AIC:
         # timing.allreduce replaces the database's own per-layer all-reduces
@@ -154,6 +164,7 @@ def rank_time_ms_nb(
     # linear: the padding tokens are priced as tokens of the pass's own kind
     # (prefill tokens beside a prefill entry, decode entries without cache otherwise)
     padded = graph_tokens_nb(params, table, LINEAR_NUM_PARAMS, tokens)
+    decodes = num_decode  # the scheduled ones (the skew term's)
     if num_prefill > 0:
         prefill_tokens += padded - tokens
     else:
@@ -164,6 +175,10 @@ def rank_time_ms_nb(
         + params[2] * num_decode / 1000
         + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
     )
+    alpha = skew_alpha_nb(params, LINEAR_NUM_PARAMS, decodes, decode_kv_tokens, decode_kv_max)
+    if alpha != 0.0:
+        # the kv term of the decodes at the longest context, less that at their mean
+        ms += alpha * (params[3] * (decode_kv_max * decodes - decode_kv_tokens) / 1e6)
     return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, padded)
 
 
@@ -205,6 +220,33 @@ def graph_tokens_nb(params, table, base, tokens):
         else:
             lo = mid + 1
     return int(table[off + lo])
+
+
+@njit(cache=True)
+def skew_alpha_nb(params, base, num_decode, decode_kv_tokens, decode_kv_max):
+    """``timing.attention_skew_alpha`` where the batch has decodes of different lengths, else 0.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The model's parameters, the pass-terms block at ``base`` (``R_SKEW_ALPHA``).
+    base : int
+        Offset of the pass-terms block in ``params``.
+    num_decode, decode_kv_tokens : int
+        Decode entries and their sum of ``computed + 1``, tokens.
+    decode_kv_max : int
+        Their largest ``computed + 1`` (0: not known).
+
+    Returns
+    -------
+    float
+        Alpha (0 without the block, with fewer than two decodes, or decodes of one length).
+    """
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS or num_decode < 2:
+        return 0.0
+    if decode_kv_max * num_decode <= decode_kv_tokens:  # not known (0), or all of one length
+        return 0.0
+    return params[base + R_SKEW_ALPHA]
 
 
 @njit(cache=True)
@@ -653,11 +695,7 @@ def table_pass_ms_nb(
     dense_layer = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_LAYER]), n_dense, tokens)
     dense_pass = interp1_rising_nb(table, int(params[P_DENSE_X]), int(params[P_DENSE_PASS]), n_dense, tokens)
     per_seq = interp1_rising_nb(table, int(params[P_SEQ_X]), int(params[P_SEQ_Y]), int(params[P_SEQ_N]), seqs)
-    chunk = 0.0
-    cached = 0.0
-    if num_prefill > 0:
-        chunk = prefill_tokens / num_prefill
-        cached = (prefill_kv_tokens - prefill_tokens) / num_prefill
+    chunk, cached = mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens)
     kv_decode = 0.0
     if num_decode > 0:
         kv_decode = decode_kv_tokens / num_decode - 1.0
@@ -665,6 +703,64 @@ def table_pass_ms_nb(
     if num_prefill > 1:
         attn += (num_prefill - 1) * table_attention_us_nb(params, table, chunk, cached, 0, 0.0)
     return (params[P_NUM_LAYERS] * (dense_layer + attn) + dense_pass + per_seq) / 1000.0
+
+
+@njit(cache=True)
+def mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens):
+    """The mean prefill entry's chunk and cached tokens.
+
+    Parameters
+    ----------
+    num_prefill : int
+        Prefill entries.
+    prefill_tokens, prefill_kv_tokens : int
+        Prefill tokens scheduled, and their total with the cached ones, tokens.
+
+    Returns
+    -------
+    chunk, cached : float
+        Tokens (0, 0 without prefill).
+    """
+    if num_prefill == 0:
+        return 0.0, 0.0
+    return prefill_tokens / num_prefill, (prefill_kv_tokens - prefill_tokens) / num_prefill
+
+
+@njit(cache=True)
+def table_skew_gap_ms_nb(
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, decode_kv_max
+):
+    """``num_layers x (A(.., n_decode, longest) - A(.., n_decode, mean))``, ms, at least 0.
+
+    The profile measures decodes of one context length; the attention of a
+    batch of mixed lengths is taken at their mean (``table_pass_ms_nb``), and
+    ``timing.attention_skew_alpha`` adds this share of the gap to the same
+    query at the longest context (LLMServingSim's profiler fits it as
+    ``t = t_mean + alpha (t_max - t_mean)``; docs/timing.md).  A gap the grid
+    gives below 0 counts 0.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes into ``table`` (``P_*`` indices).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The batch summary of SPEC §8 (at least two decodes).
+    decode_kv_max : int
+        The largest ``computed + 1`` of a decode entry, tokens.
+
+    Returns
+    -------
+    float
+        The gap, ms.
+    """
+    chunk, cached = mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens)
+    mean_us = table_attention_us_nb(params, table, chunk, cached, num_decode, decode_kv_tokens / num_decode - 1.0)
+    longest_us = table_attention_us_nb(params, table, chunk, cached, num_decode, decode_kv_max - 1.0)
+    if longest_us <= mean_us:
+        return 0.0
+    return params[P_NUM_LAYERS] * (longest_us - mean_us) / 1000.0
 
 
 # ---------------------------------------------------------------- aic
@@ -867,7 +963,8 @@ def aic_context_ops_nb(params, table, tokens, without_allreduce):
 @njit(cache=True)
 def pass_times_nb(model, params, table, summaries, out):
     """``rank_time_ms_nb`` over rows ``[num_prefill, prefill_tokens, prefill_kv_tokens,
-    num_decode, decode_kv_tokens]`` of ``summaries`` (int64, shape (n, 5)) into ``out`` (ms).
+    num_decode, decode_kv_tokens]`` (and optionally ``decode_kv_max``) of ``summaries``
+    (int64, shape (n, 5) or (n, 6)) into ``out`` (ms).
 
     Parameters
     ----------
@@ -877,8 +974,8 @@ def pass_times_nb(model, params, table, summaries, out):
         The model's parameters.
     table : ndarray(float64, ndim=1)
         Its flat lookup tables (may be empty).
-    summaries : ndarray(int64, shape (n, 5))
-        SPEC §8 batch summaries (entries, tokens).
+    summaries : ndarray(int64, shape (n, 5) or (n, 6))
+        SPEC §8 batch summaries (entries, tokens), then the longest decode context.
     out : ndarray(float64, ndim=1)
         Out, (n,): pass time of each row, ms.
     """
@@ -892,5 +989,6 @@ def pass_times_nb(model, params, table, summaries, out):
             summaries[r, 2],
             summaries[r, 3],
             summaries[r, 4],
+            summaries[r, 5] if summaries.shape[1] > 5 else 0,
         )
 

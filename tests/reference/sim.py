@@ -342,6 +342,9 @@ class Pool:
         self.async_scheduling = bool(params.get("async_scheduling") or False)
         if self.async_scheduling and (policy != "vllm" or name == "prefill"):
             raise ValueError(f"engine.{name}.async_scheduling: vllm policy, aggregated or decode pool only")
+        self.reserve_full_isl = bool(params.get("reserve_full_isl") or False)
+        if self.reserve_full_isl and policy != "vllm":
+            raise ValueError(f"engine.{name}.reserve_full_isl is modelled for policy vllm only")
         if self.prefix_caching and name == "decode":
             raise ValueError("engine.decode.prefix_caching: a decode pool receives its KV "
                              "by transfer")
@@ -478,6 +481,7 @@ class ReferenceSim(OffloadMixin):
         self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
         self.t_decode_scale = float(timing.get("decode_scale", 1.0))
         self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
+        self.t_skew_alpha = float(timing.get("attention_skew_alpha") or 0.0)
         ring = timing.get("allreduce") or {}
         self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
         self.ar_curve = None
@@ -977,6 +981,11 @@ class ReferenceSim(OffloadMixin):
                  or req.input_tokens + req.generated + 1 >= pool.L)
         if rank.extend or final:
             self.radix_insert(pool, rank, req, req.computed)
+    @staticmethod
+    def admission_tokens(pool, req, computed, n):
+        """Tokens whose blocks must fit to admit a waiting request: computed + n, or
+        with vLLM's scheduler_reserve_full_isl all its known tokens."""
+        return req.known if pool.reserve_full_isl else computed + n
 
     def build_batch_vllm(self, pool, rank, no_evict):
         """SPEC §5 pass start for one rank (policy vllm); with ``no_evict`` the trtllm
@@ -1041,7 +1050,7 @@ class ReferenceSim(OffloadMixin):
                 h = len(hits)
                 computed = h * pool.block_size
                 n = min(req.known - computed, B)
-                new = pool.blocks_for(computed + n) - h
+                new = pool.blocks_for(self.admission_tokens(pool, req, computed, n)) - h
                 evictable = sum(1 for block in hits if block.ref == 0)
                 if new + evictable > pool.num_blocks - rank.used_blocks:
                     break  # head of line
@@ -1063,7 +1072,7 @@ class ReferenceSim(OffloadMixin):
                 footprint = pool.footprint(req)
                 if footprint > pool.num_blocks - rank.used_blocks - promised:
                     break  # FIFO, no skipping
-            if not fits(req, n):
+            if not fits(req, self.admission_tokens(pool, req, req.computed, n) - req.computed):
                 break
             rank.waiting.popleft()
             rank.running.append(req)
@@ -1214,11 +1223,12 @@ class ReferenceSim(OffloadMixin):
     def summarize_batch(self, batch):
         """SPEC §8 batch summary (computed is still the value before the pass)."""
         s = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
-                 num_decode=0, decode_kv_tokens=0)
+                 num_decode=0, decode_kv_tokens=0, decode_kv_max=0)
         for req, n, is_decode in batch:
             if is_decode:
                 s["num_decode"] += 1
                 s["decode_kv_tokens"] += req.computed + 1
+                s["decode_kv_max"] = max(s["decode_kv_max"], req.computed + 1)
             else:
                 s["num_prefill"] += 1
                 s["prefill_tokens"] += n
@@ -1246,6 +1256,7 @@ class ReferenceSim(OffloadMixin):
               + self.t_per_prefill_token_us * prefill_tokens / 1000
               + self.t_per_decode_seq_us * num_decode / 1000
               + self.t_per_kv_token_ns * kv / 1e6)
+        ms += self.skew_ms(s)
         ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
         if self.ar_on:
             size = run_at * float(self.ar_bytes_per_token)
@@ -1259,6 +1270,15 @@ class ReferenceSim(OffloadMixin):
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
         return ms
+
+    def skew_ms(self, s):
+        """docs/timing.md attention skew (linear): alpha x the decodes' kv term at their
+        longest context less that at their mean."""
+        d = s["num_decode"]
+        gap = s["decode_kv_max"] * d - s["decode_kv_tokens"]
+        if self.t_skew_alpha == 0.0 or d < 2 or gap <= 0:
+            return 0.0
+        return self.t_skew_alpha * (self.t_per_kv_token_ns * gap / 1e6)
 
     def try_start(self, w, t):
         """SPEC §5 pass start on an idle worker with work (retried after preempt-only)."""
@@ -1369,7 +1389,7 @@ class ReferenceSim(OffloadMixin):
         # the pass record (only passes ending by the cap get here)
         for r in range(pool.R):
             rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
-            rec.update(p.summaries[r])
+            rec.update((key, value) for key, value in p.summaries[r].items() if key != "decode_kv_max")  # not logged
             rec["rank_time_ms"] = p.times_ms[r]
             rec["blocks_in_use"] = p.blocks[r]
             rec["pool"] = pool.name
