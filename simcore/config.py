@@ -1222,6 +1222,8 @@ def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int, policy: st
         raise ConfigError(f"{path} needs {prefix}.prefix_caching=true (the CPU tier holds prefix-cache blocks)")
     if raw["async_scheduling"]:
         raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
+    if raw["reserve_full_isl"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.reserve_full_isl=true")
     offload = KVOffloadConfig(
         num_blocks=_count(f"{path}.num_blocks", keys["num_blocks"]),
         bandwidth_gb_per_second=_number(f"{path}.bandwidth_gb_per_second", keys["bandwidth_gb_per_second"], strict=True),

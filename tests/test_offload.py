@@ -198,6 +198,9 @@ def test_a_prefix_evicted_from_the_gpu_is_loaded_back_from_the_cpu(tmp_path):
         ({"prefix_caching": True, "async_scheduling": True,
           "kv_offload": {"num_blocks": 4, "bandwidth_gb_per_second": 1.0, "bytes_per_token": 1.0}},
          "engine.aggregated.kv_offload is not modelled with engine.aggregated.async_scheduling"),
+        ({"prefix_caching": True, "reserve_full_isl": True,
+          "kv_offload": {"num_blocks": 4, "bandwidth_gb_per_second": 1.0, "bytes_per_token": 1.0}},
+         "engine.aggregated.kv_offload is not modelled with engine.aggregated.reserve_full_isl"),
     ],
 )
 def test_bad_offload_keys_name_the_key(pool, expected):

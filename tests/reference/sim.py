@@ -981,6 +981,7 @@ class ReferenceSim(OffloadMixin):
                  or req.input_tokens + req.generated + 1 >= pool.L)
         if rank.extend or final:
             self.radix_insert(pool, rank, req, req.computed)
+
     @staticmethod
     def admission_tokens(pool, req, computed, n):
         """Tokens whose blocks must fit to admit a waiting request: computed + n, or
