@@ -17,7 +17,7 @@ whole hour):
   runs after a warm-up each, medians; 1 and 4 workers, default GPU tier, a CPU
   tier of 4x it), after the table.
 
-Usage: python bench/bench_offload.py [--cost-runs 3] [--plot PATH] [--no-cost]
+Usage: python bench/bench_offload.py [--cost-runs 3] [--plot PATH] [--no-cost | --cost-only]
 """
 
 from __future__ import annotations
@@ -144,7 +144,17 @@ def main() -> None:
     parser.add_argument("--cost-runs", type=int, default=3)
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "offload_hit_rates.png")
     parser.add_argument("--no-cost", action="store_true")
+    parser.add_argument("--cost-only", action="store_true")
     args = parser.parse_args()
+    if not args.cost_only:
+        table(args.plot)
+    if not args.no_cost:
+        print("workers,cpu_blocks,median_s,us_per_output_token")
+        for r in host_cost(args.cost_runs):
+            print(f"{r['workers']},{r['cpu_blocks']},{r['median_s']:.3f},{r['us_per_output_token']:.3f}")
+
+
+def table(plot_path: Path) -> None:
     bound, one_cache = offline_bound(WORKERS), offline_bound()
     rows = hit_rates()
     print("gpu_blocks,cpu_blocks,hit_rate,gpu_hit_rate,cpu_hit_rate,loaded_gb,stored_gb,mean_ttft_ms,completed,incomplete")
@@ -154,12 +164,7 @@ def main() -> None:
               flush=True)
     print(f"offline_bound_per_worker,{bound:.4f}")
     print(f"offline_bound_one_cache,{one_cache:.4f}")
-    plot(rows, bound, one_cache, args.plot)
-    if args.no_cost:
-        return
-    print("workers,cpu_blocks,median_s,us_per_output_token")
-    for r in host_cost(args.cost_runs):
-        print(f"{r['workers']},{r['cpu_blocks']},{r['median_s']:.3f},{r['us_per_output_token']:.3f}")
+    plot(rows, bound, one_cache, plot_path)
 
 
 if __name__ == "__main__":
