@@ -23,6 +23,7 @@ from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.engine.router import router_inputs
+from simcore.memory import filled
 from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Router, Timing, Topology
 from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
@@ -671,8 +672,8 @@ def allocate_buffers(
     out = Outputs(
         **dict(zip(NOT_YET_OUTPUTS, not_yet)),
         **dict(zip(COUNT_OUTPUTS, counts)),
-        token_emit_ns=np.full(per_token, -1, dtype=np.int64),
-        token_recv_ns=np.full(per_token, -1, dtype=np.int64),
+        token_emit_ns=filled(per_token, -1),
+        token_recv_ns=filled(per_token, -1),
         progress=np.zeros(lead + (1,), dtype=np.int64),
     )
     logs = Logs(
