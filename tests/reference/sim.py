@@ -113,6 +113,9 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
 - Step 1 (running requests) has no hit lookup; its capacity check is the usual
   ``used_blocks + extra <= num_blocks`` (cached blocks count as free).
 
+CPU offload tier (``engine.<pool>.kv_offload``, with prefix caching): its own methods and
+decisions in ``tests/reference/offload.py``, called from short hooks here.
+
 Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
 pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
 the all-reduce (``timing.allreduce``) being ``2 x num_layers`` all-reduces of
