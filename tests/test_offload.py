@@ -238,3 +238,21 @@ def test_the_cli_runs_a_cpu_tier(tmp_path):
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["cpu_prefix_cache_hit_rate"] == 0.0 and summary["kv_offload_stored_gb"] > 0
+
+
+def test_a_batch_of_cpu_tiers_equals_its_single_runs():
+    """One shape, three copy bandwidths: simcore.run_batch runs them in one kernel call."""
+    configs = [
+        {"workload": {"source": "mooncake", "path": str(MOONCAKE), "num_requests": None},
+         "load": {"type": "closed_loop", "concurrency": 4}, "timing": LINEAR,
+         "engine": {"aggregated": {"prefix_caching": True, "num_blocks": 20_000, "max_batched_tokens": 16384,
+                                   "kv_offload": {"num_blocks": 400_000, "bandwidth_gb_per_second": bandwidth,
+                                                  "bytes_per_token": 131072.0}}}}
+        for bandwidth in (1.0, 25.0, 400.0)
+    ]
+    batched = simcore.run_batch(configs)
+    for config, result in zip(configs, batched):
+        single = simcore.run(config)
+        assert result.requests.equals(single.requests)
+        assert result.summary == single.summary
+    assert batched[0].summary["cpu_prefix_cache_hit_rate"] > 0
