@@ -145,7 +145,7 @@ DEFAULTS: dict[str, Any] = {
     "engine": {
         "mode": "aggregated",
         "policy": "vllm",
-        # Separate copies: deepcopy would keep one shared dict shared.
+        # Separate copies, nested kv_offload included: deepcopy would keep one shared dict shared.
         "aggregated": copy.deepcopy(_POOL_DEFAULTS),
         "prefill": copy.deepcopy(_POOL_DEFAULTS),
         "decode": copy.deepcopy(_POOL_DEFAULTS),

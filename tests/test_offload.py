@@ -249,3 +249,21 @@ def test_offload_on_another_policy_is_refused(policy):
     pool = {"prefix_caching": True, "kv_offload": {"num_blocks": 4, "bandwidth_gb_per_second": 1.0, "bytes_per_token": 1.0}}
     with pytest.raises(ConfigError, match=rf"engine\.aggregated\.kv_offload is modelled for engine\.policy=vllm only.*{policy}"):
         simcore.load_config({"engine": {"policy": policy, "aggregated": pool}})
+
+
+def test_a_batch_of_cpu_tiers_equals_its_single_runs():
+    """One shape, three copy bandwidths: simcore.run_batch runs them in one kernel call."""
+    configs = [
+        {"workload": {"source": "mooncake", "path": str(MOONCAKE), "num_requests": None},
+         "load": {"type": "closed_loop", "concurrency": 4}, "timing": LINEAR,
+         "engine": {"aggregated": {"prefix_caching": True, "num_blocks": 20_000, "max_batched_tokens": 16384,
+                                   "kv_offload": {"num_blocks": 400_000, "bandwidth_gb_per_second": bandwidth,
+                                                  "bytes_per_token": 131072.0}}}}
+        for bandwidth in (1.0, 25.0, 400.0)
+    ]
+    batched = simcore.run_batch(configs)
+    for config, result in zip(configs, batched):
+        single = simcore.run(config)
+        assert result.requests.equals(single.requests)
+        assert result.summary == single.summary
+    assert batched[0].summary["cpu_prefix_cache_hit_rate"] > 0

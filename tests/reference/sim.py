@@ -134,6 +134,9 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
   last (computed tokens; running order), and at a P/D transfer end (input tokens).
   Retraction drops the references without an insert.
 
+CPU offload tier (``engine.<pool>.kv_offload``, with prefix caching): its own methods and
+decisions in ``tests/reference/offload.py``, called from short hooks here.
+
 Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
 pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
 the all-reduce (``timing.allreduce``) being ``2 x num_layers`` all-reduces of
