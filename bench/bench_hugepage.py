@@ -63,11 +63,42 @@ def run_seconds(requests: int, advice: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def rule_seconds(requests: int, no_hugepage_bytes: int) -> float:
+    """Like :func:`run_seconds` with NumPy's advice on, ``simcore.memory``'s size limit set to ``no_hugepage_bytes``."""
+    code = (
+        "import sys, time\n"
+        "sys.path.insert(0, 'bench')\n"
+        "import simcore\n"
+        "import simcore.memory\n"
+        f"simcore.memory.NO_HUGEPAGE_BYTES = {no_hugepage_bytes}\n"
+        "from bench_scaling import workload_config\n"
+        "simcore.run(workload_config(1000))\n"
+        f"config = workload_config({requests})\n"
+        "start = time.perf_counter(); simcore.run(config); print(time.perf_counter() - start)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--run", type=int, default=0, help="also time simcore.run at this many requests")
+    parser.add_argument("--rule", type=int, default=0,
+                        help="time simcore.run at this many requests with the per-size rule against advice everywhere")
     args = parser.parse_args()
+    if args.rule:
+        from simcore.memory import NO_HUGEPAGE_BYTES
+
+        rules = {"advice_everywhere": 1 << 62, "per_size": NO_HUGEPAGE_BYTES}
+        samples = {name: [] for name in rules}
+        for _ in range(args.runs):
+            for name, limit in rules.items():
+                samples[name].append(rule_seconds(args.rule, limit))
+        for name in rules:
+            print(f"rule,{args.rule},{name},{statistics.median(samples[name]):.3f}")
+        return
     print("case,size,advice,median_s,ns_per_element")
     for size in SIZES:
         samples = {True: [], False: []}
