@@ -45,32 +45,15 @@ def first_touch_seconds(size: int, advice: bool) -> float:
     return seconds
 
 
-def run_seconds(requests: int, advice: bool) -> float:
-    """Wall seconds of one warm ``simcore.run`` in a fresh process (after a small warm-up run)."""
-    code = (
-        "import sys, time\n"
-        "from numpy._core import multiarray\n"
-        f"multiarray._set_madvise_hugepage({advice})\n"
-        "sys.path.insert(0, 'bench')\n"
-        "import simcore\n"
-        "from bench_scaling import workload_config\n"
-        "simcore.run(workload_config(1000))\n"
-        f"config = workload_config({requests})\n"
-        "start = time.perf_counter(); simcore.run(config); print(time.perf_counter() - start)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-def rule_seconds(requests: int, no_hugepage_bytes: int) -> float:
-    """Like :func:`run_seconds` with NumPy's advice on, ``simcore.memory``'s size limit set to ``no_hugepage_bytes``."""
+def _timed_run(requests: int, setup: str) -> float:
+    """Wall seconds of one warm ``simcore.run`` in a fresh process (after a small warm-up run), ``setup`` run first."""
     code = (
         "import sys, time\n"
         "sys.path.insert(0, 'bench')\n"
         "import simcore\n"
         "import simcore.memory\n"
-        f"simcore.memory.NO_HUGEPAGE_BYTES = {no_hugepage_bytes}\n"
+        "from numpy._core import multiarray\n"
+        f"{setup}\n"
         "from bench_scaling import workload_config\n"
         "simcore.run(workload_config(1000))\n"
         f"config = workload_config({requests})\n"
@@ -79,6 +62,16 @@ def rule_seconds(requests: int, no_hugepage_bytes: int) -> float:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_seconds(requests: int, advice: bool) -> float:
+    """NumPy's huge-page advice on or off for every array (``simcore.memory``'s size rule set aside)."""
+    return _timed_run(requests, f"multiarray._set_madvise_hugepage({advice}); simcore.memory.NO_HUGEPAGE_BYTES = 1 << 62")
+
+
+def rule_seconds(requests: int, no_hugepage_bytes: int) -> float:
+    """NumPy's advice on, ``simcore.memory``'s size limit set to ``no_hugepage_bytes``."""
+    return _timed_run(requests, f"simcore.memory.NO_HUGEPAGE_BYTES = {no_hugepage_bytes}")
 
 
 def main() -> None:
