@@ -1230,8 +1230,8 @@ def _kv_offload(prefix: str, raw: Mapping[str, Any], block_size: int, policy: st
         bytes_per_token=_number(f"{path}.bytes_per_token", keys["bytes_per_token"], strict=True),
     )
     if not block_size * offload.bytes_per_token / (offload.bandwidth_gb_per_second * 1e9) * 1e3 < MAX_INSTANT_MS:
-        raise ConfigError(f"{path}.bandwidth_gb_per_second={offload.bandwidth_gb_per_second!r}: one block's copy "
-                          f"exceeds {MAX_INSTANT_MS:.4g} ms")
+        raise ConfigError(f"{path}.bytes_per_token={offload.bytes_per_token!r} at bandwidth_gb_per_second="
+                          f"{offload.bandwidth_gb_per_second!r}: one block's copy exceeds {MAX_INSTANT_MS:.4g} ms")
     return offload
 
 

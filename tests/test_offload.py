@@ -267,3 +267,12 @@ def test_a_batch_of_cpu_tiers_equals_its_single_runs():
         assert result.requests.equals(single.requests)
         assert result.summary == single.summary
     assert batched[0].summary["cpu_prefix_cache_hit_rate"] > 0
+
+
+@pytest.mark.parametrize("bandwidth, bytes_per_token", [(1e-300, 1.0), (1.0, 1e300)])
+def test_a_copy_too_long_names_both_keys(bandwidth, bytes_per_token):
+    pool = {"prefix_caching": True,
+            "kv_offload": {"num_blocks": 4, "bandwidth_gb_per_second": bandwidth, "bytes_per_token": bytes_per_token}}
+    with pytest.raises(ConfigError, match=r"engine\.aggregated\.kv_offload\.bytes_per_token=.* at bandwidth_gb_per_second="
+                                          r".*one block's copy exceeds"):
+        simcore.load_config({"engine": {"aggregated": pool}})
