@@ -18,7 +18,7 @@ from simcore.config import load_config
 from simcore.engine import nb
 from simcore.engine.api import allocate_buffers, prepare
 from simcore.engine.batch import STACKED_INPUTS, _stack_state
-from simcore.engine.state import Logs, Outputs
+from simcore.engine.state import DetokBuffers, Logs, Loop, Outputs, PassState, RankState, RequestState
 from simcore.workload.api import build_requests, send_instants_ns
 
 CASES = {
@@ -97,3 +97,17 @@ def test_the_kernel_compiles_for_the_declared_state():
     for position, name in ((0, "requests"), (1, "load"), (2, "client"), (4, "topology"), (5, "ranks"), (7, "timing")):
         assert typed(signature[position]) == declared(type(getattr(prep, name))), name
     assert typed(signature[8]) == declared(Outputs) and typed(signature[10]) == declared(Logs)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_event_loop_state_has_the_declared_types(case):
+    """The loop's own state, allocated inside the kernel per run, has the types declared beside the inputs."""
+    prep = _prepared(CASES[case])
+    buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, prep.pass_rows, bounded=prep.bounded)
+    requests, load, client, send_ns, topology, ranks, _, _, out, receipts, _, router = prep.kernel_args(
+        buffers, prep.prefix_cache()
+    )
+    states = nb._allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router)
+    for state, cls in zip(states, (RequestState, RankState, PassState, Loop, DetokBuffers), strict=True):
+        assert type(state) is cls
+        assert typed(numba.typeof(state)) == declared(cls), cls.__name__

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from simcore.receipts_nb import stream_receipts_nb
@@ -78,6 +79,10 @@ from simcore.enums import (  # noqa: F401  shared with the client and metrics st
     PASS_DECODE_KV_TOKENS, PASS_BLOCKS_IN_USE, PASS_LOG_COLUMNS,
 )
 from simcore.timing.nb import rank_time_ms_nb
+from simcore.engine.state import (
+    ARR_SIZE, NEXT_ROW, NUM_COUNTS, NUM_EMITTED, NUM_HANDOFFS, PASS_LOG_ROWS, SEND_SIZE, SESS_SIZE, XFER_SIZE,
+    DetokBuffers, Loop, PassState, RankState, RequestState,
+)
 from simcore.enums import RANK_ROUND_ROBIN, ROUTE_ROUND_ROBIN
 from simcore.engine.router_nb import (
     allocate_route_nb, handoff_rank_nb, route_arrival_nb, route_handoff_nb, route_leave_nb, route_prompt_done_nb,
@@ -177,225 +182,57 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
     num_emitted : int
         Tokens emitted (rows written to ``logs.emit_log`` in deferred mode).
     """
-    # The loop reads and writes the placement as its parameter recv_rank:
-    # rebinding that name to placed_rank inside it measured ~3% slower (bench_trace reference).
+    # Round robin everywhere is the rows' placement, copied into placed_rank,
+    # which the loop reads and writes as the placement (recv_rank).
     if not _routing_nb(router.policy, router.decode_policy, router.rank_policy):
         out.placed_rank[:] = requests.recv_rank
-    return _replay_nb(
-        requests.input_tokens, requests.output_tokens, requests.token_offset, send_ns, load.closed_loop,
-        load.concurrency, load.think_ns, out.placed_rank, client.tok_server, client.tok_service_ns,
-        client.num_tok_servers, requests.transfer_ns, client.detok_mode, client.detok_server, client.detok_workers,
-        client.detok_params, client.chunk_size, topology.worker_role, topology.worker_first_rank,
-        topology.worker_num_ranks, topology.num_decode_workers, topology.worker_async, ranks.max_batched_tokens,
-        ranks.max_sequences, ranks.num_blocks, ranks.block_size, ranks.seq_limit, ranks.policy, ranks.chunk_tokens,
-        ranks.max_prefill_tokens, ranks.ratio_params, ranks.prefix_caching, prefix_cache, timing.model,
-        timing.params, timing.table, load.cap_ns, out.arrival_ns, out.first_admit_ns, out.first_emit_ns,
-        out.finish_ns, out.reject_ns, out.handoff_ns, out.transfer_end_ns, out.decode_rank, out.cached_tokens,
-        out.generated, out.num_preemptions, out.token_emit_ns, out.token_recv_ns, receipts, logs.emit_log,
-        logs.pass_log, logs.pass_ms, logs.bad_batch, out.progress, router.policy, router.decode_policy,
-        router.rank_policy, router.weights, router.draws, router.decode_draws, router.tok_index, router.tok_workers,
-        out.placed_rank, out.placed_worker,
-        load.session_mode, load.session_closed, load.session_think_ns, load.session_first, load.next_turn,
-        load.turn_think_ns, load.seq_rank, load.seq_tok_base, out.send_seq, ranks.reserve_full_isl,
-    )
+    rq, rk, ps, lp, dt = _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router)
+    return _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
+                      router, rq, rk, ps, lp, dt)
 
 
 @njit(cache=True)
-def _replay_nb(
-    input_tokens,
-    output_tokens,
-    token_offset,
-    send_ns,
-    closed_loop,
-    concurrency,
-    think_ns,
-    recv_rank,
-    tok_server,
-    tok_service_ns,
-    num_tok_servers,
-    transfer_ns,
-    detok_mode,
-    detok_server,
-    detok_workers,
-    detok_params,
-    chunk_size,
-    worker_role,
-    worker_first_rank,
-    worker_num_ranks,
-    num_decode_workers,
-    worker_async,
-    rank_max_batched_tokens,
-    rank_max_sequences,
-    rank_num_blocks,
-    rank_block_size,
-    rank_seq_limit,
-    rank_policy,
-    rank_chunk_tokens,
-    rank_max_prefill_tokens,
-    ratio_params,
-    rank_prefix_caching,
-    prefix_cache,
-    timing_model,
-    timing_params,
-    timing_table,
-    cap_ns,
-    arrival_ns,
-    first_admit_ns,
-    first_emit_ns,
-    finish_ns,
-    reject_ns,
-    handoff_ns,
-    transfer_end_ns,
-    decode_rank,
-    cached_tokens,
-    generated,
-    num_preemptions,
-    token_emit_ns,
-    token_recv_ns,
-    receipts,
-    emit_log,
-    pass_log,
-    pass_ms,
-    bad_batch,
-    progress,
-    router_policy,
-    decode_router_policy,
-    worker_rank_policy,
-    router_weights,
-    route_draws,
-    decode_draws,
-    tok_index,
-    tok_workers,
-    placed_rank,
-    placed_worker,
-    session_mode,
-    session_closed,
-    session_think_ns,
-    session_first,
-    next_turn,
-    turn_think_ns,
-    seq_rank,
-    seq_tok_base,
-    send_seq,
-    rank_reserve_full_isl,
-):
-    """The event loop of ``simulate_engine_nb``, over the members of its typed state.
+def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, router,
+               rq, rk, ps, lp, dt):
+    """The event loop of ``simulate_engine_nb`` (its only caller): same parameters, same returns.
 
-    The parameters are the members of ``simcore.engine.state``'s tuples,
-    unpacked once per run by ``simulate_engine_nb`` (the only caller): the
-    loop reads arrays that are its own parameters, which numba compiles to
-    faster code than the same arrays taken out of tuple parameters (measured
-    on bench/bench_kernel.py: 8-12% of kernel time).  Returns as
+    Each phase of the equal-time rule is a function of its own, inlined here
+    (``inline="always"``: one call site each, and no call that passes the
+    state's arrays, whose reference counts cost ~30 ns per array and call);
+    each phase reads the members it uses into locals once.  The loop's own
+    state (``simcore.engine.state``: ``RequestState``, ``RankState``,
+    ``PassState``, ``Loop``, ``DetokBuffers``) is allocated once per run by
     ``simulate_engine_nb``.
+
+    The loop works on borrowed views of every state array (``borrow_nb``: no
+    reference count), which the caller owns for the whole run: passing a
+    tuple to a phase would otherwise count a reference to each of its
+    members at every phase call (measured: twice the kernel time).
     """
-    n = input_tokens.shape[0]
-    num_workers = worker_role.shape[0]
-    num_ranks = rank_num_blocks.shape[0]
-    first_decode_worker = num_workers - num_decode_workers
-    record_passes = pass_log.shape[0] > 0
+    requests, load, client, send_ns = borrow_nb(requests), borrow_nb(load), borrow_nb(client), borrow_nb(send_ns)
+    topology, ranks, prefix_cache, timing = borrow_nb(topology), borrow_nb(ranks), borrow_nb(prefix_cache), borrow_nb(timing)
+    out, receipts, logs, router = borrow_nb(out), borrow_nb(receipts), borrow_nb(logs), borrow_nb(router)
+    rq, rk, ps, lp, dt = borrow_nb(rq), borrow_nb(rk), borrow_nb(ps), borrow_nb(lp), borrow_nb(dt)
+    n = requests.input_tokens.shape[0]
+    num_workers = topology.worker_role.shape[0]
+    num_ranks = ranks.num_blocks.shape[0]
+    worker_num_ranks = topology.worker_num_ranks
+    worker_async = topology.worker_async
+    rank_policy = ranks.policy
+    rank_prefix_caching = ranks.prefix_caching
+    recv_rank = out.placed_rank
     bounded = receipts[0].shape[0] > 0
-    pass_log_rows = 0
-    num_emitted = 0
-    num_handoffs = 0
-
-    # Per-request engine state.
-    computed = np.zeros(n, dtype=np.int64)
-    held = np.zeros(n, dtype=np.int64)
-    sched_n = np.zeros(n, dtype=np.int64)
-    wait_next = np.full(n, -1, dtype=np.int64)
-    wait_prev = np.full(n, -1, dtype=np.int64)
-
-    # Per-rank state.
-    wait_head = np.full(num_ranks, -1, dtype=np.int64)
-    wait_tail = np.full(num_ranks, -1, dtype=np.int64)
-    running = np.empty((num_ranks, rank_max_sequences.max()), dtype=np.int64)
-    run_len = np.zeros(num_ranks, dtype=np.int64)
-    blocks_used = np.zeros(num_ranks, dtype=np.int64)
-    rank_ratio = ratio_params[:, 0].copy()  # SGLang new_token_ratio
-    rank_chunked = np.full(num_ranks, -1, dtype=np.int64)  # SGLang chunked request
-    rank_extend = np.zeros(num_ranks, dtype=np.bool_)  # SGLang: the batch is an extend batch
-    rank_inflight = np.zeros(num_ranks, dtype=np.int64)  # KV transfers from or to the rank
-
-    # Per-worker state and the batch summary of the pass being started.
-    pass_end = np.full(num_workers, -1, dtype=np.int64)
-    pass_start = np.full(num_workers, -1, dtype=np.int64)
-    max_ranks = worker_num_ranks.max()
-    summary = np.zeros((max_ranks, 7), dtype=np.int64)  # SPEC §8, blocks in use, longest decode
-    rank_ms = np.zeros(max_ranks, dtype=np.float64)
-
-    # Asynchronous scheduling: a worker's pass on the GPU and the one queued
-    # behind it use sample slots run_slot[w] and 1 - run_slot[w]: per request,
-    # whether its chunk in that pass samples a token; ``planned`` counts emitted
-    # plus in-flight outputs (it is ``generated`` without async workers).
-    any_async = False
-    for w in range(num_workers):
-        any_async = any_async or worker_async[w]
-    sample_flag = np.zeros((2, n if any_async else 0), dtype=np.bool_)
-    run_slot = np.zeros(num_workers, dtype=np.int64)
-    queued = np.zeros(num_workers, dtype=np.bool_)
-    queued_ms = np.zeros(num_workers, dtype=np.float64)
-    queued_summary = np.zeros((num_workers if any_async else 0, max_ranks, 7), dtype=np.int64)
-    queued_rank_ms = np.zeros((num_workers if any_async else 0, max_ranks), dtype=np.float64)
-    planned = np.zeros(n, dtype=np.int64) if any_async else generated
-
-    # Servers and the outputs of the pass being ended.
-    tok_free = np.zeros(num_tok_servers, dtype=np.int64)
-    detok_free = np.zeros(num_workers * detok_workers, dtype=np.int64)
-    max_outputs = max_ranks * rank_max_sequences.max()
-    # A pass's outputs: where the detokenizer stamps each receipt (the token's
-    # index, or in bounded mode the output's, into out_recv) and its request.
-    out_token = np.empty(max_outputs, dtype=np.int64)
-    out_req = np.empty(max_outputs, dtype=np.int64)
-    out_recv = np.empty(max_outputs, dtype=np.int64)
-    recv_target = out_recv if bounded else token_recv_ns
-    out_server = np.empty(max_outputs, dtype=np.int64)
-    out_flags = np.zeros(max_outputs, dtype=np.int64)
-    job_count = np.zeros(detok_workers, dtype=np.int64)  # outputs in each server's job
-    job_firsts = np.zeros(detok_workers, dtype=np.int64)  # of which request-first tokens
-    job_finals = np.zeros(detok_workers, dtype=np.int64)  # of which request-final tokens
-    job_ends = np.zeros(detok_workers, dtype=np.int64)
-    job_tokens = np.empty((detok_workers, max_outputs), dtype=np.int64)
-    job_flags = np.zeros((detok_workers, max_outputs), dtype=np.int64)
-
-    # Routing (simcore.engine.router_nb): round robin everywhere is the row
-    # placement, copied into placed_rank (passed as recv_rank) by
-    # simulate_engine_nb; any other policy decides in the loop.
-    routing = _routing_nb(router_policy, decode_router_policy, worker_rank_policy)
-    route = allocate_route_nb(num_workers, num_ranks, n if routing else 0)
-
-    # Event queues: engine arrivals by (instant, k); KV-transfer ends by
-    # (instant, handoff number); closed-loop sends by instant.
-    arr_key = np.empty(n, dtype=np.int64)
-    arr_val = np.empty(n, dtype=np.int64)
-    arr_size = 0
-    xfer_key = np.empty(n, dtype=np.int64)
-    xfer_val = np.empty(n, dtype=np.int64)
-    xfer_size = 0
-    handoff_req = np.empty(n, dtype=np.int64)
-    # One entry per initial client and per request end: at most 2n.
-    send_key = np.empty(2 * n + 1, dtype=np.int64)
-    send_val = np.zeros(2 * n + 1, dtype=np.int64)
-    send_size = 0
-    next_row = 0  # next row to send (both loops send rows in table order)
-
-    # Sessions (simcore.engine.sessions_nb): releases in the send heap, (receipt, row);
-    # rows sent through their own heap, the table-order loops below left idle.
-    sess_key = np.empty(n if session_mode else 0, dtype=np.int64)
-    sess_val = np.empty(n if session_mode else 0, dtype=np.int64)
-    seq_row = np.empty(n if session_mode else 0, dtype=np.int64)
-    session_counters = np.zeros(2, dtype=np.int64)
-    sess_size = 0
-    if session_mode:
-        next_row = n
-        sess_size = session_start_nb(
-            session_closed, concurrency, session_first, send_ns, sess_key, sess_val, session_counters
-        )
-
-    if closed_loop:
-        for _ in range(min(concurrency, n)):
-            send_size = heap_push_nb(send_key, send_val, send_size, 0, 0)
-        for k in range(n):
-            send_ns[k] = -1
+    closed_loop = load.closed_loop
+    session_mode = load.session_mode
+    cap_ns = load.cap_ns
+    pass_end = ps.pass_end
+    pass_start = ps.pass_start
+    queued = ps.queued
+    arr_key = lp.arr_key
+    xfer_key = lp.xfer_key
+    send_key = lp.send_key
+    sess_key = lp.sess_key
+    counts = lp.counts
 
     # The steady-decode shortcut (below) covers one synchronous vLLM or
     # TensorRT-LLM rank without prefix caching, in the detailed output mode.
@@ -403,108 +240,19 @@ def _replay_nb(
         num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
         and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0]
     )
-    steady_budget = rank_max_batched_tokens[0]
-    steady_block_size = rank_block_size[0]
-    steady_seq_limit = rank_seq_limit[0]
 
     while True:
-        # Steady decode: while worker 0's running pass ends before every other
-        # event and by the cap, every running request decodes one token in it
-        # (none its first), none finishes or reaches the sequence limit there,
-        # and each one's next token fits its held blocks and the token budget,
-        # the general loop would end that pass and build the same batch again
-        # (no event, admission, preemption or new block): do just that here,
-        # inline (a helper call with this many arrays costs more than a pass).
-        while steady_path and pass_end[0] >= 0 and wait_head[0] < 0 and run_len[0] <= steady_budget:
-            t = pass_end[0]
-            if t > cap_ns or arr_size > 0 and arr_key[0] <= t:
-                break
-            if closed_loop:
-                if send_size > 0 and next_row < n and send_key[0] <= t:
-                    break
-            elif next_row < n and send_ns[next_row] <= t:
-                break
-            if session_mode and session_next_instant_nb(t + 1, send_key, send_size, sess_key, sess_size) <= t:
-                break
-            steady = True
-            for i in range(run_len[0]):
-                k = running[0, i]
-                j = generated[k]
-                if not (
-                    sched_n[k] == 1 and j >= 1 and computed[k] == input_tokens[k] + j - 1
-                    and j + 1 < output_tokens[k] and input_tokens[k] + j + 1 < steady_seq_limit
-                    and computed[k] + 2 <= held[k] * steady_block_size
-                ):
-                    steady = False
-                    break
-            if not steady:
-                break
-            # (a) the pass end: each emits its next token; (e) the next pass
-            # schedules each one token again (sched_n stays 1) and its summary
-            # is the decode rule of batch_summary_nb.
-            num_out = 0
-            decode_kv_tokens = 0
-            decode_kv_max = 0
-            for i in range(run_len[0]):
-                k = running[0, i]
-                computed[k] += 1
-                decode_kv_tokens += computed[k] + 1
-                decode_kv_max = max(decode_kv_max, computed[k] + 1)
-                j = generated[k]
-                generated[k] = j + 1
-                tok = token_offset[k] + j
-                token_emit_ns[tok] = t
-                if detok_mode == DETOK_OFF:
-                    token_recv_ns[tok] = t
-                elif detok_mode == DETOK_IN_KERNEL:
-                    srv = detok_server[k]
-                    out_token[num_out] = tok
-                    out_server[num_out] = srv
-                    out_flags[num_out] = 0
-                    num_out += 1
-                    job_count[srv] += 1
-                else:
-                    emit_log[num_emitted] = tok
-                num_emitted += 1
-            if num_out > 0 and chunk_size == 0:
-                # One job per server, none with a first or final token (as in
-                # detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
-                for s in range(detok_workers):
-                    if job_count[s] > 0:
-                        job_ends[s] = max(t, detok_free[s]) + detokenization_service_ns_nb(detok_params, job_count[s], 0, 0)
-                        detok_free[s] = job_ends[s]
-                        job_count[s] = 0
-                for e in range(num_out):
-                    token_recv_ns[out_token[e]] = job_ends[out_server[e]]
-            elif num_out > 0:  # no request-final token among them: no send is queued
-                send_size = detokenize_pass_nb(
-                    t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
-                    detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
-                    job_tokens, job_flags, closed_loop, think_ns, send_key, send_val, send_size,
-                )
-            summary[0, 0] = 0
-            summary[0, 1] = 0
-            summary[0, 2] = 0
-            summary[0, 3] = run_len[0]
-            summary[0, 4] = decode_kv_tokens
-            summary[0, 6] = decode_kv_max
-            ms = rank_time_ms_nb(
-                timing_model, timing_params, timing_table, 0, 0, 0, run_len[0], decode_kv_tokens, decode_kv_max
-            )
-            if not (ms >= 0.0 and ms < np.inf):
-                _report_bad_batch_nb(bad_batch, 0, 0, summary, ms)
-                return BAD_TIMING, pass_log_rows, num_emitted
-            rank_ms[0] = ms
-            summary[0, 5] = blocks_used[0]
-            end = t + max(np.int64(1), np.int64(np.rint(ms * 1e6)))
-            pass_end[0] = end
-            pass_start[0] = t
-            if record_passes:
-                if pass_log_rows + 1 > pass_log.shape[0]:
-                    return PASS_LOG_FULL, pass_log_rows, num_emitted
-                pass_log_rows = _log_pass_nb(pass_log, pass_ms, pass_log_rows, 0, 1, t, end, summary, rank_ms)
+        if steady_path:
+            status = _steady_decode_nb(requests, load, client, send_ns, ranks, timing, out, logs, rq, rk, ps, lp, dt)
+            if status != OK:
+                return status, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
         # Next instant: the earliest pending event.
+        arr_size = counts[ARR_SIZE]
+        xfer_size = counts[XFER_SIZE]
+        send_size = counts[SEND_SIZE]
+        sess_size = counts[SESS_SIZE]
+        next_row = counts[NEXT_ROW]
         t = NO_CAP
         for w in range(num_workers):
             if pass_end[w] >= 0 and pass_end[w] < t:
@@ -530,261 +278,25 @@ def _replay_nb(
             progressed = False
             # (a) pass ends, by worker index; within a pass by rank, running order.
             for w in range(num_workers):
-                if pass_end[w] != t:
-                    continue
-                pass_end[w] = -1
-                progressed = True
-                hidden = worker_role[w] == ROLE_PREFILL
-                asynchronous = worker_async[w]
-                slot = run_slot[w]
-                num_out = 0
-                for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
-                    keep = 0
-                    for i in range(run_len[g]):
-                        k = running[g, i]
-                        leaves = False
-                        samples = False
-                        if sched_n[k] > 0:  # synchronous: the pass's tokens are computed now
-                            computed[k] += sched_n[k]
-                            sched_n[k] = 0
-                            samples = computed[k] == input_tokens[k] + generated[k]
-                            if samples and rank_policy[g] == POLICY_SGLANG and rank_prefix_caching[g] and (
-                                rank_extend[g] or generated[k] + 1 == output_tokens[k]
-                                or input_tokens[k] + generated[k] + 1 >= rank_seq_limit[g]
-                            ):
-                                # SGLang inserts a prompt once computed and a request as it finishes.
-                                radix_insert_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
-                                                rank_block_size[g], blocks_used)
-                        elif asynchronous:  # computed advanced when the pass was built
-                            samples = sample_flag[slot, k]
-                            sample_flag[slot, k] = False
-                        if samples:
-                            if hidden:
-                                # Prompt computed: hand off; the sampled token
-                                # is not sent and the blocks stay held until
-                                # the transfer ends (SPEC §6).
-                                leaves = True
-                                handoff_ns[k] = t
-                                handoff_req[num_handoffs] = k
-                                xfer_size = heap_push_nb(
-                                    xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
-                                )
-                                rank_inflight[g] += 1
-                                if routing:
-                                    route_prompt_done_nb(route, k, input_tokens[k])
-                                    route_leave_nb(route, k, g)
-                                    to_rank = route_handoff_nb(
-                                        route, num_handoffs, k, decode_router_policy, worker_rank_policy,
-                                        first_decode_worker, num_decode_workers, decode_draws, router_weights,
-                                        input_tokens[k], worker_first_rank, worker_num_ranks, run_len,
-                                        blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
-                                    )
-                                else:
-                                    to_rank = _decode_rank_nb(
-                                        num_handoffs, first_decode_worker, num_decode_workers,
-                                        worker_first_rank, worker_num_ranks,
-                                    )
-                                rank_inflight[to_rank] += 1
-                                num_handoffs += 1
-                            else:
-                                j = generated[k]
-                                generated[k] = j + 1
-                                tok = token_offset[k] + j
-                                if j == 0:
-                                    first_emit_ns[k] = t
-                                    if routing:
-                                        route_prompt_done_nb(route, k, input_tokens[k])
-                                leaves = (
-                                    j + 1 == output_tokens[k]
-                                    or input_tokens[k] + j + 1 >= rank_seq_limit[g]
-                                )
-                                out_req[num_out] = k
-                                if bounded:
-                                    tok = num_out
-                                else:
-                                    token_emit_ns[tok] = t
-                                if detok_mode == DETOK_OFF:
-                                    recv_target[tok] = t  # received as emitted
-                                    num_out += bounded  # bounded: streamed at the pass end
-                                    if leaves and closed_loop:
-                                        send_size = heap_push_nb(
-                                            send_key, send_val, send_size, t + think_ns, 0
-                                        )
-                                    if leaves and session_mode:  # ends at the client now
-                                        send_size = heap_push_nb(send_key, send_val, send_size, t, k)
-                                elif detok_mode == DETOK_IN_KERNEL:
-                                    srv = detok_server[k]
-                                    out_token[num_out] = tok
-                                    out_server[num_out] = srv
-                                    out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
-                                    num_out += 1
-                                    # The server's job so far (one job per server
-                                    # per pass unless chunked).
-                                    job_count[srv] += 1
-                                    job_firsts[srv] += j == 0
-                                    job_finals[srv] += leaves
-                                else:
-                                    emit_log[num_emitted] = tok
-                                num_emitted += 1
-                                if leaves:
-                                    finish_ns[k] = t
-                                    progress[0] += 1
-                                    if routing:
-                                        route_leave_nb(route, k, g)
-                                    if rank_policy[g] == POLICY_TRTLLM and rank_prefix_caching[g]:
-                                        # storeBlocksForReuse: prompt + output - 1 tokens.
-                                        kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
-                                                       rank_block_size[g])
-                                    kv_release_nb(prefix_cache, g, k, held, blocks_used)
-                        if not leaves:
-                            running[g, keep] = k
-                            keep += 1
-                    run_len[g] = keep
-                if not _has_work_nb(worker_first_rank[w], worker_num_ranks[w], run_len, wait_head):
-                    reset_ratio_if_idle_nb(
-                        worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE,
-                        wait_head, rank_inflight, rank_ratio, ratio_params,
-                    )
-
-                # (b) this pass's detokenizer jobs: per server, in server order,
-                # the server's outputs in rank then running order, cut in chunks.
-                if detok_mode == DETOK_IN_KERNEL and num_out > 0:
-                    send_size = detokenize_pass_nb(
-                        t, w * detok_workers, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
-                        detok_free, recv_target, job_count, job_firsts, job_finals, job_ends, job_tokens,
-                        job_flags, closed_loop, think_ns, send_key, send_val, send_size,
-                    )
-                if session_mode and detok_mode == DETOK_IN_KERNEL and num_out > 0:
-                    send_size = session_finals_nb(
-                        num_out, out_req, out_token, out_flags, recv_target, send_key, send_val, send_size
-                    )
-                if bounded and num_out > 0:
-                    stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
-                if queued[w]:  # asynchronous: the pass built at this one's start runs now
-                    queued[w] = False
-                    run_slot[w] = 1 - slot
-                    pass_start[w] = t
-                    pass_end[w] = t + max(np.int64(1), np.int64(np.rint(queued_ms[w] * 1e6)))
-                    if record_passes:
-                        if pass_log_rows + worker_num_ranks[w] > pass_log.shape[0]:
-                            return PASS_LOG_FULL, pass_log_rows, num_emitted
-                        pass_log_rows = _log_pass_nb(
-                            pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
-                            queued_summary[w], queued_rank_ms[w],
-                        )
-
-            if session_mode:  # (c) with sessions: releases, then sends, at t
-                send_size, sess_size, released = session_releases_nb(
-                    t, session_closed, session_think_ns, next_turn, turn_think_ns, session_first, send_key,
-                    send_val, send_size, sess_key, sess_val, sess_size, session_counters,
-                )
-                progressed = progressed or released
-                while True:
-                    sess_size, k, s = session_next_send_nb(
-                        t, sess_key, sess_val, sess_size, session_counters, send_ns, send_seq, seq_row
-                    )
-                    if k < 0:
-                        break
+                if pass_end[w] == t:
                     progressed = True
-                    if routing:  # the router picks the worker of send s
-                        w = route_send_nb(
-                            route, s, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
-                            router_weights, input_tokens, worker_first_rank, worker_num_ranks, run_len,
-                            blocks_used, rank_num_blocks, rank_block_size, prefix_cache, placed_rank,
-                        )
-                        placed_worker[k] = w
-                        server = w * tok_workers + tok_index[k]
-                    else:  # the placement of send sequence number s (SPEC §3)
-                        recv_rank[k] = seq_rank[s]
-                        server = seq_tok_base[s] + tok_server[k]
-                    end = max(t, tok_free[server]) + tok_service_ns[k]
-                    tok_free[server] = end
-                    arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, s)
-
+                    if _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, out, receipts,
+                                    logs, router, rq, rk, ps, lp, dt) != OK:
+                        return PASS_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
+            if session_mode:  # (c) with sessions: releases, then sends, at t
+                if _session_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_cache, out,
+                                     router, rk, lp):
+                    progressed = True
             # (b)+(c) sends at t, in table order.
-            while next_row < n:
-                if closed_loop:
-                    if send_size == 0 or send_key[0] != t:
-                        break
-                    send_size = heap_pop_nb(send_key, send_val, send_size)
-                    send_ns[next_row] = t
-                elif send_ns[next_row] != t:
-                    break
-                k = next_row
-                next_row += 1
+            if _table_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_cache, out, router,
+                               rk, lp):
                 progressed = True
-                if routing:  # the router picks the worker, whose tokenizer takes the request
-                    w = route_send_nb(
-                        route, k, k, router_policy, worker_rank_policy, 0, first_decode_worker, route_draws,
-                        router_weights, input_tokens, worker_first_rank, worker_num_ranks, run_len, blocks_used,
-                        rank_num_blocks, rank_block_size, prefix_cache, placed_rank,
-                    )
-                    placed_worker[k] = w
-                    server = w * tok_workers + tok_index[k]
-                else:
-                    server = tok_server[k]
-                # (d) tokenizer job, FIFO per server in send order.
-                end = max(t, tok_free[server]) + tok_service_ns[k]
-                tok_free[server] = end
-                arr_size = heap_push_nb(arr_key, arr_val, arr_size, end, k)
-
             # (d) engine arrivals at t, in send order; rejections end at once.
-            while arr_size > 0 and arr_key[0] == t:
-                k = arr_val[0]
-                if session_mode:  # keyed by send sequence number
-                    k = seq_row[k]
-                arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
+            if _arrivals_nb(t, requests, load, topology, ranks, out, rq, rk, lp):
                 progressed = True
-                arrival_ns[k] = t
-                if routing:
-                    route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blocks_used,
-                                     rank_num_blocks, recv_rank)
-                send_size = _enter_rank_nb(
-                    k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
-                    think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
-                    progress,
-                )
-                if routing and reject_ns[k] >= 0:
-                    route_prompt_done_nb(route, k, input_tokens[k])
-                    route_leave_nb(route, k, recv_rank[k])
-                if session_mode and reject_ns[k] == t:  # the rejection ends at the client now
-                    send_size = heap_push_nb(send_key, send_val, send_size, t, k)
-
-            # (d) KV-transfer ends at t, in handoff order: free the prefill
-            # blocks and enter the decode rank (h mod Wd, (h div Wd) mod Rd, or
-            # the one routed at the handoff).
-            while xfer_size > 0 and xfer_key[0] == t:
-                h = xfer_val[0]
-                xfer_size = heap_pop_nb(xfer_key, xfer_val, xfer_size)
+            # (d) KV-transfer ends at t, in handoff order.
+            if _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq, rk, lp):
                 progressed = True
-                k = handoff_req[h]
-                if rank_policy[recv_rank[k]] == POLICY_SGLANG and rank_prefix_caching[recv_rank[k]]:
-                    radix_insert_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
-                                    rank_block_size[recv_rank[k]], blocks_used)  # cache_finished_req
-                if rank_policy[recv_rank[k]] == POLICY_TRTLLM and rank_prefix_caching[recv_rank[k]]:
-                    kv_register_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
-                                   rank_block_size[recv_rank[k]])  # storeBlocksForReuse
-                kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
-                transfer_end_ns[k] = t
-                if routing:
-                    g = handoff_rank_nb(route, h)
-                else:
-                    g = _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks)
-                rank_inflight[recv_rank[k]] -= 1
-                rank_inflight[g] -= 1
-                decode_rank[k] = g
-                computed[k] = input_tokens[k] - 1
-                send_size = _enter_rank_nb(
-                    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
-                    think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
-                    progress,
-                )
-                if routing and reject_ns[k] >= 0:
-                    route_prompt_done_nb(route, k, input_tokens[k])
-                    route_leave_nb(route, k, g)
-                if session_mode and reject_ns[k] == t:
-                    send_size = heap_push_nb(send_key, send_val, send_size, t, k)
-
             # (d) CPU -> GPU KV loads ending at t (docs/prefix-caching.md).
             if offload_loads_pending_nb(prefix_cache) and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
                 progressed = True
@@ -798,92 +310,876 @@ def _replay_nb(
             if pass_end[w] >= 0 and not queue:
                 w += 1
                 continue
-            first_rank = worker_first_rank[w]
-            num_dp = worker_num_ranks[w]
-            slot = 1 - run_slot[w] if queue else run_slot[w]
-            while True:
-                any_batch = False
-                any_preempted = False
-                worst_ms = 0.0
-                for r in range(num_dp):
-                    g = first_rank + r
-                    if rank_policy[g] == POLICY_SGLANG:
-                        preempted = build_sglang_batch_nb(
-                            g, t, input_tokens, output_tokens, generated, computed, held,
-                            sched_n, running, run_len, blocks_used, wait_head,
-                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            rank_max_sequences, rank_num_blocks, rank_block_size,
-                            rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-                            rank_chunked, rank_extend, rank_prefix_caching[g], prefix_cache, cached_tokens,
-                        )
-                    else:
-                        preempted = build_vllm_batch_nb(
-                            g, t, input_tokens, output_tokens, planned, computed, held,
-                            sched_n, running, run_len, blocks_used, wait_head,
-                            wait_tail, wait_next, wait_prev, first_admit_ns, num_preemptions,
-                            rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-                            rank_block_size, rank_seq_limit, rank_policy[g] == POLICY_TRTLLM,
-                            worker_role[w] == ROLE_PREFILL, rank_prefix_caching[g], prefix_cache,
-                            cached_tokens, worker_async[w], rank_reserve_full_isl[g],
-                        )
-                    batch_summary_nb(
-                        summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
-                        rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
-                    )
-                    if worker_async[w]:
-                        _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
-                                    generated, planned, sample_flag, wait_head, wait_next)
-                    if summary[r, 0] + summary[r, 3] > 0:
-                        any_batch = True
-                    any_preempted = any_preempted or preempted
-                    ms = rank_time_ms_nb(
-                        timing_model,
-                        timing_params,
-                        timing_table,
-                        summary[r, 0],
-                        summary[r, 1],
-                        summary[r, 2],
-                        summary[r, 3],
-                        summary[r, 4],
-                        summary[r, 6],
-                    )
-                    if not (ms >= 0.0 and ms < np.inf):
-                        _report_bad_batch_nb(bad_batch, w, r, summary, ms)
-                        return BAD_TIMING, pass_log_rows, num_emitted
-                    rank_ms[r] = ms
-                    summary[r, 5] = blocks_used[g]
-                    if ms > worst_ms:
-                        worst_ms = ms
-                if any_batch:
-                    if queue:  # it starts when the running pass ends
-                        queued[w] = True
-                        queued_ms[w] = worst_ms
-                        queued_summary[w, :num_dp] = summary[:num_dp]
-                        queued_rank_ms[w, :num_dp] = rank_ms[:num_dp]
-                        break
-                    end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
-                    pass_end[w] = end
-                    pass_start[w] = t
-                    if record_passes:
-                        if pass_log_rows + num_dp > pass_log.shape[0]:
-                            return PASS_LOG_FULL, pass_log_rows, num_emitted
-                        pass_log_rows = _log_pass_nb(
-                            pass_log, pass_ms, pass_log_rows, w, num_dp, t, end, summary, rank_ms
-                        )
-                    break
-                if not any_preempted:
-                    # Nothing schedulable: the worker stays idle (or nothing is queued).
-                    reset_ratio_if_idle_nb(
-                        first_rank, num_dp, worker_role[w] == ROLE_DECODE, wait_head, rank_inflight,
-                        rank_ratio, ratio_params,
-                    )
-                    break
-                # Only preemptions happened: try again at once (SPEC §5 (e)).
+            status = _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing, out, logs, rq, rk,
+                                    ps, lp)
+            if status != OK:
+                return status, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
             if queue or not (worker_async[w] and pass_end[w] >= 0):
                 w += 1
 
-    return OK, pass_log_rows, num_emitted
+    return OK, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
+
+@njit(cache=True)
+def _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router):
+    """The event loop's own state for one run, with the sends the load makes by itself queued.
+
+    Returns ``(RequestState, RankState, PassState, Loop, DetokBuffers)``
+    (``simcore.engine.state``); closed loop: ``send_ns`` set to -1 (filled at
+    each send).
+    """
+    n = requests.input_tokens.shape[0]
+    num_workers = topology.worker_role.shape[0]
+    num_ranks = ranks.num_blocks.shape[0]
+    worker_async = topology.worker_async
+    detok_workers = client.detok_workers
+    session_mode = load.session_mode
+    max_sequences = ranks.max_sequences.max()
+    max_ranks = topology.worker_num_ranks.max()
+    max_outputs = max_ranks * max_sequences
+    bounded = receipts[0].shape[0] > 0
+
+    # Asynchronous scheduling: a worker's pass on the GPU and the one queued
+    # behind it use sample slots run_slot[w] and 1 - run_slot[w]: per request,
+    # whether its chunk in that pass samples a token; ``planned`` counts emitted
+    # plus in-flight outputs (it is ``generated`` without async workers).
+    any_async = False
+    for w in range(num_workers):
+        any_async = any_async or worker_async[w]
+    request_state = RequestState(
+        np.zeros(n, dtype=np.int64),  # computed
+        np.zeros(n, dtype=np.int64),  # held
+        np.zeros(n, dtype=np.int64),  # sched_n
+        np.full(n, -1, dtype=np.int64),  # wait_next
+        np.full(n, -1, dtype=np.int64),  # wait_prev
+        np.zeros(n, dtype=np.int64) if any_async else out.generated,  # planned
+        np.zeros((2, n if any_async else 0), dtype=np.bool_),  # sample_flag
+    )
+    rank_state = RankState(
+        np.full(num_ranks, -1, dtype=np.int64),  # wait_head
+        np.full(num_ranks, -1, dtype=np.int64),  # wait_tail
+        np.empty((num_ranks, max_sequences), dtype=np.int64),  # running
+        np.zeros(num_ranks, dtype=np.int64),  # run_len
+        np.zeros(num_ranks, dtype=np.int64),  # blocks_used
+        ranks.ratio_params[:, 0].copy(),  # ratio
+        np.full(num_ranks, -1, dtype=np.int64),  # chunked
+        np.zeros(num_ranks, dtype=np.bool_),  # extend
+        np.zeros(num_ranks, dtype=np.int64),  # inflight
+    )
+    pass_state = PassState(
+        np.full(num_workers, -1, dtype=np.int64),  # pass_end
+        np.full(num_workers, -1, dtype=np.int64),  # pass_start
+        np.zeros((max_ranks, 7), dtype=np.int64),  # summary
+        np.zeros(max_ranks, dtype=np.float64),  # rank_ms
+        np.zeros(num_workers, dtype=np.int64),  # run_slot
+        np.zeros(num_workers, dtype=np.bool_),  # queued
+        np.zeros(num_workers, dtype=np.float64),  # queued_ms
+        np.zeros((num_workers if any_async else 0, max_ranks, 7), dtype=np.int64),  # queued_summary
+        np.zeros((num_workers if any_async else 0, max_ranks), dtype=np.float64),  # queued_rank_ms
+    )
+
+    # Routing (simcore.engine.router_nb): round robin everywhere is the row
+    # placement, copied into placed_rank by simulate_engine_nb; any other
+    # policy decides in the loop.
+    routing = _routing_nb(router.policy, router.decode_policy, router.rank_policy)
+    # The send heap: one entry per initial client and per request end, at most 2n.
+    # Sessions: releases in the send heap, (receipt, row); rows sent through
+    # their own heap, the table-order sends left idle.
+    loop = Loop(
+        np.empty(n, dtype=np.int64),  # arr_key
+        np.empty(n, dtype=np.int64),  # arr_val
+        np.empty(n, dtype=np.int64),  # xfer_key
+        np.empty(n, dtype=np.int64),  # xfer_val
+        np.empty(n, dtype=np.int64),  # handoff_req
+        np.empty(2 * n + 1, dtype=np.int64),  # send_key
+        np.zeros(2 * n + 1, dtype=np.int64),  # send_val
+        np.empty(n if session_mode else 0, dtype=np.int64),  # sess_key
+        np.empty(n if session_mode else 0, dtype=np.int64),  # sess_val
+        np.empty(n if session_mode else 0, dtype=np.int64),  # seq_row
+        np.zeros(2, dtype=np.int64),  # session_counters
+        np.zeros(client.num_tok_servers, dtype=np.int64),  # tok_free
+        allocate_route_nb(num_workers, num_ranks, n if routing else 0),  # route
+        routing,
+        np.zeros(NUM_COUNTS, dtype=np.int64),  # counts
+    )
+    counts = loop.counts
+    if session_mode:
+        counts[NEXT_ROW] = n
+        counts[SESS_SIZE] = session_start_nb(
+            load.session_closed, load.concurrency, load.session_first, send_ns, loop.sess_key, loop.sess_val,
+            loop.session_counters,
+        )
+    if load.closed_loop:
+        for _ in range(min(load.concurrency, n)):
+            counts[SEND_SIZE] = heap_push_nb(loop.send_key, loop.send_val, counts[SEND_SIZE], 0, 0)
+        for k in range(n):
+            send_ns[k] = -1
+
+    # A pass's outputs: where the detokenizer stamps each receipt (the token's
+    # index, or in bounded mode the output's, into out_recv) and its request.
+    out_recv = np.empty(max_outputs, dtype=np.int64)
+    detok = DetokBuffers(
+        np.zeros(num_workers * detok_workers, dtype=np.int64),  # detok_free
+        np.empty(max_outputs, dtype=np.int64),  # out_token
+        np.empty(max_outputs, dtype=np.int64),  # out_req
+        out_recv,
+        out_recv if bounded else out.token_recv_ns,  # recv_target
+        np.empty(max_outputs, dtype=np.int64),  # out_server
+        np.zeros(max_outputs, dtype=np.int64),  # out_flags
+        np.zeros(detok_workers, dtype=np.int64),  # job_count
+        np.zeros(detok_workers, dtype=np.int64),  # job_firsts
+        np.zeros(detok_workers, dtype=np.int64),  # job_finals
+        np.zeros(detok_workers, dtype=np.int64),  # job_ends
+        np.empty((detok_workers, max_outputs), dtype=np.int64),  # job_tokens
+        np.zeros((detok_workers, max_outputs), dtype=np.int64),  # job_flags
+    )
+    return request_state, rank_state, pass_state, loop, detok
+
+
+@njit(cache=True, inline="always")
+def _steady_decode_nb(requests, load, client, send_ns, ranks, timing, out, logs, rq, rk, ps, lp, dt):
+    """Steady decode (module docstring) on worker 0's one rank; returns ``OK``, ``BAD_TIMING`` or ``PASS_LOG_FULL``.
+
+    While worker 0's running pass ends before every other event and by the
+    cap, every running request decodes one token in it (none its first), none
+    finishes or reaches the sequence limit there, and each one's next token
+    fits its held blocks and the token budget, the general loop would end that
+    pass and build the same batch again (no event, admission, preemption or
+    new block): do just that here.
+    """
+    input_tokens = requests.input_tokens
+    output_tokens = requests.output_tokens
+    token_offset = requests.token_offset
+    n = input_tokens.shape[0]
+    closed_loop = load.closed_loop
+    think_ns = load.think_ns
+    cap_ns = load.cap_ns
+    session_mode = load.session_mode
+    detok_mode = client.detok_mode
+    detok_server = client.detok_server
+    detok_workers = client.detok_workers
+    detok_params = client.detok_params
+    chunk_size = client.chunk_size
+    generated = out.generated
+    token_emit_ns = out.token_emit_ns
+    token_recv_ns = out.token_recv_ns
+    emit_log = logs.emit_log
+    pass_log = logs.pass_log
+    pass_ms = logs.pass_ms
+    bad_batch = logs.bad_batch
+    record_passes = pass_log.shape[0] > 0
+    computed = rq.computed
+    held = rq.held
+    sched_n = rq.sched_n
+    wait_head = rk.wait_head
+    running = rk.running
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
+    pass_end = ps.pass_end
+    pass_start = ps.pass_start
+    summary = ps.summary
+    rank_ms = ps.rank_ms
+    arr_key = lp.arr_key
+    send_key = lp.send_key
+    send_val = lp.send_val
+    sess_key = lp.sess_key
+    counts = lp.counts
+    detok_free = dt.detok_free
+    out_token = dt.out_token
+    out_server = dt.out_server
+    out_flags = dt.out_flags
+    recv_target = dt.recv_target
+    job_count = dt.job_count
+    job_firsts = dt.job_firsts
+    job_finals = dt.job_finals
+    job_ends = dt.job_ends
+    job_tokens = dt.job_tokens
+    job_flags = dt.job_flags
+    arr_size = counts[ARR_SIZE]
+    send_size = counts[SEND_SIZE]
+    sess_size = counts[SESS_SIZE]
+    next_row = counts[NEXT_ROW]
+    num_emitted = counts[NUM_EMITTED]
+    pass_log_rows = counts[PASS_LOG_ROWS]
+    steady_budget = ranks.max_batched_tokens[0]
+    steady_block_size = ranks.block_size[0]
+    steady_seq_limit = ranks.seq_limit[0]
+    status = OK
+    while pass_end[0] >= 0 and wait_head[0] < 0 and run_len[0] <= steady_budget:
+        t = pass_end[0]
+        if t > cap_ns or arr_size > 0 and arr_key[0] <= t:
+            break
+        if closed_loop:
+            if send_size > 0 and next_row < n and send_key[0] <= t:
+                break
+        elif next_row < n and send_ns[next_row] <= t:
+            break
+        if session_mode and session_next_instant_nb(t + 1, send_key, send_size, sess_key, sess_size) <= t:
+            break
+        steady = True
+        for i in range(run_len[0]):
+            k = running[0, i]
+            j = generated[k]
+            if not (
+                sched_n[k] == 1 and j >= 1 and computed[k] == input_tokens[k] + j - 1
+                and j + 1 < output_tokens[k] and input_tokens[k] + j + 1 < steady_seq_limit
+                and computed[k] + 2 <= held[k] * steady_block_size
+            ):
+                steady = False
+                break
+        if not steady:
+            break
+        # (a) the pass end: each emits its next token; (e) the next pass
+        # schedules each one token again (sched_n stays 1) and its summary
+        # is the decode rule of batch_summary_nb.
+        num_out = 0
+        decode_kv_tokens = 0
+        decode_kv_max = 0
+        for i in range(run_len[0]):
+            k = running[0, i]
+            computed[k] += 1
+            decode_kv_tokens += computed[k] + 1
+            decode_kv_max = max(decode_kv_max, computed[k] + 1)
+            j = generated[k]
+            generated[k] = j + 1
+            tok = token_offset[k] + j
+            token_emit_ns[tok] = t
+            if detok_mode == DETOK_OFF:
+                token_recv_ns[tok] = t
+            elif detok_mode == DETOK_IN_KERNEL:
+                srv = detok_server[k]
+                out_token[num_out] = tok
+                out_server[num_out] = srv
+                out_flags[num_out] = 0
+                num_out += 1
+                job_count[srv] += 1
+            else:
+                emit_log[num_emitted] = tok
+            num_emitted += 1
+        if num_out > 0 and chunk_size == 0:
+            # One job per server, none with a first or final token (as in
+            # detokenize_pass_nb, inline: its call costs ~0.4 µs of array arguments).
+            for s in range(detok_workers):
+                if job_count[s] > 0:
+                    job_ends[s] = max(t, detok_free[s]) + detokenization_service_ns_nb(detok_params, job_count[s], 0, 0)
+                    detok_free[s] = job_ends[s]
+                    job_count[s] = 0
+            for e in range(num_out):
+                token_recv_ns[out_token[e]] = job_ends[out_server[e]]
+        elif num_out > 0:  # no request-final token among them: no send is queued
+            send_size = detokenize_pass_nb(
+                t, 0, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
+                detok_free, recv_target, job_count, job_firsts, job_finals, job_ends,
+                job_tokens, job_flags, closed_loop, think_ns, send_key, send_val, send_size,
+            )
+        summary[0, 0] = 0
+        summary[0, 1] = 0
+        summary[0, 2] = 0
+        summary[0, 3] = run_len[0]
+        summary[0, 4] = decode_kv_tokens
+        summary[0, 6] = decode_kv_max
+        ms = rank_time_ms_nb(
+            timing.model, timing.params, timing.table, 0, 0, 0, run_len[0], decode_kv_tokens, decode_kv_max
+        )
+        if not (ms >= 0.0 and ms < np.inf):
+            _report_bad_batch_nb(bad_batch, 0, 0, summary, ms)
+            status = BAD_TIMING
+            break
+        rank_ms[0] = ms
+        summary[0, 5] = blocks_used[0]
+        end = t + max(np.int64(1), np.int64(np.rint(ms * 1e6)))
+        pass_end[0] = end
+        pass_start[0] = t
+        if record_passes:
+            if pass_log_rows + 1 > pass_log.shape[0]:
+                status = PASS_LOG_FULL
+                break
+            pass_log_rows = _log_pass_nb(pass_log, pass_ms, pass_log_rows, 0, 1, t, end, summary, rank_ms)
+    counts[SEND_SIZE] = send_size
+    counts[NUM_EMITTED] = num_emitted
+    counts[PASS_LOG_ROWS] = pass_log_rows
+    return status
+
+
+@njit(cache=True, inline="always")
+def _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, out, receipts, logs, router,
+                 rq, rk, ps, lp, dt):
+    """(a) Worker w's pass ends at t: its tokens count, its outputs go to the
+    detokenizer, finished requests and prompts handed off leave; then its queued
+    asynchronous pass starts.  Returns ``OK`` or ``PASS_LOG_FULL``."""
+    input_tokens = requests.input_tokens
+    output_tokens = requests.output_tokens
+    token_offset = requests.token_offset
+    transfer_ns = requests.transfer_ns
+    closed_loop = load.closed_loop
+    think_ns = load.think_ns
+    cap_ns = load.cap_ns
+    session_mode = load.session_mode
+    detok_mode = client.detok_mode
+    detok_server = client.detok_server
+    detok_workers = client.detok_workers
+    detok_params = client.detok_params
+    chunk_size = client.chunk_size
+    worker_role = topology.worker_role
+    worker_first_rank = topology.worker_first_rank
+    worker_num_ranks = topology.worker_num_ranks
+    num_decode_workers = topology.num_decode_workers
+    first_decode_worker = worker_role.shape[0] - num_decode_workers
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    rank_seq_limit = ranks.seq_limit
+    rank_policy = ranks.policy
+    rank_prefix_caching = ranks.prefix_caching
+    ratio_params = ranks.ratio_params
+    first_emit_ns = out.first_emit_ns
+    finish_ns = out.finish_ns
+    handoff_ns = out.handoff_ns
+    generated = out.generated
+    token_emit_ns = out.token_emit_ns
+    progress = out.progress
+    emit_log = logs.emit_log
+    pass_log = logs.pass_log
+    pass_ms = logs.pass_ms
+    record_passes = pass_log.shape[0] > 0
+    bounded = receipts[0].shape[0] > 0
+    decode_router_policy = router.decode_policy
+    worker_rank_policy = router.rank_policy
+    router_weights = router.weights
+    decode_draws = router.decode_draws
+    computed = rq.computed
+    held = rq.held
+    sched_n = rq.sched_n
+    sample_flag = rq.sample_flag
+    wait_head = rk.wait_head
+    running = rk.running
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
+    rank_ratio = rk.ratio
+    rank_extend = rk.extend
+    rank_inflight = rk.inflight
+    pass_end = ps.pass_end
+    pass_start = ps.pass_start
+    run_slot = ps.run_slot
+    queued = ps.queued
+    queued_ms = ps.queued_ms
+    queued_summary = ps.queued_summary
+    queued_rank_ms = ps.queued_rank_ms
+    xfer_key = lp.xfer_key
+    xfer_val = lp.xfer_val
+    handoff_req = lp.handoff_req
+    send_key = lp.send_key
+    send_val = lp.send_val
+    route = lp.route
+    routing = lp.routing
+    counts = lp.counts
+    detok_free = dt.detok_free
+    out_token = dt.out_token
+    out_req = dt.out_req
+    out_recv = dt.out_recv
+    recv_target = dt.recv_target
+    out_server = dt.out_server
+    out_flags = dt.out_flags
+    job_count = dt.job_count
+    job_firsts = dt.job_firsts
+    job_finals = dt.job_finals
+    job_ends = dt.job_ends
+    job_tokens = dt.job_tokens
+    job_flags = dt.job_flags
+    xfer_size = counts[XFER_SIZE]
+    send_size = counts[SEND_SIZE]
+    num_handoffs = counts[NUM_HANDOFFS]
+    num_emitted = counts[NUM_EMITTED]
+
+    pass_end[w] = -1
+    hidden = worker_role[w] == ROLE_PREFILL
+    asynchronous = topology.worker_async[w]
+    slot = run_slot[w]
+    num_out = 0
+    for g in range(worker_first_rank[w], worker_first_rank[w] + worker_num_ranks[w]):
+        keep = 0
+        for i in range(run_len[g]):
+            k = running[g, i]
+            leaves = False
+            samples = False
+            if sched_n[k] > 0:  # synchronous: the pass's tokens are computed now
+                computed[k] += sched_n[k]
+                sched_n[k] = 0
+                samples = computed[k] == input_tokens[k] + generated[k]
+                if samples and rank_policy[g] == POLICY_SGLANG and rank_prefix_caching[g] and (
+                    rank_extend[g] or generated[k] + 1 == output_tokens[k]
+                    or input_tokens[k] + generated[k] + 1 >= rank_seq_limit[g]
+                ):
+                    # SGLang inserts a prompt once computed and a request as it finishes.
+                    radix_insert_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
+                                    rank_block_size[g], blocks_used)
+            elif asynchronous:  # computed advanced when the pass was built
+                samples = sample_flag[slot, k]
+                sample_flag[slot, k] = False
+            if samples:
+                if hidden:
+                    # Prompt computed: hand off; the sampled token
+                    # is not sent and the blocks stay held until
+                    # the transfer ends (SPEC §6).
+                    leaves = True
+                    handoff_ns[k] = t
+                    handoff_req[num_handoffs] = k
+                    xfer_size = heap_push_nb(
+                        xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
+                    )
+                    rank_inflight[g] += 1
+                    if routing:
+                        route_prompt_done_nb(route, k, input_tokens[k])
+                        route_leave_nb(route, k, g)
+                        to_rank = route_handoff_nb(
+                            route, num_handoffs, k, decode_router_policy, worker_rank_policy,
+                            first_decode_worker, num_decode_workers, decode_draws, router_weights,
+                            input_tokens[k], worker_first_rank, worker_num_ranks, run_len,
+                            blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
+                        )
+                    else:
+                        to_rank = _decode_rank_nb(
+                            num_handoffs, first_decode_worker, num_decode_workers,
+                            worker_first_rank, worker_num_ranks,
+                        )
+                    rank_inflight[to_rank] += 1
+                    num_handoffs += 1
+                else:
+                    j = generated[k]
+                    generated[k] = j + 1
+                    tok = token_offset[k] + j
+                    if j == 0:
+                        first_emit_ns[k] = t
+                        if routing:
+                            route_prompt_done_nb(route, k, input_tokens[k])
+                    leaves = (
+                        j + 1 == output_tokens[k]
+                        or input_tokens[k] + j + 1 >= rank_seq_limit[g]
+                    )
+                    out_req[num_out] = k
+                    if bounded:
+                        tok = num_out
+                    else:
+                        token_emit_ns[tok] = t
+                    if detok_mode == DETOK_OFF:
+                        recv_target[tok] = t  # received as emitted
+                        num_out += bounded  # bounded: streamed at the pass end
+                        if leaves and closed_loop:
+                            send_size = heap_push_nb(
+                                send_key, send_val, send_size, t + think_ns, 0
+                            )
+                        if leaves and session_mode:  # ends at the client now
+                            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+                    elif detok_mode == DETOK_IN_KERNEL:
+                        srv = detok_server[k]
+                        out_token[num_out] = tok
+                        out_server[num_out] = srv
+                        out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
+                        num_out += 1
+                        # The server's job so far (one job per server
+                        # per pass unless chunked).
+                        job_count[srv] += 1
+                        job_firsts[srv] += j == 0
+                        job_finals[srv] += leaves
+                    else:
+                        emit_log[num_emitted] = tok
+                    num_emitted += 1
+                    if leaves:
+                        finish_ns[k] = t
+                        progress[0] += 1
+                        if routing:
+                            route_leave_nb(route, k, g)
+                        if rank_policy[g] == POLICY_TRTLLM and rank_prefix_caching[g]:
+                            # storeBlocksForReuse: prompt + output - 1 tokens.
+                            kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
+                                           rank_block_size[g])
+                        kv_release_nb(prefix_cache, g, k, held, blocks_used)
+            if not leaves:
+                running[g, keep] = k
+                keep += 1
+        run_len[g] = keep
+    if not _has_work_nb(worker_first_rank[w], worker_num_ranks[w], run_len, wait_head):
+        reset_ratio_if_idle_nb(
+            worker_first_rank[w], worker_num_ranks[w], worker_role[w] == ROLE_DECODE,
+            wait_head, rank_inflight, rank_ratio, ratio_params,
+        )
+
+    # (b) this pass's detokenizer jobs: per server, in server order,
+    # the server's outputs in rank then running order, cut in chunks.
+    if detok_mode == DETOK_IN_KERNEL and num_out > 0:
+        send_size = detokenize_pass_nb(
+            t, w * detok_workers, num_out, out_token, out_server, out_flags, chunk_size, detok_params,
+            detok_free, recv_target, job_count, job_firsts, job_finals, job_ends, job_tokens,
+            job_flags, closed_loop, think_ns, send_key, send_val, send_size,
+        )
+    if session_mode and detok_mode == DETOK_IN_KERNEL and num_out > 0:
+        send_size = session_finals_nb(
+            num_out, out_req, out_token, out_flags, recv_target, send_key, send_val, send_size
+        )
+    if bounded and num_out > 0:
+        stream_receipts_nb(num_out, out_req, out_recv, cap_ns, receipts)
+    counts[XFER_SIZE] = xfer_size
+    counts[SEND_SIZE] = send_size
+    counts[NUM_HANDOFFS] = num_handoffs
+    counts[NUM_EMITTED] = num_emitted
+    if queued[w]:  # asynchronous: the pass built at this one's start runs now
+        queued[w] = False
+        run_slot[w] = 1 - slot
+        pass_start[w] = t
+        pass_end[w] = t + max(np.int64(1), np.int64(np.rint(queued_ms[w] * 1e6)))
+        if record_passes:
+            pass_log_rows = counts[PASS_LOG_ROWS]
+            if pass_log_rows + worker_num_ranks[w] > pass_log.shape[0]:
+                return PASS_LOG_FULL
+            counts[PASS_LOG_ROWS] = _log_pass_nb(
+                pass_log, pass_ms, pass_log_rows, w, worker_num_ranks[w], t, pass_end[w],
+                queued_summary[w], queued_rank_ms[w],
+            )
+    return OK
+
+
+@njit(cache=True, inline="always")
+def _send_nb(k, s, t, requests, load, client, topology, ranks, prefix_cache, out, router, rk, lp):
+    """Send row k at t as send number s (s = k in table order; with sessions the
+    send sequence number): place it, then queue its tokenizer job, FIFO per
+    server in send order, whose end is its engine arrival (keyed by s)."""
+    tok_server = client.tok_server
+    tok_service_ns = client.tok_service_ns
+    tok_free = lp.tok_free
+    counts = lp.counts
+    if lp.routing:  # the router picks the worker, whose tokenizer takes the request
+        first_decode_worker = topology.worker_role.shape[0] - topology.num_decode_workers
+        w = route_send_nb(
+            lp.route, s, k, router.policy, router.rank_policy, 0, first_decode_worker, router.draws, router.weights,
+            requests.input_tokens, topology.worker_first_rank, topology.worker_num_ranks, rk.run_len,
+            rk.blocks_used, ranks.num_blocks, ranks.block_size, prefix_cache, out.placed_rank,
+        )
+        out.placed_worker[k] = w
+        server = w * router.tok_workers + router.tok_index[k]
+    elif load.session_mode:  # the placement of send sequence number s (SPEC §3)
+        out.placed_rank[k] = load.seq_rank[s]
+        server = load.seq_tok_base[s] + tok_server[k]
+    else:
+        server = tok_server[k]
+    end = max(t, tok_free[server]) + tok_service_ns[k]
+    tok_free[server] = end
+    counts[ARR_SIZE] = heap_push_nb(lp.arr_key, lp.arr_val, counts[ARR_SIZE], end, s)
+
+
+@njit(cache=True, inline="always")
+def _session_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_cache, out, router, rk, lp):
+    """(c) with sessions: the releases at t, then the sends they make (row order). Returns whether any happened."""
+    sess_key = lp.sess_key
+    sess_val = lp.sess_val
+    session_counters = lp.session_counters
+    counts = lp.counts
+    send_size, sess_size, progressed = session_releases_nb(
+        t, load.session_closed, load.session_think_ns, load.next_turn, load.turn_think_ns, load.session_first,
+        lp.send_key, lp.send_val, counts[SEND_SIZE], sess_key, sess_val, counts[SESS_SIZE], session_counters,
+    )
+    counts[SEND_SIZE] = send_size
+    while True:
+        sess_size, k, s = session_next_send_nb(
+            t, sess_key, sess_val, sess_size, session_counters, send_ns, out.send_seq, lp.seq_row
+        )
+        if k < 0:
+            break
+        progressed = True
+        _send_nb(k, s, t, requests, load, client, topology, ranks, prefix_cache, out, router, rk, lp)
+    counts[SESS_SIZE] = sess_size
+    return progressed
+
+
+@njit(cache=True, inline="always")
+def _table_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_cache, out, router, rk, lp):
+    """(b)+(c) the sends at t in table order (closed loop: as many as the send heap releases at t).
+    Returns whether any happened."""
+    n = requests.input_tokens.shape[0]
+    closed_loop = load.closed_loop
+    send_key = lp.send_key
+    send_val = lp.send_val
+    counts = lp.counts
+    send_size = counts[SEND_SIZE]
+    next_row = counts[NEXT_ROW]
+    progressed = False
+    while next_row < n:
+        if closed_loop:
+            if send_size == 0 or send_key[0] != t:
+                break
+            send_size = heap_pop_nb(send_key, send_val, send_size)
+            send_ns[next_row] = t
+        elif send_ns[next_row] != t:
+            break
+        k = next_row
+        next_row += 1
+        progressed = True
+        _send_nb(k, k, t, requests, load, client, topology, ranks, prefix_cache, out, router, rk, lp)
+    counts[SEND_SIZE] = send_size
+    counts[NEXT_ROW] = next_row
+    return progressed
+
+
+@njit(cache=True, inline="always")
+def _arrivals_nb(t, requests, load, topology, ranks, out, rq, rk, lp):
+    """(d) the engine arrivals at t, in send order; rejections end at once. Returns whether any happened."""
+    input_tokens = requests.input_tokens
+    closed_loop = load.closed_loop
+    think_ns = load.think_ns
+    session_mode = load.session_mode
+    worker_first_rank = topology.worker_first_rank
+    worker_num_ranks = topology.worker_num_ranks
+    rank_num_blocks = ranks.num_blocks
+    rank_seq_limit = ranks.seq_limit
+    arrival_ns = out.arrival_ns
+    reject_ns = out.reject_ns
+    progress = out.progress
+    recv_rank = out.placed_rank
+    wait_next = rq.wait_next
+    wait_prev = rq.wait_prev
+    wait_head = rk.wait_head
+    wait_tail = rk.wait_tail
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
+    arr_key = lp.arr_key
+    arr_val = lp.arr_val
+    send_key = lp.send_key
+    send_val = lp.send_val
+    seq_row = lp.seq_row
+    route = lp.route
+    routing = lp.routing
+    counts = lp.counts
+    arr_size = counts[ARR_SIZE]
+    send_size = counts[SEND_SIZE]
+    progressed = False
+    while arr_size > 0 and arr_key[0] == t:
+        k = arr_val[0]
+        if session_mode:  # keyed by send sequence number
+            k = seq_row[k]
+        arr_size = heap_pop_nb(arr_key, arr_val, arr_size)
+        progressed = True
+        arrival_ns[k] = t
+        if routing:
+            route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blocks_used,
+                             rank_num_blocks, recv_rank)
+        send_size = _enter_rank_nb(
+            k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
+            think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+            progress,
+        )
+        if routing and reject_ns[k] >= 0:
+            route_prompt_done_nb(route, k, input_tokens[k])
+            route_leave_nb(route, k, recv_rank[k])
+        if session_mode and reject_ns[k] == t:  # the rejection ends at the client now
+            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+    counts[ARR_SIZE] = arr_size
+    counts[SEND_SIZE] = send_size
+    return progressed
+
+
+@njit(cache=True, inline="always")
+def _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq, rk, lp):
+    """(d) the KV-transfer ends at t, in handoff order: free the prefill blocks
+    and enter the decode rank (h mod Wd, (h div Wd) mod Rd, or the one routed at
+    the handoff). Returns whether any happened."""
+    input_tokens = requests.input_tokens
+    closed_loop = load.closed_loop
+    think_ns = load.think_ns
+    session_mode = load.session_mode
+    worker_first_rank = topology.worker_first_rank
+    worker_num_ranks = topology.worker_num_ranks
+    num_decode_workers = topology.num_decode_workers
+    first_decode_worker = topology.worker_role.shape[0] - num_decode_workers
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    rank_seq_limit = ranks.seq_limit
+    rank_policy = ranks.policy
+    rank_prefix_caching = ranks.prefix_caching
+    reject_ns = out.reject_ns
+    transfer_end_ns = out.transfer_end_ns
+    decode_rank = out.decode_rank
+    progress = out.progress
+    recv_rank = out.placed_rank
+    computed = rq.computed
+    held = rq.held
+    wait_next = rq.wait_next
+    wait_prev = rq.wait_prev
+    wait_head = rk.wait_head
+    wait_tail = rk.wait_tail
+    blocks_used = rk.blocks_used
+    rank_inflight = rk.inflight
+    xfer_key = lp.xfer_key
+    xfer_val = lp.xfer_val
+    handoff_req = lp.handoff_req
+    send_key = lp.send_key
+    send_val = lp.send_val
+    route = lp.route
+    routing = lp.routing
+    counts = lp.counts
+    xfer_size = counts[XFER_SIZE]
+    send_size = counts[SEND_SIZE]
+    progressed = False
+    while xfer_size > 0 and xfer_key[0] == t:
+        h = xfer_val[0]
+        xfer_size = heap_pop_nb(xfer_key, xfer_val, xfer_size)
+        progressed = True
+        k = handoff_req[h]
+        if rank_policy[recv_rank[k]] == POLICY_SGLANG and rank_prefix_caching[recv_rank[k]]:
+            radix_insert_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
+                            rank_block_size[recv_rank[k]], blocks_used)  # cache_finished_req
+        if rank_policy[recv_rank[k]] == POLICY_TRTLLM and rank_prefix_caching[recv_rank[k]]:
+            kv_register_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
+                           rank_block_size[recv_rank[k]])  # storeBlocksForReuse
+        kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
+        transfer_end_ns[k] = t
+        if routing:
+            g = handoff_rank_nb(route, h)
+        else:
+            g = _decode_rank_nb(h, first_decode_worker, num_decode_workers, worker_first_rank, worker_num_ranks)
+        rank_inflight[recv_rank[k]] -= 1
+        rank_inflight[g] -= 1
+        decode_rank[k] = g
+        computed[k] = input_tokens[k] - 1
+        send_size = _enter_rank_nb(
+            k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
+            think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
+            progress,
+        )
+        if routing and reject_ns[k] >= 0:
+            route_prompt_done_nb(route, k, input_tokens[k])
+            route_leave_nb(route, k, g)
+        if session_mode and reject_ns[k] == t:
+            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+    counts[XFER_SIZE] = xfer_size
+    counts[SEND_SIZE] = send_size
+    return progressed
+
+
+@njit(cache=True, inline="always")
+def _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing, out, logs, rq, rk, ps, lp):
+    """(e) Idle worker w starts a pass at t (``queue``: asynchronous, builds the
+    one that starts when its running pass ends); preemptions alone retry at
+    once (SPEC §5 (e)).  Returns ``OK``, ``BAD_TIMING`` or ``PASS_LOG_FULL``."""
+    input_tokens = requests.input_tokens
+    output_tokens = requests.output_tokens
+    worker_role = topology.worker_role
+    worker_async = topology.worker_async
+    rank_max_batched_tokens = ranks.max_batched_tokens
+    rank_max_sequences = ranks.max_sequences
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    rank_seq_limit = ranks.seq_limit
+    rank_policy = ranks.policy
+    rank_chunk_tokens = ranks.chunk_tokens
+    rank_max_prefill_tokens = ranks.max_prefill_tokens
+    ratio_params = ranks.ratio_params
+    rank_prefix_caching = ranks.prefix_caching
+    rank_reserve_full_isl = ranks.reserve_full_isl
+    timing_model = timing.model
+    timing_params = timing.params
+    timing_table = timing.table
+    first_admit_ns = out.first_admit_ns
+    generated = out.generated
+    num_preemptions = out.num_preemptions
+    cached_tokens = out.cached_tokens
+    pass_log = logs.pass_log
+    pass_ms = logs.pass_ms
+    bad_batch = logs.bad_batch
+    record_passes = pass_log.shape[0] > 0
+    computed = rq.computed
+    held = rq.held
+    sched_n = rq.sched_n
+    wait_next = rq.wait_next
+    wait_prev = rq.wait_prev
+    planned = rq.planned
+    sample_flag = rq.sample_flag
+    wait_head = rk.wait_head
+    wait_tail = rk.wait_tail
+    running = rk.running
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
+    rank_ratio = rk.ratio
+    rank_chunked = rk.chunked
+    rank_extend = rk.extend
+    rank_inflight = rk.inflight
+    pass_end = ps.pass_end
+    pass_start = ps.pass_start
+    summary = ps.summary
+    rank_ms = ps.rank_ms
+    run_slot = ps.run_slot
+    queued = ps.queued
+    queued_ms = ps.queued_ms
+    queued_summary = ps.queued_summary
+    queued_rank_ms = ps.queued_rank_ms
+    counts = lp.counts
+
+    first_rank = topology.worker_first_rank[w]
+    num_dp = topology.worker_num_ranks[w]
+    slot = 1 - run_slot[w] if queue else run_slot[w]
+    while True:
+        any_batch = False
+        any_preempted = False
+        worst_ms = 0.0
+        for r in range(num_dp):
+            g = first_rank + r
+            if rank_policy[g] == POLICY_SGLANG:
+                preempted = build_sglang_batch_nb(g, t, requests, ranks, prefix_cache, out, rq, rk)
+            else:
+                preempted = build_vllm_batch_nb(
+                    g, t, worker_role[w] == ROLE_PREFILL, worker_async[w], requests, ranks, prefix_cache, out, rq, rk
+                )
+            batch_summary_nb(
+                summary, r, g, running, run_len, sched_n, computed, input_tokens, generated,
+                rank_policy[g] == POLICY_SGLANG and rank_extend[g], worker_role[w] == ROLE_DECODE,
+            )
+            if worker_async[w]:
+                _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens,
+                            generated, planned, sample_flag, wait_head, wait_next)
+            if summary[r, 0] + summary[r, 3] > 0:
+                any_batch = True
+            any_preempted = any_preempted or preempted
+            ms = rank_time_ms_nb(
+                timing_model,
+                timing_params,
+                timing_table,
+                summary[r, 0],
+                summary[r, 1],
+                summary[r, 2],
+                summary[r, 3],
+                summary[r, 4],
+                summary[r, 6],
+            )
+            if not (ms >= 0.0 and ms < np.inf):
+                _report_bad_batch_nb(bad_batch, w, r, summary, ms)
+                return BAD_TIMING
+            rank_ms[r] = ms
+            summary[r, 5] = blocks_used[g]
+            if ms > worst_ms:
+                worst_ms = ms
+        if any_batch:
+            if queue:  # it starts when the running pass ends
+                queued[w] = True
+                queued_ms[w] = worst_ms
+                queued_summary[w, :num_dp] = summary[:num_dp]
+                queued_rank_ms[w, :num_dp] = rank_ms[:num_dp]
+                return OK
+            end = t + max(np.int64(1), np.int64(np.rint(worst_ms * 1e6)))
+            pass_end[w] = end
+            pass_start[w] = t
+            if record_passes:
+                pass_log_rows = counts[PASS_LOG_ROWS]
+                if pass_log_rows + num_dp > pass_log.shape[0]:
+                    return PASS_LOG_FULL
+                counts[PASS_LOG_ROWS] = _log_pass_nb(
+                    pass_log, pass_ms, pass_log_rows, w, num_dp, t, end, summary, rank_ms
+                )
+            return OK
+        if not any_preempted:
+            # Nothing schedulable: the worker stays idle (or nothing is queued).
+            reset_ratio_if_idle_nb(
+                first_rank, num_dp, worker_role[w] == ROLE_DECODE, wait_head, rank_inflight,
+                rank_ratio, ratio_params,
+            )
+            return OK
+        # Only preemptions happened: try again at once (SPEC §5 (e)).
 
 
 @njit(cache=True)
@@ -981,6 +1277,46 @@ def row_nb(typingctx, state, c):
         return context.make_tuple(builder, row_type, rows)
 
     return row_type(state, c), codegen
+
+
+@intrinsic
+def borrow_nb(typingctx, state):
+    """A borrowed view of an array, or of every array member of a tuple (or NamedTuple): no reference count.
+
+    The view's data, shape and strides are the array's; its memory-info
+    pointer is null, so numba's reference-count updates on it (at every
+    copy of a tuple into an inlined function, every member read, every call)
+    are no-ops, which LLVM removes where the view is built in the same
+    function.  The caller must keep the arrays alive while the views are used
+    and let no view outlive them (the event loop: its state lives in
+    ``simulate_engine_nb``'s frame for the whole run).
+
+    Parameters
+    ----------
+    state : ndarray, or tuple or NamedTuple of ndarray and scalars
+
+    Returns
+    -------
+    the same type as ``state``
+    """
+
+    def borrowed(context, builder, typ, value):
+        if not isinstance(typ, types.Array):
+            return value
+        array = context.make_array(typ)(context, builder, value=value)
+        array.meminfo = cgutils.get_null_value(array.meminfo.type)
+        return array._getvalue()
+
+    def codegen(context, builder, signature, args):
+        (value,) = args
+        if isinstance(state, types.Array):
+            return borrowed(context, builder, state, value)
+        members = [
+            borrowed(context, builder, member, builder.extract_value(value, m)) for m, member in enumerate(state.types)
+        ]
+        return context.make_tuple(builder, state, members)
+
+    return state(state), codegen
 
 
 @njit(cache=True)

@@ -144,3 +144,101 @@ class Router(NamedTuple):
     decode_draws: I64  # (2n,) or (0,): per handoff h, two distinct seeded decode workers
     tok_index: I64  # per request, its tokenizer server within the worker that receives it
     tok_workers: types.int64  # tokenizer servers per receiving worker
+
+
+# ------------------------------------------------------------------ the event loop's own state
+# Allocated once per run by ``simcore.engine.nb._allocate_loop_nb`` and passed
+# to the phase functions of ``_replay_nb``, which are inlined into it (numba
+# ``inline="always"``): each phase reads the members it uses into locals once.
+
+BOOL_2D = types.boolean[:, ::1]
+I64_3D = types.int64[:, :, ::1]
+
+# ``Loop.counts``: the loop's scalars that phases update, by index.
+ARR_SIZE = 0  # engine-arrival heap entries
+XFER_SIZE = 1  # KV-transfer-end heap entries
+SEND_SIZE = 2  # send heap entries (closed-loop sends; with sessions, releases)
+SESS_SIZE = 3  # session send heap entries
+NEXT_ROW = 4  # next row to send in table order (n with sessions: that order is idle)
+NUM_HANDOFFS = 5  # P/D handoffs so far
+PASS_LOG_ROWS = 6  # rows written to Logs.pass_log
+NUM_EMITTED = 7  # tokens emitted
+NUM_COUNTS = 8
+
+
+class RequestState(NamedTuple):
+    """Per request: the scheduler's view."""
+
+    computed: I64  # tokens whose KV is computed (asynchronous: or scheduled)
+    held: I64  # KV blocks held
+    sched_n: I64  # tokens scheduled in the pass being built or run
+    wait_next: I64  # waiting-queue links
+    wait_prev: I64
+    planned: I64  # emitted plus in-flight outputs (``Outputs.generated`` itself without async workers)
+    sample_flag: BOOL_2D  # (2, n) or (2, 0): async sample slots, whether its chunk samples a token
+
+
+class RankState(NamedTuple):
+    """Per global rank: waiting queue, running requests, KV blocks, SGLang state."""
+
+    wait_head: I64
+    wait_tail: I64
+    running: I64_2D  # (ranks, max sequences) in running order
+    run_len: I64
+    blocks_used: I64
+    ratio: F64  # SGLang new_token_ratio
+    chunked: I64  # SGLang chunked request (-1: none)
+    extend: BOOL  # SGLang: the batch built is an extend batch
+    inflight: I64  # KV transfers from or to the rank
+
+
+class PassState(NamedTuple):
+    """Per worker: the running pass, the batch summary being built, the queued async pass."""
+
+    pass_end: I64  # -1: idle
+    pass_start: I64
+    summary: I64_2D  # (max ranks, 7) SPEC §8, blocks in use, longest decode
+    rank_ms: F64  # (max ranks,)
+    run_slot: I64  # async: sample slot of the running pass
+    queued: BOOL  # async: a pass is built behind the running one
+    queued_ms: F64
+    queued_summary: I64_3D  # (workers or 0, max ranks, 7)
+    queued_rank_ms: F64_2D  # (workers or 0, max ranks)
+
+
+class Loop(NamedTuple):
+    """Event queues (min-heaps of simcore.heap_nb), tokenizer servers, routing state and the counters."""
+
+    arr_key: I64  # engine arrivals by (instant, k; with sessions the send sequence number)
+    arr_val: I64
+    xfer_key: I64  # KV-transfer ends by (instant, handoff number)
+    xfer_val: I64
+    handoff_req: I64  # per handoff number, its request
+    send_key: I64  # closed-loop sends by instant; with sessions releases (instant, row)
+    send_val: I64
+    sess_key: I64  # sessions: sends (simcore.engine.sessions_nb)
+    sess_val: I64
+    seq_row: I64  # sessions: per send sequence number, its row
+    session_counters: I64  # (2,)
+    tok_free: I64  # per tokenizer server, when it is free
+    route: I64  # simcore.engine.router_nb state
+    routing: types.boolean  # any policy other than round robin routes
+    counts: I64  # (NUM_COUNTS,) by the indices above
+
+
+class DetokBuffers(NamedTuple):
+    """The outputs of the pass being ended and the detokenizer servers (SPEC §7)."""
+
+    detok_free: I64  # per detokenizer server, when it is free
+    out_token: I64  # per output: where its receipt is stamped (token index; bounded: output index)
+    out_req: I64
+    out_recv: I64  # bounded mode: the receipts
+    recv_target: I64  # out_recv in bounded mode, else Outputs.token_recv_ns
+    out_server: I64
+    out_flags: I64  # OUT_FIRST, OUT_FINAL
+    job_count: I64  # per server: outputs in its job
+    job_firsts: I64  # of which request-first tokens
+    job_finals: I64  # of which request-final tokens
+    job_ends: I64
+    job_tokens: I64_2D
+    job_flags: I64_2D

@@ -116,24 +116,19 @@ def _grow_nb(tokens, held, block_size):
     return (block_size - 1 - spare) // block_size
 
 
-@njit(cache=True)
-def build_vllm_batch_nb(
-    g, t, input_tokens, output_tokens, planned, computed, held, sched_n, running, run_len,
-    blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
-    num_preemptions, rank_max_batched_tokens, rank_max_sequences, rank_num_blocks,
-    rank_block_size, rank_seq_limit, no_evict, prefill_role, caching, pc, cached_tokens, asynchronous,
-    reserve_full,
-):
+@njit(cache=True, inline="always")
+def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, out, rq, rk):
     """Build rank g's batch with the vLLM policy (SPEC §5); returns whether it preempted.
 
-    With ``no_evict`` (TensorRT-LLM GUARANTEED_NO_EVICT), a waiting request is
-    admitted only if its blocks to completion fit beside every running
-    request's reservation to completion; then allocations never fail.  With
-    ``caching`` (prefix caching, docs/prefix-caching.md) an admission first
-    reuses the request's longest resident prompt prefix.  Under asynchronous
-    scheduling (docs/semantics.md) ``planned`` also counts the output tokens in
-    flight and ``computed`` the tokens already scheduled; a running request
-    whose every output is planned is skipped.
+    With the TensorRT-LLM policy (``no_evict``: GUARANTEED_NO_EVICT), a waiting
+    request is admitted only if its blocks to completion fit beside every
+    running request's reservation to completion; then allocations never fail.
+    With prefix caching (docs/prefix-caching.md) an admission first reuses the
+    request's longest resident prompt prefix.  Under asynchronous scheduling
+    (docs/semantics.md) ``planned`` also counts the output tokens in flight and
+    ``computed`` the tokens already scheduled; a running request whose every
+    output is planned is skipped.  Inlined into the event loop (its one
+    caller): a call would count references on every member of the tuples.
 
     Parameters
     ----------
@@ -141,52 +136,55 @@ def build_vllm_batch_nb(
         Global rank.
     t : int
         Pass start, ns (stamped as a first admission).
-    input_tokens, output_tokens : ndarray(int64, ndim=1)
-        Per request, prompt and requested output lengths, tokens.
-    planned, computed : ndarray(int64, ndim=1)
-        Per request, output tokens emitted (asynchronous scheduling: plus those in
-        flight) and tokens whose KV is computed or scheduled (before the pass).
-    held : ndarray(int64, ndim=1)
-        Per request, KV blocks held; updated.
-    sched_n : ndarray(int64, ndim=1)
-        Out, per request: tokens scheduled in this pass.
-    running : ndarray(int64, ndim=2)
-        (ranks, max sequences) running requests per rank, in running order; updated.
-    run_len : ndarray(int64, ndim=1)
-        Running requests per rank; updated.
-    blocks_used : ndarray(int64, ndim=1)
-        In-use KV blocks per rank; updated.
-    wait_head, wait_tail, wait_next, wait_prev : ndarray(int64, ndim=1)
-        The waiting queues (per rank heads/tails, per request links); updated.
-    first_admit_ns : ndarray(int64, ndim=1)
-        Per request first admission, ns (-1: not yet); set to ``t``.
-    num_preemptions : ndarray(int64, ndim=1)
-        Per request preemption (retraction) count; updated.
-    rank_max_batched_tokens, rank_max_sequences, rank_num_blocks, rank_block_size, rank_seq_limit : ndarray(int64, ndim=1)
-        Per rank token budget (tokens), sequences, KV blocks, tokens per block,
-        sequence limit L (tokens).
-    no_evict : bool
-        The TensorRT-LLM policy: GUARANTEED_NO_EVICT admission, and with
-        ``caching`` its rules for when blocks become reusable.
     prefill_role : bool
         The rank is in the P/D prefill pool (reserves the prompt only).
-    caching : bool
-        Prefix caching on this rank.
-    pc : tuple of ndarray(int64, ndim=1)
-        The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
-    cached_tokens : ndarray(int64, ndim=1)
-        Per request prompt tokens reused at the first admission, tokens; set then.
     asynchronous : bool
         Asynchronous scheduling on this rank's worker (docs/semantics.md).
-    reserve_full : bool
-        vLLM's ``scheduler_reserve_full_isl``: a waiting request is admitted
-        only if the blocks of all its known tokens fit, not just its first chunk.
+    requests, ranks : Requests, Ranks
+        Prompt and output lengths (tokens); per rank the token budget, sequences,
+        KV blocks, block size, sequence limit L, policy, prefix caching and
+        ``reserve_full_isl`` (vLLM's ``scheduler_reserve_full_isl``: a waiting
+        request is admitted only if the blocks of all its known tokens fit).
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
+    out : Outputs
+        ``first_admit_ns`` (set to ``t`` at the first admission, with
+        ``cached_tokens``) and ``num_preemptions``; updated.
+    rq, rk : RequestState, RankState
+        The event loop's per-request and per-rank state: ``planned`` and
+        ``computed`` read, ``held``, the waiting queues, ``running``,
+        ``run_len`` and ``blocks_used`` updated, ``sched_n`` set for this pass.
+    (The NamedTuples of ``simcore.engine.state``.)
 
     Returns
     -------
     bool
         Whether a running request was preempted.
     """
+    input_tokens = requests.input_tokens
+    output_tokens = requests.output_tokens
+    rank_max_batched_tokens = ranks.max_batched_tokens
+    rank_max_sequences = ranks.max_sequences
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    rank_seq_limit = ranks.seq_limit
+    no_evict = ranks.policy[g] == POLICY_TRTLLM
+    caching = ranks.prefix_caching[g]
+    reserve_full = ranks.reserve_full_isl[g]
+    first_admit_ns = out.first_admit_ns
+    num_preemptions = out.num_preemptions
+    cached_tokens = out.cached_tokens
+    planned = rq.planned
+    computed = rq.computed
+    held = rq.held
+    sched_n = rq.sched_n
+    wait_next = rq.wait_next
+    wait_prev = rq.wait_prev
+    wait_head = rk.wait_head
+    wait_tail = rk.wait_tail
+    running = rk.running
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
     num_ranks = rank_num_blocks.shape[0]
     budget = rank_max_batched_tokens[g]
     block_size = rank_block_size[g]
@@ -324,14 +322,8 @@ def _ceil_page_nb(tokens, block_size):
     return _blocks_for_nb(tokens, block_size) * block_size
 
 
-@njit(cache=True)
-def build_sglang_batch_nb(
-    g, t, input_tokens, output_tokens, generated, computed, held, sched_n, running, run_len,
-    blocks_used, wait_head, wait_tail, wait_next, wait_prev, first_admit_ns,
-    num_preemptions, rank_max_sequences, rank_num_blocks, rank_block_size,
-    rank_chunk_tokens, rank_max_prefill_tokens, rank_ratio, ratio_params,
-    rank_chunked, rank_extend, caching, pc, cached_tokens,
-):
+@njit(cache=True, inline="always")
+def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
     """Build rank g's batch with the SGLang policy (docs/policies.md); returns
     whether it retracted a request.
 
@@ -339,6 +331,7 @@ def build_sglang_batch_nb(
     within the token budgets) if anything can be admitted; otherwise a decode
     batch of every running request but the chunked one, retracting the
     requests with the fewest generated tokens while the step's KV does not fit.
+    Inlined into the event loop (its one caller), as ``build_vllm_batch_nb``.
 
     Parameters
     ----------
@@ -346,51 +339,55 @@ def build_sglang_batch_nb(
         Global rank.
     t : int
         Pass start, ns (stamped as a first admission).
-    input_tokens, output_tokens : ndarray(int64, ndim=1)
-        Per request, prompt and requested output lengths, tokens.
-    generated, computed : ndarray(int64, ndim=1)
-        Per request, tokens emitted and tokens whose KV is computed (before the pass).
-    held : ndarray(int64, ndim=1)
-        Per request, KV blocks held; updated.
-    sched_n : ndarray(int64, ndim=1)
-        Out, per request: tokens scheduled in this pass.
-    running : ndarray(int64, ndim=2)
-        (ranks, max sequences) running requests per rank, in running order; updated.
-    run_len : ndarray(int64, ndim=1)
-        Running requests per rank; updated.
-    blocks_used : ndarray(int64, ndim=1)
-        In-use KV blocks per rank; updated.
-    wait_head, wait_tail, wait_next, wait_prev : ndarray(int64, ndim=1)
-        The waiting queues (per rank heads/tails, per request links); updated.
-    first_admit_ns : ndarray(int64, ndim=1)
-        Per request first admission, ns (-1: not yet); set to ``t``.
-    num_preemptions : ndarray(int64, ndim=1)
-        Per request preemption (retraction) count; updated.
-    rank_max_sequences, rank_num_blocks, rank_block_size : ndarray(int64, ndim=1)
-        Per rank sequences, KV blocks, tokens per block.
-    rank_chunk_tokens, rank_max_prefill_tokens : ndarray(int64, ndim=1)
-        Per rank chunked-prefill and extend-batch budgets, tokens.
-    rank_ratio : ndarray(float64, ndim=1)
-        Per rank current new_token_ratio; updated.
-    ratio_params : ndarray(float64, ndim=2)
-        (ranks, 3) ``[init, min, decay]`` of new_token_ratio.
-    rank_chunked : ndarray(int64, ndim=1)
-        Per rank the chunked request (running, prompt not wholly scheduled;
-        -1: none), SGLang's ``Scheduler.chunked_req``; updated.
-    rank_extend : ndarray(bool, ndim=1)
-        Out, per rank: whether the batch built is an extend batch.
-    caching : bool
-        The radix cache on this rank (``simcore.scheduler.radix_nb``).
+    requests, ranks : Requests, Ranks
+        Prompt and output lengths (tokens); per rank the sequences, KV blocks,
+        block size, chunked-prefill and extend-batch budgets (tokens),
+        ``ratio_params`` ``[init, min, decay]`` of new_token_ratio and whether
+        the radix cache (``simcore.scheduler.radix_nb``) is on.
     pc : tuple of ndarray(int64, ndim=1)
         The prefix-cache state; updated.
-    cached_tokens : ndarray(int64, ndim=1)
-        Per request prompt tokens matched at the first admission, tokens; set then.
+    out : Outputs
+        ``generated`` read; ``first_admit_ns`` (set to ``t`` at the first
+        admission, with ``cached_tokens``) and ``num_preemptions`` updated.
+    rq, rk : RequestState, RankState
+        The event loop's per-request and per-rank state: ``computed``,
+        ``held``, the waiting queues, ``running``, ``run_len``,
+        ``blocks_used``, the rank's new_token_ratio (``ratio``) and chunked
+        request (``chunked``, SGLang's ``Scheduler.chunked_req``, -1: none)
+        updated; ``sched_n`` and ``extend`` (the batch is an extend batch) set.
+    (The NamedTuples of ``simcore.engine.state``.)
 
     Returns
     -------
     bool
         Whether a running request was retracted.
     """
+    input_tokens = requests.input_tokens
+    output_tokens = requests.output_tokens
+    rank_max_sequences = ranks.max_sequences
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    rank_chunk_tokens = ranks.chunk_tokens
+    rank_max_prefill_tokens = ranks.max_prefill_tokens
+    ratio_params = ranks.ratio_params
+    caching = ranks.prefix_caching[g]
+    generated = out.generated
+    first_admit_ns = out.first_admit_ns
+    num_preemptions = out.num_preemptions
+    cached_tokens = out.cached_tokens
+    computed = rq.computed
+    held = rq.held
+    sched_n = rq.sched_n
+    wait_next = rq.wait_next
+    wait_prev = rq.wait_prev
+    wait_head = rk.wait_head
+    wait_tail = rk.wait_tail
+    running = rk.running
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
+    rank_ratio = rk.ratio
+    rank_chunked = rk.chunked
+    rank_extend = rk.extend
     block_size = rank_block_size[g]
     num_blocks = rank_num_blocks[g]
     num_ranks = rank_num_blocks.shape[0]
