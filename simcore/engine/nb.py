@@ -5,7 +5,9 @@ Contract
 * Every function is ``@njit(cache=True)``; arguments are contiguous numpy
   arrays, scalars and the NamedTuples of ``simcore.engine.state`` (typed
   state, declared once), never Python objects.  The entry points take the
-  typed state; the event loop (``_replay_nb``) takes its members.  Requests
+  typed state; the event loop (``_replay_nb``) takes it with its own state
+  (allocated once per run) and calls one inlined function per phase, on
+  borrowed views of the arrays (``borrow_nb``).  Requests
   are a struct of arrays indexed by row ``k`` (= send sequence number);
   instants are int64 ns with ``-1`` for "not yet".
 * Outputs are caller-allocated arrays filled in place; the kernel returns a
@@ -609,45 +611,29 @@ def _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, ou
     asynchronous pass starts.  Returns ``OK`` or ``PASS_LOG_FULL``."""
     input_tokens = requests.input_tokens
     output_tokens = requests.output_tokens
-    token_offset = requests.token_offset
-    transfer_ns = requests.transfer_ns
     closed_loop = load.closed_loop
     think_ns = load.think_ns
     cap_ns = load.cap_ns
     session_mode = load.session_mode
     detok_mode = client.detok_mode
-    detok_server = client.detok_server
     detok_workers = client.detok_workers
     detok_params = client.detok_params
     chunk_size = client.chunk_size
     worker_role = topology.worker_role
     worker_first_rank = topology.worker_first_rank
     worker_num_ranks = topology.worker_num_ranks
-    num_decode_workers = topology.num_decode_workers
-    first_decode_worker = worker_role.shape[0] - num_decode_workers
     rank_num_blocks = ranks.num_blocks
     rank_block_size = ranks.block_size
     rank_seq_limit = ranks.seq_limit
     rank_policy = ranks.policy
     rank_prefix_caching = ranks.prefix_caching
     ratio_params = ranks.ratio_params
-    first_emit_ns = out.first_emit_ns
-    finish_ns = out.finish_ns
-    handoff_ns = out.handoff_ns
     generated = out.generated
-    token_emit_ns = out.token_emit_ns
-    progress = out.progress
-    emit_log = logs.emit_log
     pass_log = logs.pass_log
     pass_ms = logs.pass_ms
     record_passes = pass_log.shape[0] > 0
     bounded = receipts[0].shape[0] > 0
-    decode_router_policy = router.decode_policy
-    worker_rank_policy = router.rank_policy
-    router_weights = router.weights
-    decode_draws = router.decode_draws
     computed = rq.computed
-    held = rq.held
     sched_n = rq.sched_n
     sample_flag = rq.sample_flag
     wait_head = rk.wait_head
@@ -664,13 +650,8 @@ def _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, ou
     queued_ms = ps.queued_ms
     queued_summary = ps.queued_summary
     queued_rank_ms = ps.queued_rank_ms
-    xfer_key = lp.xfer_key
-    xfer_val = lp.xfer_val
-    handoff_req = lp.handoff_req
     send_key = lp.send_key
     send_val = lp.send_val
-    route = lp.route
-    routing = lp.routing
     counts = lp.counts
     detok_free = dt.detok_free
     out_token = dt.out_token
@@ -717,82 +698,15 @@ def _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, ou
                 sample_flag[slot, k] = False
             if samples:
                 if hidden:
-                    # Prompt computed: hand off; the sampled token
-                    # is not sent and the blocks stay held until
-                    # the transfer ends (SPEC §6).
                     leaves = True
-                    handoff_ns[k] = t
-                    handoff_req[num_handoffs] = k
-                    xfer_size = heap_push_nb(
-                        xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
+                    xfer_size, num_handoffs = _hand_off_nb(
+                        k, g, t, xfer_size, num_handoffs, requests, topology, prefix_cache, ranks, out, router, rk, lp
                     )
-                    rank_inflight[g] += 1
-                    if routing:
-                        route_prompt_done_nb(route, k, input_tokens[k])
-                        route_leave_nb(route, k, g)
-                        to_rank = route_handoff_nb(
-                            route, num_handoffs, k, decode_router_policy, worker_rank_policy,
-                            first_decode_worker, num_decode_workers, decode_draws, router_weights,
-                            input_tokens[k], worker_first_rank, worker_num_ranks, run_len,
-                            blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
-                        )
-                    else:
-                        to_rank = _decode_rank_nb(
-                            num_handoffs, first_decode_worker, num_decode_workers,
-                            worker_first_rank, worker_num_ranks,
-                        )
-                    rank_inflight[to_rank] += 1
-                    num_handoffs += 1
                 else:
-                    j = generated[k]
-                    generated[k] = j + 1
-                    tok = token_offset[k] + j
-                    if j == 0:
-                        first_emit_ns[k] = t
-                        if routing:
-                            route_prompt_done_nb(route, k, input_tokens[k])
-                    leaves = (
-                        j + 1 == output_tokens[k]
-                        or input_tokens[k] + j + 1 >= rank_seq_limit[g]
+                    leaves, num_out, num_emitted, send_size = _emit_nb(
+                        k, g, t, num_out, num_emitted, send_size, requests, load, client, ranks, prefix_cache, out,
+                        logs, receipts, rq, rk, lp, dt,
                     )
-                    out_req[num_out] = k
-                    if bounded:
-                        tok = num_out
-                    else:
-                        token_emit_ns[tok] = t
-                    if detok_mode == DETOK_OFF:
-                        recv_target[tok] = t  # received as emitted
-                        num_out += bounded  # bounded: streamed at the pass end
-                        if leaves and closed_loop:
-                            send_size = heap_push_nb(
-                                send_key, send_val, send_size, t + think_ns, 0
-                            )
-                        if leaves and session_mode:  # ends at the client now
-                            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
-                    elif detok_mode == DETOK_IN_KERNEL:
-                        srv = detok_server[k]
-                        out_token[num_out] = tok
-                        out_server[num_out] = srv
-                        out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
-                        num_out += 1
-                        # The server's job so far (one job per server
-                        # per pass unless chunked).
-                        job_count[srv] += 1
-                        job_firsts[srv] += j == 0
-                        job_finals[srv] += leaves
-                    else:
-                        emit_log[num_emitted] = tok
-                    num_emitted += 1
-                    if leaves:
-                        finish_ns[k] = t
-                        progress[0] += 1
-                        if routing:
-                            route_leave_nb(route, k, g)
-                        if rank_policy[g] == POLICY_TRTLLM and rank_prefix_caching[g]:
-                            # storeBlocksForReuse: prompt + output - 1 tokens.
-                            kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
-                                           rank_block_size[g])
-                        kv_release_nb(prefix_cache, g, k, held, blocks_used)
             if not leaves:
                 running[g, keep] = k
                 keep += 1
@@ -835,6 +749,150 @@ def _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, ou
                 queued_summary[w], queued_rank_ms[w],
             )
     return OK
+
+
+@njit(cache=True, inline="always")
+def _hand_off_nb(k, g, t, xfer_size, num_handoffs, requests, topology, prefix_cache, ranks, out, router, rk, lp):
+    """(a) on a prefill worker: request k's prompt is computed on rank g at t and
+    handed off; the sampled token is not sent and the blocks stay held until
+    the transfer ends (SPEC §6).  Returns the new ``xfer_size`` and ``num_handoffs``."""
+    input_tokens = requests.input_tokens
+    transfer_ns = requests.transfer_ns
+    worker_first_rank = topology.worker_first_rank
+    worker_num_ranks = topology.worker_num_ranks
+    num_decode_workers = topology.num_decode_workers
+    first_decode_worker = topology.worker_role.shape[0] - num_decode_workers
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    handoff_ns = out.handoff_ns
+    decode_router_policy = router.decode_policy
+    worker_rank_policy = router.rank_policy
+    router_weights = router.weights
+    decode_draws = router.decode_draws
+    run_len = rk.run_len
+    blocks_used = rk.blocks_used
+    rank_inflight = rk.inflight
+    xfer_key = lp.xfer_key
+    xfer_val = lp.xfer_val
+    handoff_req = lp.handoff_req
+    route = lp.route
+    routing = lp.routing
+    handoff_ns[k] = t
+    handoff_req[num_handoffs] = k
+    xfer_size = heap_push_nb(
+        xfer_key, xfer_val, xfer_size, t + transfer_ns[k], num_handoffs
+    )
+    rank_inflight[g] += 1
+    if routing:
+        route_prompt_done_nb(route, k, input_tokens[k])
+        route_leave_nb(route, k, g)
+        to_rank = route_handoff_nb(
+            route, num_handoffs, k, decode_router_policy, worker_rank_policy,
+            first_decode_worker, num_decode_workers, decode_draws, router_weights,
+            input_tokens[k], worker_first_rank, worker_num_ranks, run_len,
+            blocks_used, rank_num_blocks, rank_block_size, prefix_cache,
+        )
+    else:
+        to_rank = _decode_rank_nb(
+            num_handoffs, first_decode_worker, num_decode_workers,
+            worker_first_rank, worker_num_ranks,
+        )
+    rank_inflight[to_rank] += 1
+    num_handoffs += 1
+    return xfer_size, num_handoffs
+
+
+@njit(cache=True, inline="always")
+def _emit_nb(k, g, t, num_out, num_emitted, send_size, requests, load, client, ranks, prefix_cache, out, logs, receipts,
+             rq, rk, lp, dt):
+    """(a) request k emits its next token on rank g at t (to the detokenizer's
+    job of its server, or received at once, or logged); a finished request leaves.
+    Returns whether it leaves, and the new ``num_out``, ``num_emitted`` and ``send_size``."""
+    input_tokens = requests.input_tokens
+    output_tokens = requests.output_tokens
+    token_offset = requests.token_offset
+    closed_loop = load.closed_loop
+    think_ns = load.think_ns
+    session_mode = load.session_mode
+    detok_mode = client.detok_mode
+    detok_server = client.detok_server
+    rank_num_blocks = ranks.num_blocks
+    rank_block_size = ranks.block_size
+    rank_seq_limit = ranks.seq_limit
+    rank_policy = ranks.policy
+    rank_prefix_caching = ranks.prefix_caching
+    first_emit_ns = out.first_emit_ns
+    finish_ns = out.finish_ns
+    generated = out.generated
+    token_emit_ns = out.token_emit_ns
+    progress = out.progress
+    emit_log = logs.emit_log
+    bounded = receipts[0].shape[0] > 0
+    computed = rq.computed
+    held = rq.held
+    blocks_used = rk.blocks_used
+    send_key = lp.send_key
+    send_val = lp.send_val
+    route = lp.route
+    routing = lp.routing
+    out_token = dt.out_token
+    out_req = dt.out_req
+    recv_target = dt.recv_target
+    out_server = dt.out_server
+    out_flags = dt.out_flags
+    job_count = dt.job_count
+    job_firsts = dt.job_firsts
+    job_finals = dt.job_finals
+    j = generated[k]
+    generated[k] = j + 1
+    tok = token_offset[k] + j
+    if j == 0:
+        first_emit_ns[k] = t
+        if routing:
+            route_prompt_done_nb(route, k, input_tokens[k])
+    leaves = (
+        j + 1 == output_tokens[k]
+        or input_tokens[k] + j + 1 >= rank_seq_limit[g]
+    )
+    out_req[num_out] = k
+    if bounded:
+        tok = num_out
+    else:
+        token_emit_ns[tok] = t
+    if detok_mode == DETOK_OFF:
+        recv_target[tok] = t  # received as emitted
+        num_out += bounded  # bounded: streamed at the pass end
+        if leaves and closed_loop:
+            send_size = heap_push_nb(
+                send_key, send_val, send_size, t + think_ns, 0
+            )
+        if leaves and session_mode:  # ends at the client now
+            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+    elif detok_mode == DETOK_IN_KERNEL:
+        srv = detok_server[k]
+        out_token[num_out] = tok
+        out_server[num_out] = srv
+        out_flags[num_out] = (j == 0) * OUT_FIRST + leaves * OUT_FINAL
+        num_out += 1
+        # The server's job so far (one job per server
+        # per pass unless chunked).
+        job_count[srv] += 1
+        job_firsts[srv] += j == 0
+        job_finals[srv] += leaves
+    else:
+        emit_log[num_emitted] = tok
+    num_emitted += 1
+    if leaves:
+        finish_ns[k] = t
+        progress[0] += 1
+        if routing:
+            route_leave_nb(route, k, g)
+        if rank_policy[g] == POLICY_TRTLLM and rank_prefix_caching[g]:
+            # storeBlocksForReuse: prompt + output - 1 tokens.
+            kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
+                           rank_block_size[g])
+        kv_release_nb(prefix_cache, g, k, held, blocks_used)
+    return leaves, num_out, num_emitted, send_size
 
 
 @njit(cache=True, inline="always")
@@ -921,34 +979,21 @@ def _table_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_
 @njit(cache=True, inline="always")
 def _arrivals_nb(t, requests, load, topology, ranks, out, rq, rk, lp):
     """(d) the engine arrivals at t, in send order; rejections end at once. Returns whether any happened."""
-    input_tokens = requests.input_tokens
-    closed_loop = load.closed_loop
-    think_ns = load.think_ns
     session_mode = load.session_mode
     worker_first_rank = topology.worker_first_rank
     worker_num_ranks = topology.worker_num_ranks
     rank_num_blocks = ranks.num_blocks
-    rank_seq_limit = ranks.seq_limit
     arrival_ns = out.arrival_ns
-    reject_ns = out.reject_ns
-    progress = out.progress
     recv_rank = out.placed_rank
-    wait_next = rq.wait_next
-    wait_prev = rq.wait_prev
-    wait_head = rk.wait_head
-    wait_tail = rk.wait_tail
     run_len = rk.run_len
     blocks_used = rk.blocks_used
     arr_key = lp.arr_key
     arr_val = lp.arr_val
-    send_key = lp.send_key
-    send_val = lp.send_val
     seq_row = lp.seq_row
     route = lp.route
     routing = lp.routing
     counts = lp.counts
     arr_size = counts[ARR_SIZE]
-    send_size = counts[SEND_SIZE]
     progressed = False
     while arr_size > 0 and arr_key[0] == t:
         k = arr_val[0]
@@ -960,18 +1005,8 @@ def _arrivals_nb(t, requests, load, topology, ranks, out, rq, rk, lp):
         if routing:
             route_arrival_nb(route, k, worker_first_rank, worker_num_ranks, run_len, blocks_used,
                              rank_num_blocks, recv_rank)
-        send_size = _enter_rank_nb(
-            k, recv_rank[k], t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
-            think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
-            progress,
-        )
-        if routing and reject_ns[k] >= 0:
-            route_prompt_done_nb(route, k, input_tokens[k])
-            route_leave_nb(route, k, recv_rank[k])
-        if session_mode and reject_ns[k] == t:  # the rejection ends at the client now
-            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+        _enter_rank_nb(k, recv_rank[k], t, requests, load, ranks, out, rq, rk, lp)
     counts[ARR_SIZE] = arr_size
-    counts[SEND_SIZE] = send_size
     return progressed
 
 
@@ -981,41 +1016,28 @@ def _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq,
     and enter the decode rank (h mod Wd, (h div Wd) mod Rd, or the one routed at
     the handoff). Returns whether any happened."""
     input_tokens = requests.input_tokens
-    closed_loop = load.closed_loop
-    think_ns = load.think_ns
-    session_mode = load.session_mode
     worker_first_rank = topology.worker_first_rank
     worker_num_ranks = topology.worker_num_ranks
     num_decode_workers = topology.num_decode_workers
     first_decode_worker = topology.worker_role.shape[0] - num_decode_workers
     rank_num_blocks = ranks.num_blocks
     rank_block_size = ranks.block_size
-    rank_seq_limit = ranks.seq_limit
     rank_policy = ranks.policy
     rank_prefix_caching = ranks.prefix_caching
-    reject_ns = out.reject_ns
     transfer_end_ns = out.transfer_end_ns
     decode_rank = out.decode_rank
-    progress = out.progress
     recv_rank = out.placed_rank
     computed = rq.computed
     held = rq.held
-    wait_next = rq.wait_next
-    wait_prev = rq.wait_prev
-    wait_head = rk.wait_head
-    wait_tail = rk.wait_tail
     blocks_used = rk.blocks_used
     rank_inflight = rk.inflight
     xfer_key = lp.xfer_key
     xfer_val = lp.xfer_val
     handoff_req = lp.handoff_req
-    send_key = lp.send_key
-    send_val = lp.send_val
     route = lp.route
     routing = lp.routing
     counts = lp.counts
     xfer_size = counts[XFER_SIZE]
-    send_size = counts[SEND_SIZE]
     progressed = False
     while xfer_size > 0 and xfer_key[0] == t:
         h = xfer_val[0]
@@ -1038,18 +1060,8 @@ def _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq,
         rank_inflight[g] -= 1
         decode_rank[k] = g
         computed[k] = input_tokens[k] - 1
-        send_size = _enter_rank_nb(
-            k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop,
-            think_ns, send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev,
-            progress,
-        )
-        if routing and reject_ns[k] >= 0:
-            route_prompt_done_nb(route, k, input_tokens[k])
-            route_leave_nb(route, k, g)
-        if session_mode and reject_ns[k] == t:
-            send_size = heap_push_nb(send_key, send_val, send_size, t, k)
+        _enter_rank_nb(k, g, t, requests, load, ranks, out, rq, rk, lp)
     counts[XFER_SIZE] = xfer_size
-    counts[SEND_SIZE] = send_size
     return progressed
 
 
@@ -1059,45 +1071,28 @@ def _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing,
     one that starts when its running pass ends); preemptions alone retry at
     once (SPEC §5 (e)).  Returns ``OK``, ``BAD_TIMING`` or ``PASS_LOG_FULL``."""
     input_tokens = requests.input_tokens
-    output_tokens = requests.output_tokens
     worker_role = topology.worker_role
     worker_async = topology.worker_async
-    rank_max_batched_tokens = ranks.max_batched_tokens
-    rank_max_sequences = ranks.max_sequences
-    rank_num_blocks = ranks.num_blocks
-    rank_block_size = ranks.block_size
-    rank_seq_limit = ranks.seq_limit
     rank_policy = ranks.policy
-    rank_chunk_tokens = ranks.chunk_tokens
-    rank_max_prefill_tokens = ranks.max_prefill_tokens
     ratio_params = ranks.ratio_params
-    rank_prefix_caching = ranks.prefix_caching
-    rank_reserve_full_isl = ranks.reserve_full_isl
     timing_model = timing.model
     timing_params = timing.params
     timing_table = timing.table
-    first_admit_ns = out.first_admit_ns
     generated = out.generated
-    num_preemptions = out.num_preemptions
-    cached_tokens = out.cached_tokens
     pass_log = logs.pass_log
     pass_ms = logs.pass_ms
     bad_batch = logs.bad_batch
     record_passes = pass_log.shape[0] > 0
     computed = rq.computed
-    held = rq.held
     sched_n = rq.sched_n
     wait_next = rq.wait_next
-    wait_prev = rq.wait_prev
     planned = rq.planned
     sample_flag = rq.sample_flag
     wait_head = rk.wait_head
-    wait_tail = rk.wait_tail
     running = rk.running
     run_len = rk.run_len
     blocks_used = rk.blocks_used
     rank_ratio = rk.ratio
-    rank_chunked = rk.chunked
     rank_extend = rk.extend
     rank_inflight = rk.inflight
     pass_end = ps.pass_end
@@ -1182,24 +1177,27 @@ def _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing,
         # Only preemptions happened: try again at once (SPEC §5 (e)).
 
 
-@njit(cache=True)
-def _enter_rank_nb(
-    k, g, t, input_tokens, rank_seq_limit, reject_ns, closed_loop, think_ns,
-    send_key, send_val, send_size, wait_head, wait_tail, wait_next, wait_prev, progress,
-):
+@njit(cache=True, inline="always")
+def _enter_rank_nb(k, g, t, requests, load, ranks, out, rq, rk, lp):
     """Request k reaches rank g at t: rejected if its prompt reaches L, else waits.
 
-    A rejection ends at the client at once, releasing a closed-loop send.
-    Returns the send-heap size.
+    A rejection ends at the client at once: it releases a closed-loop send
+    (after the think time) or, with sessions, the session's next turn, and
+    the request leaves the router's counts.
     """
-    if input_tokens[k] >= rank_seq_limit[g]:
-        reject_ns[k] = t
-        progress[0] += 1
-        if closed_loop:
-            send_size = heap_push_nb(send_key, send_val, send_size, t + think_ns, 0)
+    counts = lp.counts
+    if requests.input_tokens[k] >= ranks.seq_limit[g]:
+        out.reject_ns[k] = t
+        out.progress[0] += 1
+        if load.closed_loop:
+            counts[SEND_SIZE] = heap_push_nb(lp.send_key, lp.send_val, counts[SEND_SIZE], t + load.think_ns, 0)
+        if lp.routing:
+            route_prompt_done_nb(lp.route, k, requests.input_tokens[k])
+            route_leave_nb(lp.route, k, g)
+        if load.session_mode:
+            counts[SEND_SIZE] = heap_push_nb(lp.send_key, lp.send_val, counts[SEND_SIZE], t, k)
     else:
-        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
-    return send_size
+        wait_push_back_nb(rk.wait_head, rk.wait_tail, rq.wait_next, rq.wait_prev, g, k)
 
 
 @njit(cache=True, parallel=True)
