@@ -196,24 +196,24 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
 @njit(cache=True)
 def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, router,
                rq, rk, ps, lp, dt):
-    """The event loop of ``simulate_engine_nb`` (its only caller): same parameters, same returns.
+    """The event loop of ``simulate_engine_nb`` (its only caller, which allocates the loop's own state).
 
-    Each phase of the equal-time rule is a function of its own, inlined here
-    (``inline="always"``: one call site each, and no call that passes the
-    state's arrays, whose reference counts cost ~30 ns per array and call);
-    each phase reads the members it uses into locals once.  The loop's own
-    state (``simcore.engine.state``: ``RequestState``, ``RankState``,
-    ``PassState``, ``Loop``, ``DetokBuffers``) is allocated once per run by
+    Each phase of the equal-time rule is a function of its own with one call
+    site, inlined here (``inline="always"``); each reads the members it uses
+    into locals once.  The loop's own state is ``rq, rk, ps, lp, dt``
+    (``RequestState``, ``RankState``, ``PassState``, ``Loop``,
+    ``DetokBuffers`` of ``simcore.engine.state``).  Returns as
     ``simulate_engine_nb``.
 
-    The loop works on borrowed views of every state array (``borrow_nb``: no
-    reference count), which the caller owns for the whole run: passing a
-    tuple to a phase would otherwise count a reference to each of its
-    members at every phase call (measured: twice the kernel time).
+    The loop works on borrowed views of every array (``borrow_nb``), which
+    the caller owns for the whole run: numba would otherwise count a
+    reference to every member of every tuple at each phase call (measured:
+    twice the kernel time); on the views LLVM removes every count.
     """
     requests, load, client, send_ns = borrow_nb(requests), borrow_nb(load), borrow_nb(client), borrow_nb(send_ns)
-    topology, ranks, prefix_cache, timing = borrow_nb(topology), borrow_nb(ranks), borrow_nb(prefix_cache), borrow_nb(timing)
-    out, receipts, logs, router = borrow_nb(out), borrow_nb(receipts), borrow_nb(logs), borrow_nb(router)
+    topology, ranks, timing = borrow_nb(topology), borrow_nb(ranks), borrow_nb(timing)
+    prefix_cache, out, receipts, logs = borrow_nb(prefix_cache), borrow_nb(out), borrow_nb(receipts), borrow_nb(logs)
+    router = borrow_nb(router)
     rq, rk, ps, lp, dt = borrow_nb(rq), borrow_nb(rk), borrow_nb(ps), borrow_nb(lp), borrow_nb(dt)
     n = requests.input_tokens.shape[0]
     num_workers = topology.worker_role.shape[0]
