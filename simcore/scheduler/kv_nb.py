@@ -125,26 +125,29 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
 
 
 @njit(cache=True)
-def _map_find_nb(s, key):
+def _map_probe_nb(s, key):
+    """Offset in ``s`` of ``key``'s map entry, or of the empty entry where it would go."""
     base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
     i = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
     while True:
         here = s[base + 2 * i]
-        if here == key:
-            return s[base + 2 * i + 1]
-        if here == -1:
-            return -1
+        if here == key or here == -1:
+            return base + 2 * i
         i = (i + 1) & mask
 
 
 @njit(cache=True)
+def _map_find_nb(s, key):
+    at = _map_probe_nb(s, key)
+    return s[at + 1] if s[at] == key else -1
+
+
+@njit(cache=True)
 def _map_insert_nb(s, key, slot):
-    base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
-    i = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
-    while s[base + 2 * i] != -1:
-        i = (i + 1) & mask
-    s[base + 2 * i] = key
-    s[base + 2 * i + 1] = slot
+    """Map ``key`` (absent) to ``slot``."""
+    at = _map_probe_nb(s, key)
+    s[at] = key
+    s[at + 1] = slot
 
 
 @njit(cache=True)
@@ -403,14 +406,16 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     block_slot = s[HDR_BLOCK_SLOT] + first
     for j in range(s[settled], complete):
         key = ident[first + j] * num_ranks + g
+        entry = _map_probe_nb(s, key)
         slot = -1
-        if _map_find_nb(s, key) < 0:
+        if s[entry] != key:  # not resident: a new slot, mapped at the entry the probe ended on
             top = s[HDR_FREE_TOP] - 1
             slot = s[s[HDR_FREE] + top]
             s[HDR_FREE_TOP] = top
             s[slots + SLOT_WIDTH * slot + S_KEY] = key
             s[slots + SLOT_WIDTH * slot + S_REF] = 1
-            _map_insert_nb(s, key, slot)
+            s[entry] = key
+            s[entry + 1] = slot
         s[block_slot + j] = slot
     s[settled] = complete
 
@@ -483,10 +488,14 @@ def trace_block_identities_nb(offset, list_offsets, hash_rank, block_size, trace
     for k in range(offset.shape[0] - 1):
         first_hash = list_offsets[k]
         num_hashes = list_offsets[k + 1] - first_hash
+        m = 0
+        m_start = 0  # trace block m's first token (m advanced as e grows: no division per block)
         for b in range(offset[k], offset[k + 1]):
             end = (b - offset[k] + 1) * block_size
-            m = (end - 1) // trace_block
+            while end > m_start + trace_block:
+                m += 1
+                m_start += trace_block
             if m < num_hashes:
-                ident[b] = hash_rank[first_hash + m] * trace_block + end - m * trace_block - 1
+                ident[b] = hash_rank[first_hash + m] * trace_block + end - m_start - 1
             else:
                 ident[b] = unique_base + b
