@@ -59,7 +59,12 @@ from numba.extending import intrinsic
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb
-from simcore.scheduler.offload_nb import offload_loads_end_nb, offload_loads_pending_nb, offload_next_event_nb
+from simcore.scheduler.offload_nb import (
+    offload_enabled_nb,
+    offload_loads_end_nb,
+    offload_loads_pending_nb,
+    offload_next_event_nb,
+)
 from simcore.scheduler.nb import (
     POLICY_SGLANG,
     batch_summary_nb,
@@ -237,10 +242,11 @@ def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, t
     counts = lp.counts
 
     # The steady-decode shortcut (below) covers one synchronous vLLM or
-    # TensorRT-LLM rank without prefix caching, in the detailed output mode.
+    # TensorRT-LLM rank in the detailed output mode; with prefix caching, not
+    # with a CPU tier (a decode pass may retry a skipped store).
     steady_path = (
         num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
-        and rank_policy[0] != POLICY_SGLANG and not rank_prefix_caching[0]
+        and rank_policy[0] != POLICY_SGLANG and not (rank_prefix_caching[0] and offload_enabled_nb(prefix_cache, 0))
     )
 
     while True:

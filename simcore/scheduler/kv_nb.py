@@ -19,7 +19,9 @@ more than the work it does.  The parts of the state:
 * per request: how many prompt blocks are settled (hit or registered), the
   ``n + 1`` offsets of its prompt blocks in the identities, and which slot
   backs each settled prompt block (-1: anonymous; written when the block
-  settles or is found, so never read before).
+  settles or is found).  :func:`kv_hits_nb` reads an entry first (a block's
+  last slot, unwritten entries included) and trusts it only if that slot
+  bears the block's key: a free slot bears none (key -1).
 
 The admission memo keeps the hit lookup of the request at the head of a
 rank's waiting queue while the head is blocked (it is looked up again at every
@@ -125,42 +127,49 @@ def allocate_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarr
 
 
 @njit(cache=True)
-def _map_find_nb(s, key):
+def _map_home_nb(s, key):
+    """Offset in ``s`` of the map entry where ``key``'s probe starts."""
+    return s[HDR_MAP] + 2 * np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
+
+
+@njit(cache=True)
+def _map_probe_nb(s, key):
+    """Offset in ``s`` of ``key``'s map entry, or of the empty entry where it would go."""
     base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
-    i = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
+    i = (_map_home_nb(s, key) - base) >> 1
     while True:
         here = s[base + 2 * i]
-        if here == key:
-            return s[base + 2 * i + 1]
-        if here == -1:
-            return -1
+        if here == key or here == -1:
+            return base + 2 * i
         i = (i + 1) & mask
 
 
 @njit(cache=True)
+def _map_find_nb(s, key):
+    at = _map_probe_nb(s, key)
+    return s[at + 1] if s[at] == key else -1
+
+
+@njit(cache=True)
 def _map_insert_nb(s, key, slot):
-    base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
-    i = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(s[HDR_MAP_SHIFT]))
-    while s[base + 2 * i] != -1:
-        i = (i + 1) & mask
-    s[base + 2 * i] = key
-    s[base + 2 * i + 1] = slot
+    """Map ``key`` (absent) to ``slot``."""
+    at = _map_probe_nb(s, key)
+    s[at] = key
+    s[at + 1] = slot
 
 
 @njit(cache=True)
 def _map_delete_nb(s, key):
     """Remove ``key``, shifting later entries of its probe run back (no tombstones)."""
-    base, mask, shift = s[HDR_MAP], s[HDR_MAP_MASK], np.uint64(s[HDR_MAP_SHIFT])
-    i = np.int64((np.uint64(key) * _GOLDEN) >> shift)
-    while s[base + 2 * i] != key:
-        i = (i + 1) & mask
+    base, mask = s[HDR_MAP], s[HDR_MAP_MASK]
+    i = (_map_probe_nb(s, key) - base) >> 1
     j = i
     while True:
         j = (j + 1) & mask
         moved = s[base + 2 * j]
         if moved == -1:
             break
-        home = np.int64((np.uint64(moved) * _GOLDEN) >> shift)
+        home = (_map_home_nb(s, moved) - base) >> 1
         # Move entry j into the hole at i unless its home lies cyclically in (i, j].
         if (i < j and (home <= i or home > j)) or (i > j and home <= i and home > j):
             s[base + 2 * i] = moved
@@ -255,6 +264,7 @@ def kv_allocate_nb(pc, g, count, blocks_used, num_blocks):
         _map_delete_nb(s, s[at + S_KEY])
         if _in_memo_nb(s, rank, at):
             _truncate_memo_nb(s, rank, s[at + S_POSITION])
+        s[at + S_KEY] = -1  # a free slot has no identity (kv_hits_nb trusts a slot's key)
         s[at + S_STAMP] = 0  # a stamp holds only while the slot keeps its identity
         top = s[HDR_FREE_TOP]
         s[s[HDR_FREE] + top] = slot
@@ -314,10 +324,17 @@ def kv_hits_nb(pc, g, num_ranks, k, known, block_size):
     keep = True
     ident = pc[1]
     block_slot = s[HDR_BLOCK_SLOT] + first
+    num_slots = (s[HDR_FREE] - slots) // SLOT_WIDTH
     while hits < limit:
-        slot = _map_find_nb(s, ident[first + hits] * num_ranks + g)
-        if slot < 0:
-            break
+        key = ident[first + hits] * num_ranks + g
+        # The slot this block last had (a request readmitted after a preemption
+        # finds its own blocks) is the resident one if it still bears the key:
+        # no map probe then.  Unwritten or stale entries fail the check.
+        slot = s[block_slot + hits]
+        if not (slot >= 0 and slot < num_slots and s[slots + SLOT_WIDTH * slot + S_KEY] == key):
+            slot = _map_find_nb(s, key)
+            if slot < 0:
+                break
         at = slots + SLOT_WIDTH * slot
         # A slot met twice (an identity repeated in one prompt) would be
         # counted once by the memo's updates: keep no memo then.
@@ -403,14 +420,16 @@ def kv_register_nb(pc, g, num_ranks, k, tokens, block_size):
     block_slot = s[HDR_BLOCK_SLOT] + first
     for j in range(s[settled], complete):
         key = ident[first + j] * num_ranks + g
+        entry = _map_probe_nb(s, key)
         slot = -1
-        if _map_find_nb(s, key) < 0:
+        if s[entry] != key:  # not resident: a new slot, mapped at the entry the probe ended on
             top = s[HDR_FREE_TOP] - 1
             slot = s[s[HDR_FREE] + top]
             s[HDR_FREE_TOP] = top
             s[slots + SLOT_WIDTH * slot + S_KEY] = key
             s[slots + SLOT_WIDTH * slot + S_REF] = 1
-            _map_insert_nb(s, key, slot)
+            s[entry] = key
+            s[entry + 1] = slot
         s[block_slot + j] = slot
     s[settled] = complete
 
@@ -483,10 +502,14 @@ def trace_block_identities_nb(offset, list_offsets, hash_rank, block_size, trace
     for k in range(offset.shape[0] - 1):
         first_hash = list_offsets[k]
         num_hashes = list_offsets[k + 1] - first_hash
+        m = 0
+        m_start = 0  # trace block m's first token (m advanced as e grows: no division per block)
         for b in range(offset[k], offset[k + 1]):
             end = (b - offset[k] + 1) * block_size
-            m = (end - 1) // trace_block
+            while end > m_start + trace_block:
+                m += 1
+                m_start += trace_block
             if m < num_hashes:
-                ident[b] = hash_rank[first_hash + m] * trace_block + end - m * trace_block - 1
+                ident[b] = hash_rank[first_hash + m] * trace_block + end - m_start - 1
             else:
                 ident[b] = unique_base + b

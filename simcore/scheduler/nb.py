@@ -218,7 +218,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         if grow > 0:
             kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
-        if caching:
+        if caching and computed[k] < input_tokens[k]:  # else every prompt block is registered already
             kv_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size)
         sched_n[k] = n_tok
         budget -= n_tok
