@@ -19,7 +19,13 @@ from simcore.scheduler.kv_nb import (
     kv_release_nb,
     kv_take_hits_nb,
 )
-from simcore.scheduler.radix_nb import radix_insert_nb, radix_match_nb, radix_release_nb
+from simcore.scheduler.radix_nb import (
+    radix_allocate_nb,
+    radix_insert_nb,
+    radix_lock_nb,
+    radix_match_nb,
+    radix_release_nb,
+)
 from simcore.scheduler.offload_nb import (
     BLOCKED,
     PROCEED,
@@ -421,7 +427,7 @@ def build_sglang_batch_nb(
         n_tok = min(need, limit)
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow <= num_blocks - blocks_used[g]:
-            kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
+            radix_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
             sched_n[k] = n_tok
             scheduled += 1
@@ -467,11 +473,11 @@ def build_sglang_batch_nb(
         running[g, run_len[g]] = k
         run_len[g] += 1
         if caching:
-            kv_take_hits_nb(pc, g, k, hits, blocks_used)
+            radix_lock_nb(pc, g, k, hits, blocks_used)
             computed[k] = start
             held[k] = hits
             free_tokens = locked_free
-        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
+        radix_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
@@ -547,7 +553,7 @@ def build_sglang_batch_nb(
         k = running[g, i]
         if k != chunked:
             grow = _grow_nb(computed[k] + 1, held[k], block_size)
-            kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
+            radix_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
             sched_n[k] = 1
     return retracted
