@@ -147,7 +147,7 @@ class Prepared:
         """The prefix-cache state tuple ``(state, ident)`` of ``kv_nb``, the CPU tier's state at the state's tail."""
         num_slots, num_ranks, ident_offset, ident = self.cache_shape
         if self.radix_tree:
-            return radix_prefix_cache(*self.cache_shape, offload_state(self.offload_shape))
+            return radix_prefix_cache(*self.cache_shape, offload_state(self.offload_shape), self.ranks.num_blocks)
         if ident.shape[0] or self.offload_shape is not None:
             return allocate_prefix_cache(*self.cache_shape, tail=offload_state(self.offload_shape))
         # No prompt-block identities (prefix caching off): every call of this size starts

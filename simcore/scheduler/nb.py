@@ -19,13 +19,7 @@ from simcore.scheduler.kv_nb import (
     kv_release_nb,
     kv_take_hits_nb,
 )
-from simcore.scheduler.radix_nb import (
-    radix_allocate_nb,
-    radix_insert_nb,
-    radix_lock_nb,
-    radix_match_nb,
-    radix_release_nb,
-)
+from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
 from simcore.scheduler.offload_nb import (
     BLOCKED,
     PROCEED,
@@ -427,7 +421,7 @@ def build_sglang_batch_nb(
         n_tok = min(need, limit)
         grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
         if grow <= num_blocks - blocks_used[g]:
-            radix_allocate_nb(pc, g, grow, blocks_used, num_blocks)
+            kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
             sched_n[k] = n_tok
             scheduled += 1
@@ -445,7 +439,8 @@ def build_sglang_batch_nb(
         hits = 0
         cached_hits = 0
         if caching:
-            hits, cached_hits = radix_match_nb(pc, g, num_ranks, k, input_tokens[k] + generated[k], block_size)
+            hits, cached_hits = radix_match_nb(pc, g, num_ranks, k, input_tokens[k] + generated[k], block_size,
+                                               blocks_used)
             start = hits * block_size
         # Locking the matched prefix takes its unlocked blocks out of the free tokens.
         locked_free = free_tokens - cached_hits * block_size
@@ -477,7 +472,7 @@ def build_sglang_batch_nb(
             computed[k] = start
             held[k] = hits
             free_tokens = locked_free
-        radix_allocate_nb(pc, g, grow, blocks_used, num_blocks)
+        kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
@@ -553,7 +548,7 @@ def build_sglang_batch_nb(
         k = running[g, i]
         if k != chunked:
             grow = _grow_nb(computed[k] + 1, held[k], block_size)
-            radix_allocate_nb(pc, g, grow, blocks_used, num_blocks)
+            kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
             sched_n[k] = 1
     return retracted

@@ -93,8 +93,8 @@ def tree_shaped(requests: RequestTable, router_policy: str) -> bool:
 
 
 def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,
-                       offload_tail: np.ndarray) -> tuple:
-    """The prefix-cache state with an empty node tree (``kv_nb``'s parts minimal).
+                       offload_tail: np.ndarray, num_blocks: np.ndarray) -> tuple:
+    """The prefix-cache state with an empty node tree (``kv_nb``'s parts minimal, no block slots).
 
     The tree follows the CPU tier's state at the tail (which the event loop
     reads there, empty here), its offset from the tail's start in the state's
@@ -110,6 +110,8 @@ def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray,
         As for :func:`simcore.scheduler.kv_nb.allocate_prefix_cache`.
     offload_tail : ndarray(int64, ndim=1)
         The (empty) CPU tier's state.
+    num_blocks : ndarray(int64, ndim=1)
+        KV blocks per global rank.
 
     Returns
     -------
@@ -125,9 +127,11 @@ def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray,
     tree[:THEADER] = [0, (1 << bits) - 1, 64 - bits, 0, bases[0], bases[1], bases[2], 0, bases[3], bases[4]]
     tree[bases[0] : bases[1]] = -1
     queues = tree[bases[3] : bases[4]].reshape(num_ranks, QUEUE_WIDTH)
-    queues[:] = [-1, -1, 0]
+    queues[:, :3] = [-1, -1, 0]  # head, tail, unlocked blocks
+    queues[:, 3] = num_blocks
     tree[bases[4] : bases[5]] = -1
     tail = np.concatenate([offload_tail, tree, [offload_tail.shape[0]]])
-    state, ident = allocate_prefix_cache(1, num_ranks, ident_offset, ident, tail=tail)
+    # No map or slots of kv_nb's, and no block slots (the tree has no per-block state).
+    state, _ = allocate_prefix_cache(1, num_ranks, ident_offset, ident[:0], tail=tail)
     state[HDR_GENERATION] = -1
-    return state, ident
+    return state, np.ascontiguousarray(ident, dtype=np.int64)

@@ -54,11 +54,9 @@ from simcore.scheduler.kv_nb import (
     _lru_remove_nb,
     _map_find_nb,
     _map_insert_nb,
-    kv_allocate_nb,
     kv_take_hits_nb,
 )
 from simcore.scheduler.radix_tree_nb import (
-    tree_allocate_nb,
     tree_insert_nb,
     tree_lock_nb,
     tree_match_nb,
@@ -83,14 +81,14 @@ def _touch_path_nb(s, rank, block_slot, depth):
             _lru_push_tail_nb(s, rank, slot)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _has_tree_nb(s):
     """Whether the state holds the node tree (``radix_tree_nb``) rather than a node per block."""
     return s[HDR_GENERATION] < 0
 
 
 @njit(cache=True)
-def radix_match_nb(pc, g, num_ranks, k, known, block_size):
+def radix_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
     """SGLang's ``match_prefix`` for request k on rank g: the leading resident
     blocks of its first ``known - 1`` tokens, whole blocks only; the matched
     path's access stamps are refreshed whether or not the request is admitted.
@@ -114,6 +112,8 @@ def radix_match_nb(pc, g, num_ranks, k, known, block_size):
         Tokens of request k known so far (prompt + generated), tokens.
     block_size : int
         Tokens per block.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank (read only).
 
     Returns
     -------
@@ -123,7 +123,7 @@ def radix_match_nb(pc, g, num_ranks, k, known, block_size):
         Of those, blocks unlocked (in the LRU queue), blocks.
     """
     if _has_tree_nb(pc[0]):
-        return tree_match_nb(pc, g, num_ranks, k, known, block_size)
+        return tree_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used)
     s = pc[0]
     ident = pc[1]
     rank = s[HDR_RANKS] + RANK_WIDTH * g
@@ -281,7 +281,7 @@ def _lru_insert_in_place_nb(s, rank, slot):
     s[rank + R_CACHED] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def radix_lock_nb(pc, g, k, hits, blocks_used):
     """An admitted request locks the ``hits`` blocks its last match found
     (SGLang's ``inc_lock_ref``); the unlocked ones leave the eviction order.
@@ -303,30 +303,6 @@ def radix_lock_nb(pc, g, k, hits, blocks_used):
         tree_lock_nb(pc, g, k, hits, blocks_used)
     else:
         kv_take_hits_nb(pc, g, k, hits, blocks_used)
-
-
-@njit(cache=True)
-def radix_allocate_nb(pc, g, count, blocks_used, num_blocks):
-    """Take ``count`` blocks on rank g, evicting unlocked tree blocks (oldest
-    access first, the deeper first) when the free ones do not suffice.
-
-    Parameters
-    ----------
-    pc : tuple of ndarray(int64, ndim=1)
-        The prefix cache ``(state, ident)``; the state is mutated in place.
-    g : int
-        Global rank.
-    count : int
-        Blocks to take.
-    blocks_used : ndarray(int64, ndim=1)
-        In-use blocks per rank; ``blocks_used[g]`` grows by ``count``.
-    num_blocks : int
-        KV blocks of rank g.
-    """
-    if _has_tree_nb(pc[0]):
-        tree_allocate_nb(pc, g, count, blocks_used, num_blocks)
-    else:
-        kv_allocate_nb(pc, g, count, blocks_used, num_blocks)
 
 
 @njit(cache=True)

@@ -24,6 +24,12 @@ rank form a tree and a block's identity is its path.  Then:
   nodes in that order in a queue, evicts from its head and shortens a node
   block by block (its first block, and so its key, stays).
 
+Allocations are ``kv_nb.kv_allocate_nb``'s, which evicts nothing here (the
+tree's unlocked blocks are not in its queues): the blocks an allocation takes
+beyond the free ones are evicted by the next tree operation on the rank, before
+it reads or changes the tree, from the queue as the allocation left it, which
+is the same blocks.
+
 Nothing here is per block: a match or an insert costs one map lookup and one
 comparison loop per node it passes, a lock, a touch or a release one step per
 node of the path, an eviction one step per node it empties.
@@ -72,7 +78,8 @@ NODE_WIDTH = 9
 Q_HEAD = 0
 Q_TAIL = 1
 Q_CACHED = 2  # unlocked blocks
-QUEUE_WIDTH = 3
+Q_BLOCKS = 3  # the rank's KV blocks
+QUEUE_WIDTH = 4
 
 assert (T_MAP_MASK, T_MAP_SHIFT, T_MAP) == (1, 2, 4)
 
@@ -225,12 +232,13 @@ def _touch_nb(t, q, last):
 
 
 @njit(cache=True)
-def tree_match_nb(pc, g, num_ranks, k, known, block_size):
+def tree_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
     """:func:`simcore.scheduler.radix_nb.radix_match_nb` on the tree (same parameters and results)."""
     s = pc[0]
     ident = pc[1]
     t = tree_nb(s)
     q = t[T_QUEUES] + QUEUE_WIDTH * g
+    _evict_nb(t, q, blocks_used, g)
     first = s[s[HDR_OFFSET] + k]
     limit = min(s[s[HDR_OFFSET] + k + 1] - first, (known - 1) // block_size)
     hits = 0
@@ -255,7 +263,8 @@ def tree_match_nb(pc, g, num_ranks, k, known, block_size):
 
 @njit(cache=True)
 def tree_lock_nb(pc, g, k, hits, blocks_used):
-    """Request k locks the path its last match found (``hits`` blocks): SGLang's ``inc_lock_ref``."""
+    """Request k locks the path its last match found (``hits`` blocks): SGLang's
+    ``inc_lock_ref`` (right after the match: nothing to evict)."""
     s = pc[0]
     t = tree_nb(s)
     q = t[T_QUEUES] + QUEUE_WIDTH * g
@@ -278,6 +287,7 @@ def tree_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
     ident = pc[1]
     t = tree_nb(s)
     q = t[T_QUEUES] + QUEUE_WIDTH * g
+    _evict_nb(t, q, blocks_used, g)
     settled = s[HDR_SETTLED] + k
     first = s[s[HDR_OFFSET] + k]
     complete = min(tokens // block_size, s[s[HDR_OFFSET] + k + 1] - first)
@@ -303,7 +313,7 @@ def tree_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
     if depth > s[settled]:
         s[settled] = depth
         t[t[T_LAST] + k] = last
-    _touch_nb(t, q, last if s[settled] > 0 else -1)
+    _touch_nb(t, q, last)
 
 
 @njit(cache=True)
@@ -312,6 +322,7 @@ def tree_release_nb(pc, g, k, held, blocks_used):
     s = pc[0]
     t = tree_nb(s)
     q = t[T_QUEUES] + QUEUE_WIDTH * g
+    _evict_nb(t, q, blocks_used, g)
     settled = s[HDR_SETTLED] + k
     private = held[k]
     if s[settled] > 0:
@@ -332,13 +343,10 @@ def tree_release_nb(pc, g, k, held, blocks_used):
 
 
 @njit(cache=True)
-def tree_allocate_nb(pc, g, count, blocks_used, num_blocks):
-    """:func:`simcore.scheduler.kv_nb.kv_allocate_nb` on the tree: evict the
-    shortfall from the queue's head, the deepest block of a node first."""
-    s = pc[0]
-    t = tree_nb(s)
-    q = t[T_QUEUES] + QUEUE_WIDTH * g
-    shortfall = blocks_used[g] + count + t[q + Q_CACHED] - num_blocks
+def _evict_nb(t, q, blocks_used, g):
+    """Evict the blocks allocated beyond the free ones since the last tree
+    operation, from the queue's head, the deepest block of a node first."""
+    shortfall = blocks_used[g] + t[q + Q_CACHED] - t[q + Q_BLOCKS]
     while shortfall > 0:
         node = t[q + Q_HEAD]
         at = _node_at_nb(t, node)
@@ -352,4 +360,3 @@ def tree_allocate_nb(pc, g, count, blocks_used, num_blocks):
             top = t[T_FREE_TOP]
             t[t[T_FREE] + top] = node
             t[T_FREE_TOP] = top + 1
-    blocks_used[g] += count
