@@ -86,7 +86,18 @@ assert (T_MAP_MASK, T_MAP_SHIFT, T_MAP) == (1, 2, 4)
 
 @njit(cache=True)
 def tree_nb(s):
-    """The tree: the tail's part after the CPU tier's state (its offset in the state's last but one word)."""
+    """The tree: the tail's part after the CPU tier's state (its offset in the state's last but one word).
+
+    Parameters
+    ----------
+    s : ndarray(int64, ndim=1)
+        The prefix-cache state.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        A view of the tree's part.
+    """
     return s[s[s.shape[0] - 1] + s[s.shape[0] - 2]:]
 
 
@@ -233,7 +244,18 @@ def _touch_nb(t, q, last):
 
 @njit(cache=True)
 def tree_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
-    """:func:`simcore.scheduler.radix_nb.radix_match_nb` on the tree (same parameters and results)."""
+    """:func:`simcore.scheduler.radix_nb.radix_match_nb` on the tree.
+
+    Parameters
+    ----------
+    pc, g, num_ranks, k, known, block_size, blocks_used
+        As :func:`simcore.scheduler.radix_nb.radix_match_nb`.
+
+    Returns
+    -------
+    hits, cached : int
+        As :func:`simcore.scheduler.radix_nb.radix_match_nb`.
+    """
     s = pc[0]
     ident = pc[1]
     t = tree_nb(s)
@@ -264,7 +286,13 @@ def tree_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
 @njit(cache=True)
 def tree_lock_nb(pc, g, k, hits, blocks_used):
     """Request k locks the path its last match found (``hits`` blocks): SGLang's
-    ``inc_lock_ref`` (right after the match: nothing to evict)."""
+    ``inc_lock_ref`` (right after the match: nothing to evict).
+
+    Parameters
+    ----------
+    pc, g, k, hits, blocks_used
+        As :func:`simcore.scheduler.radix_nb.radix_lock_nb`.
+    """
     s = pc[0]
     t = tree_nb(s)
     q = t[T_QUEUES] + QUEUE_WIDTH * g
@@ -282,7 +310,13 @@ def tree_lock_nb(pc, g, k, hits, blocks_used):
 
 @njit(cache=True)
 def tree_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
-    """:func:`simcore.scheduler.radix_nb.radix_insert_nb` on the tree (same parameters)."""
+    """:func:`simcore.scheduler.radix_nb.radix_insert_nb` on the tree.
+
+    Parameters
+    ----------
+    pc, g, num_ranks, k, tokens, block_size, blocks_used
+        As :func:`simcore.scheduler.radix_nb.radix_insert_nb`.
+    """
     s = pc[0]
     ident = pc[1]
     t = tree_nb(s)
@@ -318,7 +352,13 @@ def tree_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
 
 @njit(cache=True)
 def tree_release_nb(pc, g, k, held, blocks_used):
-    """:func:`simcore.scheduler.radix_nb.radix_release_nb` on the tree (same parameters)."""
+    """:func:`simcore.scheduler.radix_nb.radix_release_nb` on the tree.
+
+    Parameters
+    ----------
+    pc, g, k, held, blocks_used
+        As :func:`simcore.scheduler.radix_nb.radix_release_nb`.
+    """
     s = pc[0]
     t = tree_nb(s)
     q = t[T_QUEUES] + QUEUE_WIDTH * g
