@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from simcore.scheduler.kv_nb import HDR_GENERATION, allocate_prefix_cache
+from simcore.scheduler.kv_nb import HDR_BLOCK_SLOT, HDR_GENERATION, allocate_prefix_cache
 from simcore.scheduler.radix_nb import radix_trace_identities_nb
 from simcore.scheduler.radix_tree_nb import NODE_WIDTH, QUEUE_WIDTH, THEADER
 from simcore.workload.api import RequestTable
@@ -94,11 +94,12 @@ def tree_shaped(requests: RequestTable, router_policy: str) -> bool:
 
 def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,
                        offload_tail: np.ndarray, num_blocks: np.ndarray) -> tuple:
-    """The prefix-cache state with an empty node tree (``kv_nb``'s parts minimal, no block slots).
+    """The prefix-cache state with an empty node tree (``kv_nb``'s map and slots minimal).
 
-    The tree follows the CPU tier's state at the tail (which the event loop
-    reads there, empty here), its offset from the tail's start in the state's
-    last but one word; a negative generation counter marks the state.
+    The tree takes the place of ``kv_nb``'s block slots, which it does not use
+    (:func:`simcore.scheduler.radix_tree_nb.tree_nb`); its nodes and free
+    stack come last and are written only as nodes are used.  A negative
+    generation counter marks the state.
 
     Parameters
     ----------
@@ -109,7 +110,7 @@ def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray,
     ident_offset, ident : ndarray(int64, ndim=1)
         As for :func:`simcore.scheduler.kv_nb.allocate_prefix_cache`.
     offload_tail : ndarray(int64, ndim=1)
-        The (empty) CPU tier's state.
+        The (empty) CPU tier's state, at the state's tail as always.
     num_blocks : ndarray(int64, ndim=1)
         KV blocks per global rank.
 
@@ -120,18 +121,18 @@ def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray,
     """
     n = ident_offset.shape[0] - 1
     bits = max(4, int(2 * max(num_slots, 1) - 1).bit_length())
-    sizes = [2 << bits, NODE_WIDTH * num_slots, num_slots, QUEUE_WIDTH * num_ranks, n]
+    sizes = [2 << bits, QUEUE_WIDTH * num_ranks, n, NODE_WIDTH * num_slots, num_slots]
     bases = THEADER + np.concatenate([[0], np.cumsum(sizes)])
-    tree = np.empty(int(bases[-1]), dtype=np.int64)
+    # kv_nb sizes its block slots by the identities: an unwritten array of the tree's size.
+    state, _ = allocate_prefix_cache(1, num_ranks, ident_offset, np.empty(int(bases[-1]), dtype=np.int64),
+                                     tail=offload_tail)
+    tree = state[state[HDR_BLOCK_SLOT] :]
     # clock, map mask and shift, unused nodes, the parts, free-stack height between
-    tree[:THEADER] = [0, (1 << bits) - 1, 64 - bits, 0, bases[0], bases[1], bases[2], 0, bases[3], bases[4]]
+    tree[:THEADER] = [0, (1 << bits) - 1, 64 - bits, 0, bases[0], bases[3], bases[4], 0, bases[1], bases[2]]
     tree[bases[0] : bases[1]] = -1
-    queues = tree[bases[3] : bases[4]].reshape(num_ranks, QUEUE_WIDTH)
+    queues = tree[bases[1] : bases[2]].reshape(num_ranks, QUEUE_WIDTH)
     queues[:, :3] = [-1, -1, 0]  # head, tail, unlocked blocks
     queues[:, 3] = num_blocks
-    tree[bases[4] : bases[5]] = -1
-    tail = np.concatenate([offload_tail, tree, [offload_tail.shape[0]]])
-    # No map or slots of kv_nb's, and no block slots (the tree has no per-block state).
-    state, _ = allocate_prefix_cache(1, num_ranks, ident_offset, ident[:0], tail=tail)
+    tree[bases[2] : bases[3]] = -1
     state[HDR_GENERATION] = -1
     return state, np.ascontiguousarray(ident, dtype=np.int64)

@@ -1,7 +1,7 @@
 """SGLang's radix cache with a node per run of blocks (docs/prefix-caching.md, ``sglang``).
 
 Contract: ``@njit(cache=True)`` functions over the prefix-cache state of
-``simcore.scheduler.kv_nb`` whose tail holds this tree (built by
+``simcore.scheduler.kv_nb`` that holds this tree where its block slots would be (built by
 :func:`simcore.scheduler.radix.radix_prefix_cache`).  They give the results of
 the block-per-node model of ``simcore.scheduler.radix_nb`` (which dispatches
 here) when the identities are *tree-shaped*: an identity occurs only at one
@@ -40,6 +40,7 @@ from __future__ import annotations
 from numba import njit
 
 from simcore.scheduler.kv_nb import (
+    HDR_BLOCK_SLOT,
     HDR_MAP,
     HDR_MAP_MASK,
     HDR_MAP_SHIFT,
@@ -86,7 +87,7 @@ assert (T_MAP_MASK, T_MAP_SHIFT, T_MAP) == (1, 2, 4)
 
 @njit(cache=True)
 def tree_nb(s):
-    """The tree: the tail's part after the CPU tier's state (its offset in the state's last but one word).
+    """The tree: the state's part where ``kv_nb`` keeps its block slots, unused with a tree.
 
     Parameters
     ----------
@@ -98,7 +99,7 @@ def tree_nb(s):
     ndarray(int64, ndim=1)
         A view of the tree's part.
     """
-    return s[s[s.shape[0] - 1] + s[s.shape[0] - 2]:]
+    return s[s[HDR_BLOCK_SLOT]:]
 
 
 @njit(cache=True)
