@@ -2,7 +2,7 @@
 
 Issue 16, part 1: on the Mooncake conversation trace
 (``../shared/data/mooncake/conversation_trace.jsonl``, 12,031 requests, sent at
-its timestamps), over 1 and 4 aggregated vllm workers (linear timing, every
+its timestamps), over 1 and 4 aggregated workers (vllm unless ``--policy`` says otherwise) (linear timing, every
 other key at its default), ``simcore.run`` end to end with
 ``engine.aggregated.prefix_caching`` on and off, side by side.  Cases:
 ``first_2000`` (the trace's first 2,000 rows) and ``full``.
@@ -22,7 +22,12 @@ Output: CSV ``case,workers,prefix_caching,tree,output_tokens,median_s,us_per_out
 same tree, case and workers; ``vs_baseline``: this tree's median over the
 baseline's), headline on the last line (target: ``on_over_off`` <= 2).
 
+``--policy`` (default ``vllm``) and ``--block-size`` (default: the policy's)
+set ``engine.policy`` and ``engine.aggregated.block_size`` for every run; ``--workers``
+picks the worker counts (default ``1,4``).
+
 Usage: python bench/bench_prefix.py [--runs 5] [--baseline REV] [--cases first_2000,full] [--baseline-full-runs 1]
+       [--policy vllm|sglang|trtllm] [--block-size N] [--workers 1,4]
 """
 
 from __future__ import annotations
@@ -44,13 +49,17 @@ CHECKED = ("prefix_cache_hit_rate", "total_output_tokens", "duration_s", "mean_t
 TARGET = 2.0
 
 
-def config(max_requests: int | None, workers: int, prefix_caching: bool) -> dict:
+def config(max_requests: int | None, workers: int, prefix_caching: bool, policy: str = "vllm",
+           block_size: int | None = None) -> dict:
+    pool = {"replicas": workers, "prefix_caching": prefix_caching}
+    if block_size is not None:
+        pool["block_size"] = block_size
     return {
         "seed": 0,
         "workload": {"source": "mooncake", "path": str(TRACE), "num_requests": None, "max_requests": max_requests},
         "load": {"type": "trace"},
         "timing": {"type": "linear"},
-        "engine": {"aggregated": {"replicas": workers, "prefix_caching": prefix_caching}},
+        "engine": {"policy": policy, "aggregated": pool},
     }
 
 
@@ -97,14 +106,17 @@ def main() -> None:
     parser.add_argument("--baseline", default="main")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--baseline-full-runs", type=int, default=1)
+    parser.add_argument("--policy", default="vllm", choices=("vllm", "sglang", "trtllm"))
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--workers", default=",".join(map(str, WORKERS)))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker()
         return
     configs = {
-        (case, workers, on): config(CASES[case], workers, on)
-        for case in args.cases.split(",") for workers in WORKERS for on in (False, True)
+        (case, workers, on): config(CASES[case], workers, on, args.policy, args.block_size)
+        for case in args.cases.split(",") for workers in map(int, args.workers.split(",")) for on in (False, True)
     }
     samples: dict[tuple, list[float]] = {}
     summaries: dict[tuple, list] = {}

@@ -58,7 +58,7 @@ from numba.extending import intrinsic
 
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
-from simcore.scheduler.radix_nb import radix_insert_nb
+from simcore.scheduler.radix_nb import radix_insert_nb, radix_release_nb
 from simcore.scheduler.offload_nb import (
     offload_enabled_nb,
     offload_loads_end_nb,
@@ -897,7 +897,10 @@ def _emit_nb(k, g, t, num_out, num_emitted, send_size, requests, load, client, r
             # storeBlocksForReuse: prompt + output - 1 tokens.
             kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
                            rank_block_size[g])
-        kv_release_nb(prefix_cache, g, k, held, blocks_used)
+        if rank_policy[g] == POLICY_SGLANG:  # unlocks its radix-tree path
+            radix_release_nb(prefix_cache, g, k, held, blocks_used)
+        else:
+            kv_release_nb(prefix_cache, g, k, held, blocks_used)
     return leaves, num_out, num_emitted, send_size
 
 
@@ -1056,7 +1059,10 @@ def _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq,
         if rank_policy[recv_rank[k]] == POLICY_TRTLLM and rank_prefix_caching[recv_rank[k]]:
             kv_register_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
                            rank_block_size[recv_rank[k]])  # storeBlocksForReuse
-        kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
+        if rank_policy[recv_rank[k]] == POLICY_SGLANG:
+            radix_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
+        else:
+            kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
         transfer_end_ns[k] = t
         if routing:
             g = handoff_rank_nb(route, h)

@@ -19,7 +19,7 @@ from simcore.scheduler.kv_nb import (
     kv_release_nb,
     kv_take_hits_nb,
 )
-from simcore.scheduler.radix_nb import radix_insert_nb, radix_match_nb, radix_release_nb
+from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
 from simcore.scheduler.offload_nb import (
     BLOCKED,
     PROCEED,
@@ -436,7 +436,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
         hits = 0
         cached_hits = 0
         if caching:
-            hits, cached_hits = radix_match_nb(pc, g, num_ranks, k, input_tokens[k] + generated[k], block_size)
+            hits, cached_hits = radix_match_nb(pc, g, num_ranks, k, input_tokens[k] + generated[k], block_size,
+                                               blocks_used)
             start = hits * block_size
         # Locking the matched prefix takes its unlocked blocks out of the free tokens.
         locked_free = free_tokens - cached_hits * block_size
@@ -464,7 +465,7 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
         running[g, run_len[g]] = k
         run_len[g] += 1
         if caching:
-            kv_take_hits_nb(pc, g, k, hits, blocks_used)
+            radix_lock_nb(pc, g, k, hits, blocks_used)
             computed[k] = start
             held[k] = hits
             free_tokens = locked_free

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from simcore.scheduler.kv_nb import trace_block_identities_nb
+from simcore.scheduler.radix import radix_trace_identities
 from simcore.workload.api import RequestTable
 from simcore.workload.sessions import session_block_base
 
@@ -98,6 +99,8 @@ def radix_block_identities(
     offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offset[1:])
     total = int(offset[-1])
+    if requests.hash_ids is not None:  # one pass over the blocks
+        return offset, radix_trace_identities(requests, offset, block_size, trace_block_size)
     if requests.session is not None and requests.hash_ids is None:
         # A session's turn t+1 begins with turn t's prompt and answer, so block j
         # of every turn is one identity, generated blocks included.

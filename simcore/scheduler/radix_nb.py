@@ -17,6 +17,13 @@ hold the stamp (``S_STAMP``, from the header's generation counter used as the
 access clock) and the depth (``S_POSITION``), and the queue is kept sorted by
 them: a block unlocked by a retraction keeps its older stamp and is inserted
 in place, every other one joins the tail.
+
+When the identities are tree-shaped (each at one depth after one sequence of
+identities: prefix-chained ``hash_ids``, synthetic prefixes, sessions) the state
+holds a tree of nodes of many blocks instead (``simcore.scheduler.radix_tree_nb``,
+the same results, its cost per node rather than per block), marked by a
+negative generation counter; the functions below dispatch on it.  A state
+without identities (prefix caching off) takes the block path and has no tree.
 """
 
 from __future__ import annotations
@@ -47,6 +54,13 @@ from simcore.scheduler.kv_nb import (
     _lru_remove_nb,
     _map_find_nb,
     _map_insert_nb,
+    kv_take_hits_nb,
+)
+from simcore.scheduler.radix_tree_nb import (
+    tree_insert_nb,
+    tree_lock_nb,
+    tree_match_nb,
+    tree_release_nb,
 )
 
 
@@ -67,8 +81,14 @@ def _touch_path_nb(s, rank, block_slot, depth):
             _lru_push_tail_nb(s, rank, slot)
 
 
+@njit(cache=True, inline="always")
+def _has_tree_nb(s):
+    """Whether the state holds the node tree (``radix_tree_nb``) rather than a node per block."""
+    return s[HDR_GENERATION] < 0
+
+
 @njit(cache=True)
-def radix_match_nb(pc, g, num_ranks, k, known, block_size):
+def radix_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
     """SGLang's ``match_prefix`` for request k on rank g: the leading resident
     blocks of its first ``known - 1`` tokens, whole blocks only; the matched
     path's access stamps are refreshed whether or not the request is admitted.
@@ -92,6 +112,8 @@ def radix_match_nb(pc, g, num_ranks, k, known, block_size):
         Tokens of request k known so far (prompt + generated), tokens.
     block_size : int
         Tokens per block.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank (read only).
 
     Returns
     -------
@@ -100,6 +122,8 @@ def radix_match_nb(pc, g, num_ranks, k, known, block_size):
     cached : int
         Of those, blocks unlocked (in the LRU queue), blocks.
     """
+    if _has_tree_nb(pc[0]):
+        return tree_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used)
     s = pc[0]
     ident = pc[1]
     rank = s[HDR_RANKS] + RANK_WIDTH * g
@@ -149,6 +173,9 @@ def radix_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
         In-use blocks per rank; shrinks by the duplicates freed, grows by the
         unlocked resident blocks they lock.
     """
+    if _has_tree_nb(pc[0]):
+        tree_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used)
+        return
     s = pc[0]
     ident = pc[1]
     rank = s[HDR_RANKS] + RANK_WIDTH * g
@@ -182,11 +209,13 @@ def radix_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
 
 @njit(cache=True)
 def radix_release_nb(pc, g, k, held, blocks_used):
-    """A retracted request unlocks its tree blocks and frees the rest (SGLang
-    ``release_req``: nothing inserted, no access stamp refreshed).
+    """A retracted or finished request unlocks its tree blocks and frees the
+    rest (SGLang ``release_req`` and ``cache_finished_req``: a retraction
+    inserts nothing and refreshes no access stamp; a finish has just inserted).
 
-    A tree block left unlocked joins the LRU queue at the place of its
-    (older) stamp.  Without a tree (prefix caching off) this frees ``held[k]``.
+    A tree block left unlocked joins the LRU queue at the place of its stamp
+    (a finished request's, just refreshed: the tail).  Without a tree (prefix
+    caching off) this frees ``held[k]``.
 
     Parameters
     ----------
@@ -201,6 +230,9 @@ def radix_release_nb(pc, g, k, held, blocks_used):
     blocks_used : ndarray(int64, ndim=1)
         In-use blocks per rank; ``blocks_used[g]`` shrinks accordingly.
     """
+    if _has_tree_nb(pc[0]):
+        tree_release_nb(pc, g, k, held, blocks_used)
+        return
     s = pc[0]
     settled = s[HDR_SETTLED] + k
     private = held[k]
@@ -247,3 +279,75 @@ def _lru_insert_in_place_nb(s, rank, slot):
     else:
         s[rank + R_HEAD] = slot
     s[rank + R_CACHED] += 1
+
+
+@njit(cache=True, inline="always")
+def radix_lock_nb(pc, g, k, hits, blocks_used):
+    """An admitted request locks the ``hits`` blocks its last match found
+    (SGLang's ``inc_lock_ref``); the unlocked ones leave the eviction order.
+
+    Parameters
+    ----------
+    pc : tuple of ndarray(int64, ndim=1)
+        The prefix cache ``(state, ident)``; the state is mutated in place.
+    g : int
+        Global rank.
+    k : int
+        Request index.
+    hits : int
+        Blocks :func:`radix_match_nb` found for request k last, blocks.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank; grows by the unlocked blocks locked.
+    """
+    if _has_tree_nb(pc[0]):
+        tree_lock_nb(pc, g, k, hits, blocks_used)
+    else:
+        kv_take_hits_nb(pc, g, k, hits, blocks_used)
+
+
+@njit(cache=True)
+def radix_trace_identities_nb(offset, input_tokens, list_offsets, hash_rank, block_size, trace_block, unique_base,
+                              ident):
+    """Identities of every block a request can hold, from ``hash_ids``, in one pass.
+
+    Complete prompt block j of request k ends at token ``e = (j+1)·bs`` in
+    trace block ``m = (e - 1) div T``; while ``m`` is within its hash_ids its
+    identity is ``hash rank x T + e - m·T - 1``
+    (:func:`simcore.scheduler.kv_nb.trace_block_identities_nb`'s); every other
+    block (past the hash_ids, a partial one, a generated one) is unique to it:
+    ``unique_base`` + its flat index.
+
+    Parameters
+    ----------
+    offset : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's blocks in ``ident``.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt lengths, tokens.
+    list_offsets : ndarray(int64, ndim=1)
+        ``n + 1`` offsets of each request's hash_ids in ``hash_rank``.
+    hash_rank : ndarray(int64, ndim=1)
+        Each hash_ids entry's rank among the distinct hashes.
+    block_size, trace_block : int
+        Engine block and hash_ids block, tokens.
+    unique_base : int
+        Distinct hashes x ``trace_block``: past every hashed identity.
+    ident : ndarray(int64, ndim=1)
+        Out, per block.
+    """
+    for k in range(offset.shape[0] - 1):
+        first = offset[k]
+        first_hash = list_offsets[k]
+        num_hashes = list_offsets[k + 1] - first_hash
+        hashed = min(input_tokens[k] // block_size, num_hashes * trace_block // block_size)
+        m = 0
+        bound = trace_block  # end of trace block m, tokens
+        base = hash_rank[first_hash] * trace_block if hashed > 0 else 0
+        for j in range(hashed):
+            end = (j + 1) * block_size
+            while end > bound:
+                m += 1
+                bound += trace_block
+                base = hash_rank[first_hash + m] * trace_block
+            ident[first + j] = base + end - (bound - trace_block) - 1
+        for j in range(hashed, offset[k + 1] - first):
+            ident[first + j] = unique_base + first + j
