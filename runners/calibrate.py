@@ -315,6 +315,14 @@ def loss_of(predicted: dict[str, float], measured: dict[str, float], stats: Sequ
     return total
 
 
+def loss_value(loss: str, predicted: dict[str, np.ndarray], measured: Measured, rows: slice) -> float:
+    """The loss named ``loss`` (:data:`LOSSES`) of per-request ``predicted`` latencies over ``rows``."""
+    stats = LOSSES[loss]
+    if stats is None:
+        return request_loss(predicted, measured.latency, rows)
+    return loss_of(part_metrics(predicted, rows), part_metrics(measured.latency, rows), stats)
+
+
 def errors_of(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, dict[str, float]]:
     return {
         key: {"measured": measured[key], "predicted": predicted[key], "error": predicted[key] / measured[key] - 1.0}
@@ -436,7 +444,6 @@ def calibrate(
         raise ConfigError(f"--fit-fraction must be in (0, 1], got {fit_fraction!r}")
     if loss not in LOSSES:
         raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    stats = LOSSES[loss]
     n = len(measured.request_id)
     n_fit = max(1, int(math.floor(n * fit_fraction)))
     parts = {"fit": slice(0, n_fit)}
@@ -472,11 +479,7 @@ def calibrate(
         results = simcore.run_batch(configs_for(points), requests=requests)
         evaluations += len(results)
         generations += 1
-        if stats is not None:
-            return np.array(
-                [loss_of(part_metrics(predicted_latency(r), parts["fit"]), targets["fit"], stats) for r in results]
-            )
-        return np.array([request_loss(predicted_latency(r), measured.latency, parts["fit"]) for r in results])
+        return np.array([loss_value(loss, predicted_latency(r), measured, parts["fit"]) for r in results])
 
     population = 1 << (POPSIZE * len(fit) - 1).bit_length()  # Sobol initialisation: a power of two
     maxiter = max(1, max_evals // population - 1)  # the initial population is one generation more
