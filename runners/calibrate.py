@@ -17,12 +17,17 @@ is computed on the fit part only.  Losses (``--loss``):
   whatever its size; p90 is the tail, as p99 of a fit part of 150 requests
   rests on one or two of them.  The median and p90 also pin the parameters
   where the three means alone cannot (four fitted parameters, three means).
+  A relative error weighs a small statistic as much as a large one: where
+  most requests are admitted at once, the median TTFT is one prefill and a
+  few ms on it cost as much as percents of a mean (``docs/accuracy.md``,
+  Calibration losses).
 - ``requests`` (the default before): request by request least squares, the
   sum over TTFT, TPOT and E2E of ``sum_i (predicted_i - measured_i)^2 /
   sum_i measured_i^2``.  Each term is dominated by the scatter of single
   requests about the model (queueing order, preemptions), so a bias of a
-  metric's mean small against that scatter costs little: on the RTX 4090 run,
-  which preempts, it gave up 2% of mean TPOT for the request-level TTFT.
+  metric's mean small against that scatter costs little: on the RTX 4090
+  run, which preempts, its fit left the fit part's mean TPOT at -2.1%, the
+  uncalibrated replay's at -0.5%.
 - ``summary``: as ``bench`` without the median (mean and p90).
 
 The optimiser is SciPy's differential evolution (derivative-free), each
