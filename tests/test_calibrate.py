@@ -96,14 +96,15 @@ def test_bench_loss_weighs_each_statistic_of_each_metric_alike():
     assert cal.LOSSES[cal.DEFAULT_LOSS] == ("mean", "p50", "p90")
     target = cal.part_metrics(measured, rows)
     assert target["p90_ttft_ms"] == pytest.approx(4600.0) and target["p50_tpot_ms"] == pytest.approx(25.0)
-    got = cal.loss_of(cal.part_metrics(predicted, rows), target, cal.LOSSES["bench"])
-    assert got == pytest.approx(ttft + tpot, rel=1e-12)
-    # the summary loss: the same without the medians
-    got = cal.loss_of(cal.part_metrics(predicted, rows), target, cal.LOSSES["summary"])
-    assert got == pytest.approx((1 / 3) ** 2 + (1 / 4.6) ** 2 + 2 * 0.1**2, rel=1e-12)
-    # the request loss of the same TTFT offset: sum 1000^2 x 5 / sum of squares (55e6)
-    got = cal.request_loss(predicted, measured, rows)
-    assert got == pytest.approx(5e6 / 55e6 + 0.1**2, rel=1e-12)
+    run = cal.Measured(request_id=[f"r{i}" for i in range(5)], input_tokens=np.ones(5, dtype=np.int64),
+                       output_tokens=np.array([5, 5, 5, 5, 1]), send_ms=np.zeros(5), latency=measured,
+                       format="jsonl", dropped=0)
+    assert cal.loss_value("bench", predicted, run, rows) == pytest.approx(ttft + tpot, rel=1e-12)
+    # summary: the same without the medians
+    assert cal.loss_value("summary", predicted, run, rows) == pytest.approx(
+        (1 / 3) ** 2 + (1 / 4.6) ** 2 + 2 * 0.1**2, rel=1e-12)
+    # requests: per metric sum (p - m)^2 / sum m^2; TTFT 5 x 1000^2 / 55e6, TPOT 0.1^2
+    assert cal.loss_value("requests", predicted, run, rows) == pytest.approx(5e6 / 55e6 + 0.1**2, rel=1e-12)
 
 
 def test_jsonl_reader_anchors_latencies_at_queued_ts(tmp_path):
