@@ -752,8 +752,9 @@ def _preemption_lines(results: list[dict]) -> list[str]:
             f"{p['prompt_tokens']:,} prompt tokens). Requests preempted and waiting, summed over time: "
             f"replay {p['replay_waiting_request_s']:,.0f} request-s (at most {p['replay_waiting_max']} at once), "
             f"run {p['run_waiting_request_s']:,.0f} request-s (at most {p['run_waiting_max']}; per second of "
-            f"`timeseries.csv`, admitted - finished - running; replay / run "
-            f"{p['replay_waiting_request_s'] / p['run_waiting_request_s']:.2f}). The run's files do not say how many tokens it recomputed (its prompt throughput "
+            "`timeseries.csv`, admitted - finished - running; replay / run "
+            + (f"{p['replay_waiting_request_s'] / p['run_waiting_request_s']:.2f}" if p["run_waiting_request_s"] else "n/a")
+            + "). The run's files do not say how many tokens it recomputed (its prompt throughput "
             "counts each prompt once). Of the replay's recompute, the tokens generated before each "
             f"preemption: fit part {p['generated_at_preemption']['fit']:,}, held out "
             f"{p['generated_at_preemption']['held_out']:,}. vLLM hashes full blocks of generated "
