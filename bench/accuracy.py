@@ -483,25 +483,19 @@ def part_sensitivity(path: str, shipped: dict, values: dict[str, float]) -> dict
     measured = cal.read_measured(path)
     n = len(measured.request_id)
     parts = {"fit": slice(0, n // 2), "held_out": slice(n // 2, n)}
-    base = {key: value for key, value in shipped.items() if key in ("engine", "timing")}
-    base.update(load={"type": "trace"}, workload={"num_requests": n})
-
-    def config(values_now: dict[str, float]) -> dict:
-        cfg = json.loads(json.dumps(base))
-        for key, value in values_now.items():
-            cal.set_dotted(cfg, key, value)
-        return cfg
 
     steps = {key: value + OVERHEAD_STEP_US if key == "timing.pass_overhead_us" else value * SCALE_STEP
              for key, value in values.items()}
-    fitted = simcore.run(dict(config(values), output={"passes": True, "tokens": True}), requests=measured.requests_table())
+    fitted = simcore.run(dict(_with_values(shipped, values), output={"passes": True, "tokens": True}),
+                         requests=measured.requests_table())
     passes = fitted.passes
     mixed_ends = passes["end_ms"].to_numpy()[passes["prefill_tokens"].to_numpy() > 0]
     part_of = {rid: "fit" if i < n // 2 else "held_out" for i, rid in enumerate(measured.request_id)}
     token_part = np.array([part_of[rid] for rid in fitted.tokens["request_id"].to_pylist()])
     in_mixed = np.isin(fitted.tokens["emitted_ms"].to_numpy(), mixed_ends)
     mixed_share = {part: float(in_mixed[token_part == part].mean()) for part in parts}
-    configs = [config(values)] + [config(dict(values, **{key: stepped})) for key, stepped in steps.items()]
+    configs = [_with_values(shipped, values)]
+    configs += [_with_values(shipped, dict(values, **{key: stepped})) for key, stepped in steps.items()]
     results = simcore.run_batch(configs, requests=measured.requests_table())
     means = [{part: cal.part_metrics(cal.predicted_latency(r), rows) for part, rows in parts.items()} for r in results]
     return {
@@ -515,19 +509,23 @@ def part_sensitivity(path: str, shipped: dict, values: dict[str, float]) -> dict
     }
 
 
+def _with_values(shipped: dict, values: dict[str, float]) -> dict:
+    """A copy of the as-shipped config with fitted ``values`` (dotted keys) set."""
+    from runners import calibrate as cal
+
+    cfg = json.loads(json.dumps(shipped))
+    for key, value in values.items():
+        cal.set_dotted(cfg, key, value)
+    return cfg
+
+
 def cross_losses(path: str, shipped: dict, calibrations: dict[str, dict]) -> dict[str, dict[str, float]]:
     """Each loss's fitted values scored by every loss on the fit part: {fitted with: {loss: value}}."""
     from runners import calibrate as cal
 
     measured = cal.read_measured(path)
     n = len(measured.request_id)
-    configs = []
-    for c in calibrations.values():
-        cfg = {key: value for key, value in json.loads(json.dumps(shipped)).items() if key in ("engine", "timing")}
-        cfg.update(load={"type": "trace"}, workload={"num_requests": n})
-        for key, value in c["values"].items():
-            cal.set_dotted(cfg, key, value)
-        configs.append(cfg)
+    configs = [_with_values(shipped, c["values"]) for c in calibrations.values()]
     results = simcore.run_batch(configs, requests=measured.requests_table())
     return {
         fitted: {loss: cal.loss_value(loss, cal.predicted_latency(r), measured, slice(0, n // 2)) for loss in cal.LOSSES}
@@ -559,7 +557,11 @@ def preemption_check(case: str, rows: list[dict], shipped: dict, requests: pa.Ta
     passes = result.passes.to_pydict()
     prompts = np.array(table["input_tokens"])
     n = len(prompts)
-    half = n // 2  # requests are in send order: the fit part first
+    # the fit part: the first half by send instant, as replaysim-calibrate splits
+    by_send = np.argsort(np.array(table["send_ms"], dtype=np.float64), kind="stable")
+    part_of = np.empty(n, dtype=object)
+    part_of[by_send[: n // 2]] = "fit"
+    part_of[by_send[n // 2:]] = "held_out"
     order = {rid: i for i, rid in enumerate(table["request_id"])}
     emitted: dict[int, list[tuple[int, float]]] = {}
     for rid, index, at in zip(result.tokens["request_id"].to_pylist(), result.tokens["index"].to_pylist(),
@@ -583,7 +585,7 @@ def preemption_check(case: str, rows: list[dict], shipped: dict, requests: pa.Ta
     run_finished = np.sort([r["last_token_ts"] for r in rows])
     run_waiting = [np.searchsorted(run_admitted, queued0 + t, "right") - np.searchsorted(run_finished, queued0 + t, "right") - run
                    for t, run in ticks]
-    parts = {"fit": slice(0, half), "held_out": slice(half, n)}
+    parts = {part: part_of == part for part in ("fit", "held_out")}
     return {
         "preemptions": {part: int(preemptions[rows_].sum()) for part, rows_ in parts.items()},
         "preempted_requests": {part: int((preemptions[rows_] > 0).sum()) for part, rows_ in parts.items()},
