@@ -462,6 +462,7 @@ def calibrate_case(path: str, shipped: dict, tp: int, loss: str) -> dict:
     # a value on the edge of its search range: the optimum may lie beyond it
     on_bound = [key for key, low, high in fit if min(found.values[key] - low, high - found.values[key]) <= 1e-3 * (high - low)]
     return {"values": found.values, "report": found.report, "seconds": time.perf_counter() - start,
+            "load": os.getloadavg()[0],  # the machine may be shared: its load beside the wall time
             "evaluations": found.evaluations, "on_bound": {key: (low, high) for key, low, high in fit if key in on_bound}}
 
 
@@ -926,7 +927,7 @@ def render(results: list[dict], versions: dict) -> str:
         )
         for loss, c in (res.get("calibrations") or {}).items():
             lines.append(f"  - calibrated, `--loss {loss}`: {_fitted_values(c)} "
-                         f"({c['evaluations']} candidates, {c['seconds']:.0f} s)")
+                         f"({c['evaluations']} candidates, {c['seconds']:.0f} s at a load average of {c['load']:.1f})")
         if "aic_check" in res:
             c = res["aic_check"]
             lines.append(
