@@ -1,13 +1,14 @@
 """Wall time of a four-parameter ``replaysim-calibrate`` fit on a 300-request measured run.
 
-    python bench/bench_calibrate.py [--data DIR] [--max-evals 2400]
+    python bench/bench_calibrate.py [--data DIR] [--max-evals 2400] [--loss bench]
 
 The run: LLMServingSim's vLLM 0.19.0 Qwen3-32B TP2 run on the RTX PRO 6000
 (``<data>/bench/RTXPRO6000/Qwen3-32B``), replayed with its profile, its
 scheduler limits, its link (16 GB/s, 20 us), asynchronous scheduling and vLLM's
 default CUDA-graph capture sizes, as a user would call the command.  Fitted: ``timing.prefill_scale``,
 ``timing.decode_scale``, ``timing.pass_overhead_us`` and
-``timing.allreduce.bandwidth_gb_per_second``.  Prints the command's own output
+``timing.allreduce.bandwidth_gb_per_second``, with the command's default loss
+unless ``--loss`` names another.  Prints the command's own output
 and the wall time including start-up (numba cache loads, the first compile
 if the cache is cold: run it twice for the warm figure).
 """
@@ -30,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--max-evals", type=int, default=2400)
+    parser.add_argument("--loss", default=None, help="a replaysim-calibrate loss (default: its default)")
     args = parser.parse_args()
     data = os.path.normpath(args.data)
     start = time.perf_counter()
@@ -59,6 +61,7 @@ def main() -> int:
                 "--max-evals", str(args.max_evals),
                 "--out", out,
             ]
+            + (["--loss", args.loss] if args.loss else [])
         )
     print(f"wall time, start-up included: {time.perf_counter() - start:.1f} s")
     return code

@@ -58,7 +58,7 @@ def simulated_measurement(path, truth: dict, n: int = 120, seed: int = 3):
     return table
 
 
-@pytest.mark.parametrize("loss", ["requests", "summary"])
+@pytest.mark.parametrize("loss", list(cal.LOSSES))
 def test_recovers_known_parameters(tmp_path, loss):
     truth = {"timing.prefill_scale": 1.3, "timing.decode_scale": 0.8}
     path = tmp_path / "requests.jsonl"
@@ -73,6 +73,38 @@ def test_recovers_known_parameters(tmp_path, loss):
         for key, row in result.report[part]["calibrated"].items():
             assert abs(row["error"]) < 0.02, (part, key)
     assert result.report["fit"]["requests"] == 60 and result.report["held_out"]["requests"] == 60
+
+
+def test_bench_loss_weighs_each_statistic_of_each_metric_alike():
+    # Five requests; the fifth has one output token, so no TPOT.
+    measured = {
+        "ttft_ms": np.array([1000.0, 2000.0, 3000.0, 4000.0, 5000.0]),
+        "tpot_ms": np.array([10.0, 20.0, 30.0, 40.0, np.nan]),
+        "e2el_ms": np.array([2.0, 4.0, 6.0, 8.0, 10.0]),
+    }
+    predicted = {
+        "ttft_ms": measured["ttft_ms"] + 1000.0,  # TTFT 1 s later each
+        "tpot_ms": measured["tpot_ms"] * 1.1,  # TPOT 10% longer
+        "e2el_ms": measured["e2el_ms"].copy(),  # E2E exact
+    }
+    rows = slice(0, 5)
+    # TTFT: mean and median 3000 -> 4000 (1/3 each); p90 (numpy's linear rule, rank
+    # 0.9 x 4 = 3.6) 4600 -> 5600: 1/4.6.  TPOT over the four with one: mean 25, median
+    # 25, p90 37 (rank 2.7), every one 10% up: three terms of 0.1^2.  E2E: none.
+    ttft = 2 * (1 / 3) ** 2 + (1 / 4.6) ** 2
+    tpot = 3 * 0.1**2
+    assert cal.LOSSES["bench"] == ("mean", "p50", "p90") and cal.LOSSES[cal.DEFAULT_LOSS] is None
+    target = cal.part_metrics(measured, rows)
+    assert target["p90_ttft_ms"] == pytest.approx(4600.0) and target["p50_tpot_ms"] == pytest.approx(25.0)
+    run = cal.Measured(request_id=[f"r{i}" for i in range(5)], input_tokens=np.ones(5, dtype=np.int64),
+                       output_tokens=np.array([5, 5, 5, 5, 1]), send_ms=np.zeros(5), latency=measured,
+                       format="jsonl", dropped=0)
+    assert cal.loss_value("bench", predicted, run, rows) == pytest.approx(ttft + tpot, rel=1e-12)
+    # summary: the same without the medians
+    assert cal.loss_value("summary", predicted, run, rows) == pytest.approx(
+        (1 / 3) ** 2 + (1 / 4.6) ** 2 + 2 * 0.1**2, rel=1e-12)
+    # requests: per metric sum (p - m)^2 / sum m^2; TTFT 5 x 1000^2 / 55e6, TPOT 0.1^2
+    assert cal.loss_value("requests", predicted, run, rows) == pytest.approx(5e6 / 55e6 + 0.1**2, rel=1e-12)
 
 
 def test_jsonl_reader_anchors_latencies_at_queued_ts(tmp_path):
