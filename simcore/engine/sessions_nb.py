@@ -2,7 +2,7 @@
 
 Contract
 --------
-* ``@njit(cache=True)`` kernels called from ``simcore.engine.nb._replay_nb``
+* ``@njit(cache=True)`` kernels called from the event loop (``simcore.engine.nb``, ``simcore.engine.phases_nb``)
   only when ``Load.session_mode`` is set; arguments are int64 arrays (rows
   ``k`` = table rows, sessions in table order) and scalars.
 * Two min-heaps of ``simcore.heap_nb``.  *Releases* ``(instant, k)``: request
