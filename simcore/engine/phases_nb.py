@@ -443,11 +443,7 @@ def _emit_nb(k, g, t, num_out, num_emitted, send_size, requests, load, client, r
     session_mode = load.session_mode
     detok_mode = client.detok_mode
     detok_server = client.detok_server
-    rank_num_blocks = ranks.num_blocks
-    rank_block_size = ranks.block_size
     rank_seq_limit = ranks.seq_limit
-    rank_policy = ranks.policy
-    rank_prefix_caching = ranks.prefix_caching
     first_emit_ns = out.first_emit_ns
     finish_ns = out.finish_ns
     generated = out.generated
@@ -514,14 +510,7 @@ def _emit_nb(k, g, t, num_out, num_emitted, send_size, requests, load, client, r
         progress[0] += 1
         if routing:
             route_leave_nb(route, k, g)
-        if rank_policy[g] == POLICY_TRTLLM and rank_prefix_caching[g]:
-            # storeBlocksForReuse: prompt + output - 1 tokens.
-            kv_register_nb(prefix_cache, g, rank_num_blocks.shape[0], k, computed[k],
-                           rank_block_size[g])
-        if rank_policy[g] == POLICY_SGLANG:  # unlocks its radix-tree path
-            radix_release_nb(prefix_cache, g, k, held, blocks_used)
-        else:
-            kv_release_nb(prefix_cache, g, k, held, blocks_used)
+        _free_blocks_nb(prefix_cache, ranks, g, k, computed[k], held, blocks_used)  # prompt + output - 1 tokens
     return leaves, num_out, num_emitted, send_size
 
 
@@ -677,13 +666,7 @@ def _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq,
         if rank_policy[recv_rank[k]] == POLICY_SGLANG and rank_prefix_caching[recv_rank[k]]:
             radix_insert_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
                             rank_block_size[recv_rank[k]], blocks_used)  # cache_finished_req
-        if rank_policy[recv_rank[k]] == POLICY_TRTLLM and rank_prefix_caching[recv_rank[k]]:
-            kv_register_nb(prefix_cache, recv_rank[k], rank_num_blocks.shape[0], k, input_tokens[k],
-                           rank_block_size[recv_rank[k]])  # storeBlocksForReuse
-        if rank_policy[recv_rank[k]] == POLICY_SGLANG:
-            radix_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
-        else:
-            kv_release_nb(prefix_cache, recv_rank[k], k, held, blocks_used)
+        _free_blocks_nb(prefix_cache, ranks, recv_rank[k], k, input_tokens[k], held, blocks_used)
         transfer_end_ns[k] = t
         if routing:
             g = handoff_rank_nb(route, h)
@@ -807,6 +790,21 @@ def _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing,
                 rank_ratio, ratio_params,
             )
             return OK
+
+
+@njit(cache=True, inline="always")
+def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
+    """Request k leaves rank g (finished, or its prompt handed off) with ``tokens`` computed.
+
+    TensorRT-LLM first stores its blocks for reuse (``storeBlocksForReuse``);
+    SGLang unlocks its radix-tree path; the other blocks are freed.
+    """
+    if ranks.policy[g] == POLICY_TRTLLM and ranks.prefix_caching[g]:
+        kv_register_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g])
+    if ranks.policy[g] == POLICY_SGLANG:
+        radix_release_nb(prefix_cache, g, k, held, blocks_used)
+    else:
+        kv_release_nb(prefix_cache, g, k, held, blocks_used)
 
 
 @njit(cache=True, inline="always")
