@@ -146,8 +146,10 @@ def test_a_full_disk_is_one_line_and_exit_74(tmp_path):
 def test_a_signal_stops_a_run_with_one_line_and_no_file(tmp_path, signum, code, name):
     out = tmp_path / "out"
     run = subprocess.Popen([sys.executable, "-m", "runners.cli", f"output.dir={out}", f"hydra.run.dir={tmp_path}",
-                            # 640 million decode passes one after another: minutes, in little memory
-                            "workload.num_requests=64", "workload.output_tokens=10000000", "load.concurrency=1",
+                            # each request decodes until it fills the rank's KV cache, one after another:
+                            # 664 million passes, far more than a signal's 4 s, in little memory (64
+                            # requests took under 4 s once decode passes got fast, and ended first)
+                            "workload.num_requests=1600", "workload.output_tokens=10000000", "load.concurrency=1",
                             "output.mode=bounded"],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            # a shell's background job inherits SIGINT ignored; a terminal's Ctrl-C is not
