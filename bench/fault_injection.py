@@ -42,8 +42,9 @@ from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.writer import verified_set, write_results  # noqa: E402
 
 SMALL = ["workload.num_requests=8", "workload.input_tokens=64", "workload.output_tokens=4"]
-#: A run that simulates for minutes in little memory (640 million decode passes one after another).
-ENDLESS = ["workload.num_requests=64", "workload.output_tokens=10000000", "load.concurrency=1", "output.mode=bounded"]
+#: A run that simulates for minutes in little memory (664 million decode passes one after another:
+#: each request decodes until it fills the rank's KV cache).
+ENDLESS = ["workload.num_requests=1600", "workload.output_tokens=10000000", "load.concurrency=1", "output.mode=bounded"]
 #: A run whose result files take a good part of its time (1.6 million token rows).
 BIG_WRITE = ["workload.num_requests=200000", "workload.input_tokens=16", "workload.output_tokens=8",
              "load.concurrency=512", "output.tokens=true", "output.passes=true"]
