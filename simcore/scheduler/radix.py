@@ -11,6 +11,17 @@ import numpy as np
 import pyarrow as pa
 
 from simcore.scheduler.kv_nb import HDR_BLOCK_SLOT, HDR_GENERATION, allocate_prefix_cache
+from simcore.scheduler.radix_ident_nb import (
+    I_BLOCK,
+    I_HASHED,
+    I_LISTS,
+    I_MARK,
+    I_OFFSET,
+    I_RANKS,
+    I_TRACE,
+    I_UNIQUE,
+    IHEADER,
+)
 from simcore.scheduler.radix_nb import radix_trace_identities_nb
 from simcore.scheduler.radix_tree_nb import NODE_WIDTH, QUEUE_WIDTH, THEADER
 from simcore.workload.api import RequestTable
@@ -52,6 +63,35 @@ def radix_trace_identities(requests: RequestTable, offset: np.ndarray, block_siz
     ident = np.empty(int(offset[-1]), dtype=np.int64)
     radix_trace_identities_nb(offset, np.ascontiguousarray(requests.input_tokens, dtype=np.int64), list_offsets,
                               rank, block_size, trace_block, distinct * trace_block, ident)
+    return ident
+
+
+def radix_trace_runs(requests: RequestTable, offset: np.ndarray, block_size: int,
+                     trace_block_size: int | None) -> np.ndarray:
+    """The identities of :func:`radix_trace_identities` in the computed form
+    of :mod:`simcore.scheduler.radix_ident_nb`: a few int64 per request and
+    per ``hash_ids`` entry instead of one per block.
+
+    Parameters
+    ----------
+    requests, offset, block_size, trace_block_size
+        As :func:`radix_trace_identities`.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
+    list_offsets, rank, distinct = _hash_ranks(requests)
+    trace_block = trace_block_size or 512
+    hashed = np.minimum(np.asarray(requests.input_tokens, dtype=np.int64) // block_size,
+                        np.diff(list_offsets) * trace_block // block_size)
+    parts = [offset, hashed, list_offsets, rank]
+    bases = IHEADER + np.concatenate([[0], np.cumsum([part.shape[0] for part in parts])])
+    ident = np.empty(int(bases[-1]), dtype=np.int64)
+    ident[[I_MARK, I_BLOCK, I_TRACE, I_UNIQUE]] = [-1, block_size, trace_block, distinct * trace_block]
+    ident[[I_OFFSET, I_HASHED, I_LISTS, I_RANKS]] = bases[:4]
+    for part, start in zip(parts, bases[:4]):
+        ident[start : start + part.shape[0]] = part
     return ident
 
 
