@@ -12,7 +12,8 @@ prefix cache's identity array ``ident`` in one of two forms:
   Block j of request k, ending at token ``e = (j+1)·bs`` in trace block
   ``m = (e - 1) div T``, has, while ``j`` is below its hashed blocks, the
   identity ``rank[m] x T + e - m·T - 1``, else ``unique_base + offset[k] + j``
-  (:func:`simcore.scheduler.radix_nb.radix_trace_identities_nb`'s values).
+  (:func:`materialise_identities_nb` writes them out for the node-per-block
+  kernel).
 
 Two requests' blocks at one depth within one trace block are equal exactly
 when that trace block's hash ranks are, so a run is compared one trace block
@@ -40,6 +41,12 @@ def _computed_nb(ident):
     return ident.shape[0] > 0 and ident[I_MARK] < 0
 
 
+@njit(cache=True, inline="always")
+def _hashed_identity_nb(rank, end, m, trace_block):
+    """A block ending at token ``end`` inside trace block m of hash ``rank``: the pair (hash, end - m·T), numbered."""
+    return rank * trace_block + end - m * trace_block - 1
+
+
 @njit(cache=True)
 def ident_at_nb(ident, k, b):
     """The identity of block ``b`` (an index in the flat block order) of request k.
@@ -62,11 +69,10 @@ def ident_at_nb(ident, k, b):
     j = b - ident[ident[I_OFFSET] + k]
     if j >= ident[ident[I_HASHED] + k]:
         return ident[I_UNIQUE] + b
-    block_size = ident[I_BLOCK]
     trace_block = ident[I_TRACE]
-    end = (j + 1) * block_size
+    end = (j + 1) * ident[I_BLOCK]
     m = (end - 1) // trace_block
-    return ident[ident[I_RANKS] + ident[ident[I_LISTS] + k] + m] * trace_block + end - m * trace_block - 1
+    return _hashed_identity_nb(ident[ident[I_RANKS] + ident[ident[I_LISTS] + k] + m], end, m, trace_block)
 
 
 @njit(cache=True)
@@ -111,3 +117,34 @@ def same_run_nb(ident, a, src, k, here, span):
             return j - depth
         j = (m + 1) * trace_block // block_size  # the first block ending in trace block m + 1
     return stop - depth  # past the hashed blocks of either, a block is its own request's
+
+
+@njit(cache=True)
+def materialise_identities_nb(ident, out):
+    """Write the computed identities ``ident`` out, one per block, in one pass.
+
+    Parameters
+    ----------
+    ident : ndarray(int64, ndim=1)
+        The computed form.
+    out : ndarray(int64, ndim=1)
+        Out, per block in the flat order (the offsets' last value of them).
+    """
+    block_size = ident[I_BLOCK]
+    trace_block = ident[I_TRACE]
+    offset = ident[I_OFFSET]
+    n = ident[I_HASHED] - offset - 1  # the n + 1 offsets come first
+    for k in range(n):
+        first = ident[offset + k]
+        ranks = ident[I_RANKS] + ident[ident[I_LISTS] + k]
+        hashed = ident[ident[I_HASHED] + k]
+        m = 0
+        bound = trace_block  # end of trace block m, tokens (m advances with the blocks: no division)
+        for j in range(hashed):
+            end = (j + 1) * block_size
+            while end > bound:
+                m += 1
+                bound += trace_block
+            out[first + j] = _hashed_identity_nb(ident[ranks + m], end, m, trace_block)
+        for b in range(first + hashed, ident[offset + k + 1]):
+            out[b] = ident[I_UNIQUE] + b
