@@ -62,7 +62,10 @@ def test_identities_worked_by_hand():
     requests = table([[10, 20], [10, 30]], [7, 8], [2, 1])
     _, computed = radix_tree_identities(requests, 2, TRACE_BLOCK, 0)
     got = [[ident_at_nb(computed, 0, b) for b in range(0, 5)], [ident_at_nb(computed, 1, b) for b in range(5, 10)]]
-    assert got == [[0 * 4 + 1, 0 * 4 + 3, 1 * 4 + 1, 12 + 3, 12 + 4], [1, 3, 2 * 4 + 1, 2 * 4 + 3, 12 + 9]]
+    expected = [[0 * 4 + 1, 0 * 4 + 3, 1 * 4 + 1, 12 + 3, 12 + 4], [1, 3, 2 * 4 + 1, 2 * 4 + 3, 12 + 9]]
+    assert got == expected
+    _, materialised = radix_block_identities(requests, 2, TRACE_BLOCK, 0)
+    assert materialised.tolist() == expected[0] + expected[1]
     # Runs from depth 0: equal while hash 10 lasts (2 blocks), then 30 differs from 20.
     assert same_run_nb(computed, 0, 0, 1, 5, 4) == 2
     assert same_run_nb(computed, 0, 0, 1, 5, 1) == 1
