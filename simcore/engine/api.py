@@ -29,7 +29,7 @@ from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
-from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities
+from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
 from simcore.scheduler.radix import radix_prefix_cache, tree_shaped
 from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_shape, offload_state
 from simcore.timing.api import timing_arrays
@@ -408,8 +408,11 @@ def prepare(
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
 
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
+    radix_tree = bool(receiving.prefix_caching and cfg.engine.policy == "sglang"
+                      and tree_shaped(requests, cfg.engine.router.policy))
     if receiving.prefix_caching:
         identities = radix_block_identities if cfg.engine.policy == "sglang" else prompt_block_identities
+        identities = radix_tree_identities if radix_tree else identities
         ident_offset, ident = identities(
             requests, receiving.block_size, cfg.workload.block_size, cfg.workload.prefix_tokens
         )
@@ -476,8 +479,7 @@ def prepare(
         cache_shape=(num_slots, len(ranks.policy), ident_offset, ident),
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
         offload_shape=offload_shape(receiving, len(ranks.policy), n),
-        radix_tree=bool(receiving.prefix_caching and cfg.engine.policy == "sglang"
-                        and tree_shaped(requests, cfg.engine.router.policy)),
+        radix_tree=radix_tree,
     )
 
 

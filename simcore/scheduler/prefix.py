@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from simcore.scheduler.kv_nb import trace_block_identities_nb
-from simcore.scheduler.radix import radix_trace_identities
+from simcore.scheduler.radix import radix_trace_identities, radix_trace_runs
 from simcore.workload.api import RequestTable
 from simcore.workload.sessions import session_block_base
 
@@ -75,6 +75,14 @@ def _positional_identities(requests: RequestTable, counts, offset, block_size: i
     return np.where(shared, j, prefix_tokens // block_size + owner_base[request] + j)
 
 
+def _radix_block_counts(requests: RequestTable, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's ``ceil((input + output) / bs)`` blocks, and their ``n + 1`` offsets."""
+    counts = (requests.input_tokens + requests.output_tokens + block_size - 1) // block_size
+    offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offset[1:])
+    return counts, offset
+
+
 def radix_block_identities(
     requests: RequestTable, block_size: int, trace_block_size: int | None, prefix_tokens: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -95,9 +103,7 @@ def radix_block_identities(
     offset, ident : ndarray(int64, ndim=1)
         As :func:`prompt_block_identities`, over all the blocks.
     """
-    counts = (requests.input_tokens + requests.output_tokens + block_size - 1) // block_size
-    offset = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offset[1:])
+    counts, offset = _radix_block_counts(requests, block_size)
     total = int(offset[-1])
     if requests.hash_ids is not None:  # one pass over the blocks
         return offset, radix_trace_identities(requests, offset, block_size, trace_block_size)
@@ -113,3 +119,27 @@ def radix_block_identities(
     j = np.arange(prompt_ident.shape[0], dtype=np.int64) - prompt_offset[:-1][request]
     ident[offset[:-1][request] + j] = prompt_ident
     return offset, ident
+
+
+def radix_tree_identities(
+    requests: RequestTable, block_size: int, trace_block_size: int | None, prefix_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`radix_block_identities` for the node tree (``simcore.scheduler.radix_tree_nb``),
+    computed from ``hash_ids`` rather than materialised when the trace has them
+    (:func:`simcore.scheduler.radix.radix_trace_runs`).
+
+    Parameters
+    ----------
+    requests, block_size, trace_block_size, prefix_tokens
+        As :func:`prompt_block_identities`.
+
+    Returns
+    -------
+    offset, ident : ndarray(int64, ndim=1)
+        The block offsets of :func:`radix_block_identities`, and the
+        identities in either form of ``simcore.scheduler.radix_ident_nb``.
+    """
+    if requests.hash_ids is None:
+        return radix_block_identities(requests, block_size, trace_block_size, prefix_tokens)
+    _, offset = _radix_block_counts(requests, block_size)
+    return offset, radix_trace_runs(requests, offset, block_size, trace_block_size)

@@ -11,7 +11,18 @@ import numpy as np
 import pyarrow as pa
 
 from simcore.scheduler.kv_nb import HDR_BLOCK_SLOT, HDR_GENERATION, allocate_prefix_cache
-from simcore.scheduler.radix_nb import radix_trace_identities_nb
+from simcore.scheduler.radix_ident_nb import (
+    I_BLOCK,
+    I_HASHED,
+    I_LISTS,
+    I_MARK,
+    I_OFFSET,
+    I_RANKS,
+    I_TRACE,
+    I_UNIQUE,
+    IHEADER,
+    materialise_identities_nb,
+)
 from simcore.scheduler.radix_tree_nb import NODE_WIDTH, QUEUE_WIDTH, THEADER
 from simcore.workload.api import RequestTable
 
@@ -29,8 +40,8 @@ def _hash_ranks(requests: RequestTable) -> tuple[np.ndarray, np.ndarray, int]:
 
 def radix_trace_identities(requests: RequestTable, offset: np.ndarray, block_size: int,
                            trace_block_size: int | None) -> np.ndarray:
-    """The identities of every block a request can hold, from ``hash_ids``
-    (:func:`simcore.scheduler.radix_nb.radix_trace_identities_nb`).
+    """The identities of every block a request can hold, from ``hash_ids``,
+    one per block (:func:`radix_trace_runs` written out).
 
     Parameters
     ----------
@@ -47,11 +58,44 @@ def radix_trace_identities(requests: RequestTable, offset: np.ndarray, block_siz
     -------
     ndarray(int64, ndim=1)
     """
+    ident = np.empty(int(offset[-1]), dtype=np.int64)
+    materialise_identities_nb(radix_trace_runs(requests, offset, block_size, trace_block_size), ident)
+    return ident
+
+
+def radix_trace_runs(requests: RequestTable, offset: np.ndarray, block_size: int,
+                     trace_block_size: int | None) -> np.ndarray:
+    """The identities of every block a request can hold, from ``hash_ids``, in
+    the computed form of :mod:`simcore.scheduler.radix_ident_nb`: a few int64
+    per request and per ``hash_ids`` entry instead of one per block.
+
+    Complete prompt block j of request k ends at token ``e = (j+1)·bs`` in
+    trace block ``m = (e - 1) div T``; while ``m`` is within its hash_ids its
+    identity is ``hash rank x T + e - m·T - 1``
+    (:func:`simcore.scheduler.kv_nb.trace_block_identities_nb`'s); every other
+    block (past the hash_ids, a partial one, a generated one) is unique to it:
+    distinct hashes x ``T`` + its flat index.
+
+    Parameters
+    ----------
+    requests, offset, block_size, trace_block_size
+        As :func:`radix_trace_identities`.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
     list_offsets, rank, distinct = _hash_ranks(requests)
     trace_block = trace_block_size or 512
-    ident = np.empty(int(offset[-1]), dtype=np.int64)
-    radix_trace_identities_nb(offset, np.ascontiguousarray(requests.input_tokens, dtype=np.int64), list_offsets,
-                              rank, block_size, trace_block, distinct * trace_block, ident)
+    hashed = np.minimum(np.asarray(requests.input_tokens, dtype=np.int64) // block_size,
+                        np.diff(list_offsets) * trace_block // block_size)
+    parts = [offset, hashed, list_offsets, rank]
+    bases = IHEADER + np.concatenate([[0], np.cumsum([part.shape[0] for part in parts])])
+    ident = np.empty(int(bases[-1]), dtype=np.int64)
+    ident[[I_MARK, I_BLOCK, I_TRACE, I_UNIQUE]] = [-1, block_size, trace_block, distinct * trace_block]
+    ident[[I_OFFSET, I_HASHED, I_LISTS, I_RANKS]] = bases[:4]
+    for part, start in zip(parts, bases[:4]):
+        ident[start : start + part.shape[0]] = part
     return ident
 
 

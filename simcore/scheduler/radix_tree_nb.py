@@ -9,9 +9,10 @@ depth and after one sequence of identities, so that the resident blocks of a
 rank form a tree and a block's identity is its path.  Then:
 
 * a node is a run of blocks ``[depth, depth + length)`` of one path, whose
-  identities are those of a request that took them, at ``src`` in the
-  identities (read only, so any later request passing through compares its
-  own identities with them);
+  identities are those of a request that took them (its ``owner``), at
+  ``src`` in the flat block order (read only, so any later request passing
+  through compares its own identities with them; the identities are
+  materialised or computed from ``hash_ids``: ``simcore.scheduler.radix_ident_nb``);
 * the map (``kv_nb``'s, over this tail's header) keys a node by the identity
   of its first block and rank; a match or an insert looks up the block after
   its path, compares identities along the node found and splits it where the
@@ -50,6 +51,7 @@ from simcore.scheduler.kv_nb import (
     _map_find_nb,
     _map_insert_nb,
 )
+from simcore.scheduler.radix_ident_nb import ident_at_nb, same_run_nb
 
 # Header of the tree (the map's mask, shift and offset where kv_nb's map
 # functions read them).
@@ -74,7 +76,8 @@ N_STAMP = 5
 N_PREV = 6  # links in the rank's queue of unlocked nodes
 N_NEXT = 7
 N_KEY = 8  # map key: first identity x ranks + rank
-NODE_WIDTH = 9
+N_OWNER = 9  # the request whose identities src indexes
+NODE_WIDTH = 10
 
 Q_HEAD = 0
 Q_TAIL = 1
@@ -175,6 +178,7 @@ def _new_node_nb(t, parent, depth, length, src, key):
     t[at + N_PREV] = -1
     t[at + N_NEXT] = -1
     t[at + N_KEY] = key
+    t[at + N_OWNER] = -1
     _map_insert_nb(t, key, node)
     return node
 
@@ -193,11 +197,12 @@ def _split_nb(t, q, ident, num_ranks, g, node, length):
     h = _node_at_nb(t, head)
     t[h + N_REF] = t[at + N_REF]
     t[h + N_STAMP] = t[at + N_STAMP]
+    t[h + N_OWNER] = t[at + N_OWNER]
     t[at + N_PARENT] = head
     t[at + N_DEPTH] += length
     t[at + N_LENGTH] -= length
     t[at + N_SRC] += length
-    t[at + N_KEY] = ident[t[at + N_SRC]] * num_ranks + g
+    t[at + N_KEY] = ident_at_nb(ident, t[at + N_OWNER], t[at + N_SRC]) * num_ranks + g
     _map_insert_nb(t, t[at + N_KEY], node)
     if t[at + N_REF] == 0:  # one access's blocks, deeper ones first
         _link_after_nb(t, q, head, node)
@@ -205,24 +210,21 @@ def _split_nb(t, q, ident, num_ranks, g, node, length):
 
 
 @njit(cache=True)
-def _follow_nb(t, q, ident, num_ranks, g, first, depth, limit):
-    """The node holding the block at ``depth`` of the path whose identities
-    start at ``first``, cut so that it ends where that path stops matching it
+def _follow_nb(t, q, ident, num_ranks, g, first, depth, limit, k):
+    """The node holding the block at ``depth`` of request k's path (its blocks
+    from ``first`` in the flat order), cut so that it ends where that path stops matching it
     (at ``limit`` at the latest); -1 if that block is not resident.
 
     Returns ``(node, matched blocks)``.
     """
-    node = _map_find_nb(t, ident[first + depth] * num_ranks + g)
+    here = first + depth
+    node = _map_find_nb(t, ident_at_nb(ident, k, here) * num_ranks + g)
     if node < 0:
         return -1, 0
     at = _node_at_nb(t, node)
     length = t[at + N_LENGTH]
-    src = t[at + N_SRC]
-    here = first + depth
-    span = min(length, limit - depth)
-    matched = 1  # the first identity is the key
-    while matched < span and ident[src + matched] == ident[here + matched]:
-        matched += 1
+    # The first identity is the key.
+    matched = same_run_nb(ident, t[at + N_OWNER], t[at + N_SRC], k, here, min(length, limit - depth))
     if matched < length:
         node = _split_nb(t, q, ident, num_ranks, g, node, matched)
     return node, matched
@@ -267,7 +269,7 @@ def tree_match_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
     hits = 0
     last = -1
     while hits < limit:
-        node, matched = _follow_nb(t, q, ident, num_ranks, g, first, hits, limit)
+        node, matched = _follow_nb(t, q, ident, num_ranks, g, first, hits, limit, k)
         if node < 0:
             break
         last = node
@@ -329,10 +331,12 @@ def tree_insert_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
     depth = s[settled]
     last = t[t[T_LAST] + k] if depth > 0 else -1
     while depth < complete:
-        node, matched = _follow_nb(t, q, ident, num_ranks, g, first, depth, complete)
+        node, matched = _follow_nb(t, q, ident, num_ranks, g, first, depth, complete, k)
         if node < 0:  # the rest is new: the request's own blocks become one node
-            last = _new_node_nb(t, last, depth, complete - depth, first + depth, ident[first + depth] * num_ranks + g)
+            key = ident_at_nb(ident, k, first + depth) * num_ranks + g
+            last = _new_node_nb(t, last, depth, complete - depth, first + depth, key)
             t[_node_at_nb(t, last) + N_REF] = 1
+            t[_node_at_nb(t, last) + N_OWNER] = k
             depth = complete
             break
         # Resident already: the request's copies are freed, it locks the tree's.
