@@ -409,7 +409,8 @@ def prepare(
 
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
     if receiving.prefix_caching:
-        identities = radix_block_identities if cfg.engine.policy == "sglang" else prompt_block_identities
+        generated_too = cfg.engine.policy == "sglang" or receiving.cache_generated_blocks
+        identities = radix_block_identities if generated_too else prompt_block_identities
         ident_offset, ident = identities(
             requests, receiving.block_size, cfg.workload.block_size, cfg.workload.prefix_tokens
         )
@@ -638,6 +639,7 @@ def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
         ratio_params=ratio,
         prefix_caching=prefix_caching,
         reserve_full_isl=np.array([pool.reserve_full_isl for pool in ranks], dtype=np.bool_),
+        cache_generated_blocks=np.array([pool.cache_generated_blocks for pool in ranks], dtype=np.bool_),
     )
     return topology, rank_limits, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
 

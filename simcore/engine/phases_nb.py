@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from simcore.receipts_nb import stream_receipts_nb
+from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
 from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_release_nb
 from simcore.scheduler.nb import (
@@ -801,6 +802,7 @@ def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
     """
     if ranks.policy[g] == POLICY_TRTLLM and ranks.prefix_caching[g]:
         kv_register_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g])
+    cache_generated_on_release_nb(prefix_cache, ranks, g, k, tokens)
     if ranks.policy[g] == POLICY_SGLANG:
         radix_release_nb(prefix_cache, g, k, held, blocks_used)
     else:
