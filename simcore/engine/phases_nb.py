@@ -797,7 +797,8 @@ def _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing,
 def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
     """Request k leaves rank g (finished, or its prompt handed off) with ``tokens`` computed.
 
-    TensorRT-LLM first stores its blocks for reuse (``storeBlocksForReuse``);
+    TensorRT-LLM first stores its blocks for reuse (``storeBlocksForReuse``),
+    vLLM with ``cache_generated_blocks`` registers its generated ones;
     SGLang unlocks its radix-tree path; the other blocks are freed.
     """
     if ranks.policy[g] == POLICY_TRTLLM and ranks.prefix_caching[g]:

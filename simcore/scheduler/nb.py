@@ -206,7 +206,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         while grow > num_blocks - blocks_used[g]:
             run_len[g] -= 1
             victim = running[g, run_len[g]]
-            cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - planned[victim] + out.generated[victim])
+            in_flight = planned[victim] - out.generated[victim]  # an output its running-pass entry samples
+            cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - in_flight)
             kv_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1
