@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 
 import simcore
-from simcore.config import ConfigError, load_config, merge_config
-from tests.reference.sim import simulate as reference_simulate
+from simcore.config import ConfigError, load_config
 from tests.test_against_reference import compare_with_reference, reference
 from tests.scenarios import random_scenario
 from tests.test_sessions import compare_sessions_with_reference, random_session_scenario
@@ -51,38 +50,36 @@ def test_sessions_match_reference(seed):
 
 
 def test_random_scenarios_hit_generated_blocks():
-    """Guards the generators: the key changes the passes of many pressure scenarios, and
-    many turns of the session scenarios hit past their predecessor's complete prompt
-    blocks (into the predecessor's answer)."""
-    changed = 0
-    for seed in range(40):
-        scenario = caching_generated_blocks(random_scenario(seed, prefix_pressure=True))
+    """Guards the generators: the key changes the passes of many pressure scenarios and of
+    asynchronous ones, and many turns of the session scenarios hit past their
+    predecessor's complete prompt blocks (into the predecessor's answer)."""
+    def changes_passes(scenario: dict) -> bool:
         _, on = reference(scenario)
         scenario["config"]["engine"]["aggregated"]["cache_generated_blocks"] = False
         _, off = reference(scenario)
-        changed += on["passes"] != off["passes"]
+        return on["passes"] != off["passes"]
+
+    changed = sum(changes_passes(caching_generated_blocks(random_scenario(seed, prefix_pressure=True)))
+                  for seed in range(40))
+    changed_async = sum(
+        changes_passes(caching_generated_blocks(random_scenario(
+            seed, prefix_caching=True, long_outputs=seed % 2 == 0, async_scheduling=True)))
+        for seed in range(0, NUM_MIXED_SCENARIOS, 3) if seed % 5 != 4  # the aggregated async ones
+    )
     into_answers = 0
     for seed in range(NUM_SESSION_SCENARIOS):
         scenario = caching_generated_blocks(random_session_scenario(seed, prefix_caching=True))
         pool = scenario["config"]["engine"].get("aggregated", {})
         if not pool.get("cache_generated_blocks"):
             continue
-        _, slow = reference_sessions(scenario)
+        slow = compare_sessions_with_reference(scenario)[2]
         previous = {}
         for k, session in enumerate(scenario["session"]):
             last = previous.get(session)
             cached = slow["requests"][k]["cached_tokens"] or 0
             into_answers += last is not None and cached > scenario["inputs"][last] // pool["block_size"] * pool["block_size"]
             previous[session] = k
-    assert changed >= 10 and into_answers >= 10, (changed, into_answers)
-
-
-def reference_sessions(scenario: dict):
-    config = merge_config(scenario["config"])
-    return config, reference_simulate(
-        config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"],
-        sessions={"session": scenario["session"], "shared_prefix_tokens": scenario["system"]},
-    )
+    assert changed >= 10 and changed_async >= 5 and into_answers >= 10, (changed, changed_async, into_answers)
 
 
 def run_preempted_pair(cache_generated_blocks: bool) -> dict:
