@@ -29,7 +29,9 @@ run's own files state:
   whole-sequence admission (``reserve_full_isl``) as the run's vLLM had it
   (``scheduler_config.scheduler_reserve_full_isl``, else vLLM 0.19.0's
   default, on), prefix caching as the run's vLLM had it (``meta.json``'s resolved
-  ``cache_config.enable_prefix_caching``, else vLLM's default, on), the
+  ``cache_config.enable_prefix_caching``, else vLLM's default, on) with
+  generated-block caching (``cache_generated_blocks``) wherever it is on (vLLM
+  has no option for it: prefix caching hashes generated blocks too), the
   profile's own decode-attention skew fit (``timing.attention_skew_alpha`` =
   its ``meta.yaml`` ``skew_fit.per_tp.<tp>.alpha_default``, 0 where the
   profile has none), and CUDA-graph padding at the run's capture sizes (``meta.json``'s resolved
@@ -98,11 +100,13 @@ ASYNC_DEFAULT_FROM = (0, 14)
 #: timing keys switched off), reported per run.
 ABLATIONS = (
     ("CUDA-graph padding", {}, {"cuda_graph_sizes": None}),
-    ("prefix caching", {"prefix_caching": False}, {}),
+    ("prefix caching", {"prefix_caching": False, "cache_generated_blocks": False}, {}),
+    ("generated-block caching", {"cache_generated_blocks": False}, {}),
     ("whole-sequence admission", {"reserve_full_isl": False}, {}),
     ("the attention skew term", {}, {"attention_skew_alpha": 0.0}),
     ("the last three (the as-shipped column before they were modelled)",
-     {"prefix_caching": False, "reserve_full_isl": False}, {"attention_skew_alpha": 0.0}),
+     {"prefix_caching": False, "cache_generated_blocks": False, "reserve_full_isl": False},
+     {"attention_skew_alpha": 0.0}),
 )
 #: validation_summary.txt row labels of LLMServingSim's figures.
 SUMMARY_ROWS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "Latency"}
@@ -244,6 +248,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     shipped_engine["aggregated"]["async_scheduling"] = asynchronous
     caching, caching_source = prefix_caching(meta)
     shipped_engine["aggregated"]["prefix_caching"] = caching
+    # not a vLLM option: with prefix caching on, vLLM hashes generated blocks too
+    shipped_engine["aggregated"]["cache_generated_blocks"] = caching
     whole, whole_source = reserve_full_isl(meta)
     shipped_engine["aggregated"]["reserve_full_isl"] = whole
     table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
@@ -274,6 +280,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             f"async_scheduling {str(asynchronous).lower()} ({async_source})",
             f"cuda_graph_sizes {_graphs_note(graphs)} ({graphs_source})",
             f"prefix_caching {str(caching).lower()} ({caching_source})",
+            f"cache_generated_blocks {str(caching).lower()} (not a vLLM option: with prefix caching on, "
+            "vLLM hashes the full blocks of generated tokens too)",
             f"reserve_full_isl {str(whole).lower()} ({whole_source})",
         ] + [note for note in (skew_note, link) if note],
         "seconds": {},
@@ -303,6 +311,12 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             result["sensitivity"] = part_sensitivity(path, shipped, result["calibrations"][losses[0]]["values"])
             result["cross_losses"] = cross_losses(path, shipped, result["calibrations"])
         result["preemption"] = preemption_check(case, rows, shipped, requests)
+        if result["preemption"] and losses and shipped_engine["aggregated"]["cache_generated_blocks"]:
+            # the default fit as it was before generated blocks were cached: what the key moved
+            engine_without = json.loads(json.dumps(shipped_engine))
+            engine_without["aggregated"]["cache_generated_blocks"] = False
+            result["calibration_without_generated"] = calibrate_case(
+                path, dict(shipped, engine=engine_without), tp, losses[0])
     else:
         result["notes"].append(f"no profile at {profile}")
     system = AIC_SYSTEMS.get(gpu)
@@ -541,10 +555,11 @@ def preemption_check(case: str, rows: list[dict], shipped: dict, requests: pa.Ta
     the prompt tokens exactly: a recomputed prompt is not counted again), but each second gives
     the requests preempted and waiting: admitted (``scheduled_ts``) - finished - running. The
     replay gives the same from its passes, its preemptions per request, its recomputed tokens
-    (prefill tokens computed - prompt tokens not found cached at first admission) and, from the emission gaps (a request preempted
-    k times: its k longest), the tokens each had generated when preempted, which vLLM, hashing
-    full blocks of generated tokens too, could find again on readmission where they were not
-    evicted, and the replay recomputes. None when the replay preempts nothing.
+    (prefill tokens computed - prompt tokens not found cached at first admission; also without
+    generated-block caching) and, from the emission gaps (a request preempted k times: its k
+    longest), the tokens each had generated when preempted, which vLLM, hashing full blocks of
+    generated tokens too, finds again on readmission where they were not evicted (as the replay
+    does with ``cache_generated_blocks``). None when the replay preempts nothing.
     """
     import csv
 
@@ -587,18 +602,30 @@ def preemption_check(case: str, rows: list[dict], shipped: dict, requests: pa.Ta
     run_waiting = [np.searchsorted(run_admitted, queued0 + t, "right") - np.searchsorted(run_finished, queued0 + t, "right") - run
                    for t, run in ticks]
     parts = {part: part_of == part for part in ("fit", "held_out")}
+    without = json.loads(json.dumps(cfg))
+    without["engine"]["aggregated"]["cache_generated_blocks"] = False
+    without_result = simcore.run(without, requests=requests)
     return {
         "preemptions": {part: int(preemptions[rows_].sum()) for part, rows_ in parts.items()},
         "preempted_requests": {part: int((preemptions[rows_] > 0).sum()) for part, rows_ in parts.items()},
         "generated_at_preemption": {part: int(generated_at_preemption[rows_].sum()) for part, rows_ in parts.items()},
-        "recomputed_tokens": int(np.sum(passes["prefill_tokens"]) - prompts.sum()
-                                 + np.nansum(np.array(table["cached_tokens"], dtype=np.float64))),
+        # every readmission recomputing all it knew: its prompt and the outputs before the preemption
+        "recompute_bound": int(np.sum(prompts * preemptions) + generated_at_preemption.sum()),
+        "recomputed_tokens": _recomputed_tokens(result),
+        "recomputed_tokens_without_generated": _recomputed_tokens(without_result),
         "prompt_tokens": int(prompts.sum()),
         "replay_waiting_request_s": float(np.sum(np.clip(waiting, 0, None) * span)),
         "run_waiting_request_s": float(np.sum(np.clip(run_waiting, 0, None))),  # one-second ticks
         "replay_waiting_max": int(waiting.max()),
         "run_waiting_max": int(max(run_waiting)),
     }
+
+
+def _recomputed_tokens(result) -> int:
+    """Prompt tokens computed beyond each prompt once, less its cached tokens at first admission."""
+    table = result.requests.to_pydict()
+    return int(np.sum(result.passes["prefill_tokens"].to_numpy()) - np.sum(table["input_tokens"])
+               + np.nansum(np.array(table["cached_tokens"], dtype=np.float64)))
 
 
 #: Issue 12's targets: |error| of the mean, per metric, for a column.
@@ -748,7 +775,9 @@ def _preemption_lines(results: list[dict]) -> list[str]:
             f"{p['preempted_requests']['fit']} requests, held out {p['preemptions']['held_out']} of "
             f"{p['preempted_requests']['held_out']}; {p['recomputed_tokens']:,} prompt and generated "
             f"tokens recomputed ({p['recomputed_tokens'] / p['prompt_tokens']:.1%} of the "
-            f"{p['prompt_tokens']:,} prompt tokens). Requests preempted and waiting, summed over time: "
+            f"{p['prompt_tokens']:,} prompt tokens; without generated-block caching "
+            f"{p['recomputed_tokens_without_generated']:,}, "
+            f"{p['recomputed_tokens_without_generated'] / p['prompt_tokens']:.1%}). Requests preempted and waiting, summed over time: "
             f"replay {p['replay_waiting_request_s']:,.0f} request-s (at most {p['replay_waiting_max']} at once), "
             f"run {p['run_waiting_request_s']:,.0f} request-s (at most {p['run_waiting_max']}; per second of "
             "`timeseries.csv`, admitted - finished - running; replay / run "
@@ -756,13 +785,71 @@ def _preemption_lines(results: list[dict]) -> list[str]:
             + "). The run's files do not say how many tokens it recomputed (its prompt throughput "
             "counts each prompt once). Of the replay's recompute, the tokens generated before each "
             f"preemption: fit part {p['generated_at_preemption']['fit']:,}, held out "
-            f"{p['generated_at_preemption']['held_out']:,}. vLLM hashes full blocks of generated "
-            "tokens too and finds those not evicted again on readmission; the replay recomputes them "
-            "(`docs/prefix-caching.md`): up to that many tokens of excess recompute on preempted "
-            "requests, unequal between the parts, which a fit on the first part can only absorb "
-            "into the time scales.",
+            f"{p['generated_at_preemption']['held_out']:,}. vLLM hashes the full blocks of generated "
+            "tokens too and finds those not evicted meanwhile again on readmission, and so does the "
+            "as-shipped replay (`cache_generated_blocks`, `docs/prefix-caching.md`).",
         ]
+        lines += _generated_block_lines(res, p)
     return lines
+
+
+def _generated_block_lines(res: dict, p: dict) -> list[str]:
+    """What generated-block caching changed on a run that preempts, and what is left of a missed
+    calibrated held-out target there, as prose with the run's own figures."""
+    bound, recomputed = p["recompute_bound"], p["recomputed_tokens"]
+    saved = p["recomputed_tokens_without_generated"] - recomputed
+    generated = sum(p["generated_at_preemption"].values())
+    text = (
+        f"Generated-block caching changes the recompute by {-saved:+,} tokens, of the {generated:,} "
+        "outputs generated before the preemptions. Had every readmission recomputed all it knew "
+        f"(its prompt and those outputs) the replay would recompute {bound:,} tokens; readmissions "
+        f"find {bound - recomputed:,} of them again."
+    )
+    if saved < 0.05 * generated:
+        text += (
+            " Almost all are prompt tokens: a request's blocks are freed last first (vLLM's "
+            "`KVCacheManager.free`, the replay alike), so its generated blocks, the tail of its "
+            "chain, are the first of them the LRU queue evicts, and a block is of no use once one "
+            "before it is evicted; on a cache this full they are gone before the request returns. "
+            "The finished requests' generated blocks, cached too, take LRU places that were free "
+            "before."
+        )
+    fits = res.get("calibrations") or {}
+    without = res.get("calibration_without_generated")
+    if without and fits:
+        loss = next(iter(fits))
+        held = lambda fit, name: fit["report"]["held_out"]["calibrated"][f"mean_{name}_ms"]["error"]  # noqa: E731
+        text += (
+            f" The `{loss}` fit without generated-block caching: held out mean TTFT "
+            f"{pct(held(without, 'ttft'))}, TPOT {pct(held(without, 'tpot'))}, E2E {pct(held(without, 'e2el'))}; "
+            f"with it {pct(held(fits[loss], 'ttft'))}, {pct(held(fits[loss], 'tpot'))}, "
+            f"{pct(held(fits[loss], 'e2el'))}."
+        )
+        limit = TARGETS["calibrated held out"]["tpot"]
+        tpot_held = held(fits[loss], "tpot")
+        if abs(tpot_held) > limit:
+            fit_part = fits[loss]["report"]["fit"]["calibrated"]
+            tpot_fit = fit_part["mean_tpot_ms"]["error"]
+            others = [(other, held(fit, "tpot")) for other, fit in fits.items() if other != loss]
+            whose = "the fit does better"
+            if abs(tpot_fit) >= abs(tpot_held) / 2:
+                whose = "most of the miss is the fit's own"
+            text += (
+                f" The held-out mean TPOT still misses its target ({pct(tpot_held)}, target "
+                f"|error| <= {limit:.0%}), and {whose}: on the part it "
+                f"fits, the `{loss}` fit gives mean TPOT {pct(tpot_fit)} beside mean TTFT "
+                f"{pct(fit_part['mean_ttft_ms']['error'])} and E2E {pct(fit_part['mean_e2el_ms']['error'])} "
+                "(the loss weighs each request's TTFT, TPOT and E2E together: this is where its fit "
+                "on that part lands); "
+                f"the parts differ by {abs(tpot_held - tpot_fit) * 100:.1f} points, the fit part having "
+                f"{p['preemptions']['fit']} preemptions and {p['generated_at_preemption']['fit']:,} "
+                f"outputs generated before them, the held-out part {p['preemptions']['held_out']} and "
+                f"{p['generated_at_preemption']['held_out']:,}."
+            )
+            if others:
+                text += " Held out, the fits of the other losses give mean TPOT " + ", ".join(
+                    f"{pct(error)} (`{other}`)" for other, error in others) + "."
+    return ["", text]
 
 
 def _step(results: list[dict], run: str, batch: int, key: str) -> str:
@@ -804,7 +891,8 @@ def render(results: list[dict], versions: dict) -> str:
         "asynchronous scheduling (synchronous scheduling, no communication time); **as shipped**: "
         "`table` with each run's own stated parameters and nothing fitted (at TP2 the ring "
         "all-reduce on the link of the run's `config.json`; asynchronous scheduling, prefix "
-        "caching, whole-sequence admission and CUDA-graph padding as the run's vLLM had them; "
+        "caching (generated blocks included), whole-sequence admission and CUDA-graph padding as "
+        "the run's vLLM had them; "
         "the decode-attention skew fit of the profile's own `meta.yaml`); **aic**: aiconfigurator-core's database with the same engine settings and, "
         "at TP2, the same stated link in place of the database's all-reduce; **calibrated**: `replaysim-calibrate`'s fit of `timing.prefill_scale`, "
         "`timing.decode_scale`, `timing.pass_overhead_us` (and at TP2 "
@@ -988,8 +1076,9 @@ def render(results: list[dict], versions: dict) -> str:
         "it changes is preemption under KV pressure (the RTX 4090 run): a preempted "
         "request's freed blocks keep their hashes, and when it is admitted again it "
         "reuses those of its prompt not evicted meanwhile instead of recomputing them. "
-        "vLLM also hashes the full blocks of generated tokens, which the replay does not "
-        "(`docs/prefix-caching.md`), so it recomputes those.",
+        "vLLM also hashes the full blocks of generated tokens (no option: prefix caching "
+        "means it), and so does the as-shipped replay (`cache_generated_blocks`, "
+        "`docs/prefix-caching.md`): a readmitted request finds them too where not evicted.",
         "- The replay has no tokenizer or detokenizer stage (the runs drove `AsyncLLM` in-process "
         "and the measured latencies start at `queued_ts`).",
     ]

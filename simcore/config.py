@@ -51,6 +51,8 @@ _POOL_DEFAULTS = {
     "kv_offload": {"num_blocks": None, "bandwidth_gb_per_second": None, "bytes_per_token": None},
     # vllm policy: admit a waiting request only if its whole sequence fits (docs/semantics.md)
     "reserve_full_isl": False,
+    # vllm policy with prefix_caching: hash the full blocks of generated tokens too (docs/prefix-caching.md)
+    "cache_generated_blocks": False,
 }
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -492,6 +494,7 @@ class PoolConfig:
     rank_policy: str = "round_robin"  # RANK_POLICIES (docs/routing.md)
     kv_offload: "KVOffloadConfig | None" = None  # CPU tier (docs/prefix-caching.md); None: none
     reserve_full_isl: bool = False  # vllm (docs/semantics.md)
+    cache_generated_blocks: bool = False  # vllm with prefix_caching (docs/prefix-caching.md)
 
     @property
     def num_ranks(self) -> int:
@@ -911,6 +914,7 @@ def _pool(
         rank_policy=_choice(f"{prefix}.rank_policy", raw["rank_policy"], RANK_POLICIES),
         kv_offload=_kv_offload(prefix, raw, block_size, policy),
         reserve_full_isl=_reserve_full_isl(prefix, raw["reserve_full_isl"], policy),
+        cache_generated_blocks=_cache_generated_blocks(prefix, raw, policy),
         schedule_conservativeness=None
         if conservativeness is None
         else _number(f"{prefix}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -1183,6 +1187,22 @@ def _prefix_caching(prefix: str, value: Any, policy: str) -> bool:
     if enabled and prefix.endswith(".decode"):
         raise ConfigError(f"{prefix}.prefix_caching: a decode pool receives its KV by transfer; enable it on engine.prefill")
     return enabled
+
+
+def _cache_generated_blocks(prefix: str, raw: Mapping[str, Any], policy: str) -> bool:
+    """vLLM's prefix cache also keeps the full blocks of generated tokens (docs/prefix-caching.md):
+    vllm policy (SGLang's radix cache holds them already), with prefix caching, without a CPU tier."""
+    key = f"{prefix}.cache_generated_blocks"
+    enabled = _flag(key, raw["cache_generated_blocks"])
+    if not enabled:
+        return False
+    if policy != "vllm":
+        raise ConfigError(f"{key} is modelled for engine.policy=vllm only, got {policy}")
+    if not raw["prefix_caching"]:
+        raise ConfigError(f"{key} needs {prefix}.prefix_caching=true")
+    if any(value is not None for value in raw["kv_offload"].values()):
+        raise ConfigError(f"{key} is not modelled with {prefix}.kv_offload (its CPU tier stores prompt blocks only)")
+    return True
 
 
 def _router(raw: Mapping[str, Any], decode_raw: Mapping[str, Any]) -> RouterConfig:

@@ -411,7 +411,8 @@ def prepare(
     radix_tree = bool(receiving.prefix_caching and cfg.engine.policy == "sglang"
                       and tree_shaped(requests, cfg.engine.router.policy))
     if receiving.prefix_caching:
-        identities = radix_block_identities if cfg.engine.policy == "sglang" else prompt_block_identities
+        generated_too = cfg.engine.policy == "sglang" or receiving.cache_generated_blocks
+        identities = radix_block_identities if generated_too else prompt_block_identities
         identities = radix_tree_identities if radix_tree else identities
         ident_offset, ident = identities(
             requests, receiving.block_size, cfg.workload.block_size, cfg.workload.prefix_tokens
@@ -640,6 +641,7 @@ def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
         ratio_params=ratio,
         prefix_caching=prefix_caching,
         reserve_full_isl=np.array([pool.reserve_full_isl for pool in ranks], dtype=np.bool_),
+        cache_generated_blocks=np.array([pool.cache_generated_blocks for pool in ranks], dtype=np.bool_),
     )
     return topology, rank_limits, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
 

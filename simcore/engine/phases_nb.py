@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from simcore.receipts_nb import stream_receipts_nb
+from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
 from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_release_nb
 from simcore.scheduler.nb import (
@@ -796,11 +797,13 @@ def _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing,
 def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
     """Request k leaves rank g (finished, or its prompt handed off) with ``tokens`` computed.
 
-    TensorRT-LLM first stores its blocks for reuse (``storeBlocksForReuse``);
+    TensorRT-LLM first stores its blocks for reuse (``storeBlocksForReuse``),
+    vLLM with ``cache_generated_blocks`` registers its generated ones;
     SGLang unlocks its radix-tree path; the other blocks are freed.
     """
     if ranks.policy[g] == POLICY_TRTLLM and ranks.prefix_caching[g]:
         kv_register_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g])
+    cache_generated_on_release_nb(prefix_cache, ranks, g, k, tokens)
     if ranks.policy[g] == POLICY_SGLANG:
         radix_release_nb(prefix_cache, g, k, held, blocks_used)
     else:

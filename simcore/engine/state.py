@@ -92,6 +92,7 @@ class Ranks(NamedTuple):
     ratio_params: F64_2D  # (ranks, 3) SGLang new_token_ratio [init, min, decay]
     prefix_caching: BOOL
     reserve_full_isl: BOOL  # vLLM scheduler_reserve_full_isl admission (docs/semantics.md)
+    cache_generated_blocks: BOOL  # vLLM caches generated blocks too (docs/prefix-caching.md)
 
 
 class Timing(NamedTuple):

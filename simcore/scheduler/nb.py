@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
 from simcore.scheduler.kv_nb import (
     kv_allocate_nb,
     kv_hits_nb,
@@ -205,6 +206,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         while grow > num_blocks - blocks_used[g]:
             run_len[g] -= 1
             victim = running[g, run_len[g]]
+            in_flight = planned[victim] - out.generated[victim]  # an output its running-pass entry samples
+            cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - in_flight)
             kv_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1

@@ -117,6 +117,12 @@ identity to the one block that bears it (in use or cached).  Decisions beyond th
   computed tokens, before the references are dropped; the no-evict check of a
   caching admission follows the capacity check, with the whole footprint, and
   ``P += footprint - held`` after the allocation.
+- vllm with ``cache_generated_blocks`` (docs/prefix-caching.md): identities for the
+  generated blocks too, as sglang's below; registration (the rule above, blocks past the
+  prompt included) covers at most the known tokens (vLLM's ``allocate_slots`` caps at
+  ``num_tokens``), and under async scheduling also runs at each output of a running
+  request for ``computed - placeholders`` tokens.  A readmitted request's hits then run
+  into its generated blocks (h*bs <= known - 1).
 - sglang (radix cache): identities also for the blocks past the complete prompt ones,
   ``("u", k, j)`` up to ``ceil((input + output) / bs)``.  ``self.clock`` counts
   accesses; an access gives a path's blocks ``stamp = clock`` and ``depth = j``,
@@ -351,6 +357,9 @@ class Pool:
         if self.prefix_caching and name == "decode":
             raise ValueError("engine.decode.prefix_caching: a decode pool receives its KV "
                              "by transfer")
+        self.cache_generated_blocks = bool(params.get("cache_generated_blocks") or False)
+        if self.cache_generated_blocks and (policy != "vllm" or not self.prefix_caching):
+            raise ValueError(f"engine.{name}.cache_generated_blocks: vllm policy with prefix caching only")
         # vllm, trtllm
         mbt = resolved["max_batched_tokens"]
         self.max_batched_tokens = None if mbt is None else int(mbt)
@@ -556,7 +565,7 @@ class ReferenceSim(OffloadMixin):
                     req.input_tokens, rp.block_size,
                     None if hash_ids is None else hash_ids[req.row], trace_bs,
                     prefix_tokens if sessions is None else sessions["shared_prefix_tokens"])
-                if policy == "sglang":  # generated tokens are inserted too: their own identities
+                if policy == "sglang" or rp.cache_generated_blocks:  # generated blocks too: their own identities
                     owner = req.row if sessions is None or hash_ids is not None else ("session", sessions["session"][req.row])
                     req.idents += [("u", owner, j) for j in range(
                         len(req.idents), rp.blocks_for(req.input_tokens + req.output_tokens))]
@@ -840,8 +849,8 @@ class ReferenceSim(OffloadMixin):
         if pool.prefix_caching:
             for _ in range(new_held - req.held_blocks):
                 req.blocks.append(self.alloc_block(pool, rank))
-            if pool.policy == "vllm":
-                self.register(pool, rank, req, req.computed + n)
+            if pool.policy == "vllm":  # vLLM caches known tokens only (allocate_slots: min(.., num_tokens))
+                self.register(pool, rank, req, min(req.computed + n, req.known))
             elif pool.policy == "trtllm" and req.computed + n >= req.input_tokens:
                 self.register(pool, rank, req, req.input_tokens - 1)  # storeContextBlocks
         else:
@@ -885,6 +894,13 @@ class ReferenceSim(OffloadMixin):
                 block.ident = ident
                 rank.resident[ident] = block
         req.reg = max(req.reg, upto)
+
+    def cache_generated_at_output(self, pool, rank, req):
+        """Asynchronous scheduling with generated-block caching: an output's arrival
+        caches the full blocks of the computed tokens less those still in flight
+        (vLLM AsyncScheduler._update_request_with_output, for a running request)."""
+        if pool.cache_generated_blocks and pool.async_scheduling:
+            self.register(pool, rank, req, req.computed - req.placeholders)
 
     @staticmethod
     def drop_refs(rank, req):
@@ -1382,6 +1398,7 @@ class ReferenceSim(OffloadMixin):
                 req.tokens.append([t, None, final])
                 if idx == 0:
                     req.first_emit_ns = t
+                self.cache_generated_at_output(pool, rank, req)
                 outputs.append((req, idx))
                 if final:  # finish: free blocks, leave running
                     if pool.prefix_caching and pool.policy == "trtllm":
