@@ -19,7 +19,8 @@ import numpy as np
 from numba import njit
 
 from simcore.receipts_nb import stream_receipts_nb
-from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
+from simcore.scheduler.kv_nb import kv_register_nb
+from simcore.scheduler.kv_tree_nb import prefix_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG, batch_summary_nb, POLICY_TRTLLM, build_sglang_batch_nb, reset_ratio_if_idle_nb,
@@ -804,7 +805,7 @@ def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
     if ranks.policy[g] == POLICY_SGLANG:
         radix_release_nb(prefix_cache, g, k, held, blocks_used)
     else:
-        kv_release_nb(prefix_cache, g, k, held, blocks_used)
+        prefix_release_nb(prefix_cache, g, k, held, blocks_used)
 
 
 @njit(cache=True, inline="always")

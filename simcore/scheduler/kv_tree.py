@@ -1,0 +1,66 @@
+"""vLLM's prefix cache as a node tree, Python side (``simcore.scheduler.kv_tree_nb``).
+
+The tree gives ``kv_nb``'s block model's results when the identities are
+tree-shaped (:func:`simcore.scheduler.radix.tree_shaped`) and nothing else
+reads the block model: :func:`kv_tree_applies` decides, :func:`kv_tree_prefix_cache`
+builds the state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simcore.scheduler.kv_nb import HDR_BLOCK_SLOT
+from simcore.scheduler.kv_tree_nb import P_COUNTS, P_DETACHED, P_RUNS
+from simcore.scheduler.radix import radix_prefix_cache
+from simcore.scheduler.radix_tree_nb import T_FREE
+
+
+def kv_tree_applies(pool, policy: str) -> bool:
+    """Whether the receiving pool's prefix cache may run on the tree (with tree-shaped identities).
+
+    Only the ``vllm`` policy: the CPU tier (``kv_offload``) and the caching of
+    generated blocks read or extend the block model's slots; TensorRT-LLM's
+    reuse keeps the block model too.
+
+    Parameters
+    ----------
+    pool : PoolConfig
+        The receiving pool (aggregated, or P/D prefill).
+    policy : str
+        ``engine.policy``.
+
+    Returns
+    -------
+    bool
+    """
+    return policy == "vllm" and pool.kv_offload is None and not getattr(pool, "cache_generated_blocks", False)
+
+
+def kv_tree_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,
+                         offload_tail: np.ndarray, num_blocks: np.ndarray) -> tuple:
+    """The prefix-cache state with an empty tree and no runs.
+
+    Parameters
+    ----------
+    num_slots, num_ranks, ident_offset, ident, offload_tail, num_blocks
+        As :func:`simcore.scheduler.radix.radix_prefix_cache`.
+
+    Returns
+    -------
+    tuple of ndarray(int64, ndim=1)
+        ``(state, ident)``.
+    """
+    n = ident_offset.shape[0] - 1
+    # Per rank its detached blocks, per request its runs' count, then their lists.
+    sizes = [P_DETACHED, num_ranks, n, int(ident.shape[0]) + n]  # header, detached, counts, runs
+    part_bases = np.concatenate([[0], np.cumsum(sizes)])
+    state, ident = radix_prefix_cache(num_slots, num_ranks, ident_offset, ident, offload_tail, num_blocks,
+                                      extra=int(part_bases[-1]))
+    tree = state[state[HDR_BLOCK_SLOT] :]
+    part = int(tree[T_FREE]) + num_slots  # after the free stack (runs_part_nb)
+    counts = part + int(part_bases[2])
+    tree[part + P_COUNTS] = counts
+    tree[part + P_RUNS] = part + int(part_bases[3])
+    tree[part + P_DETACHED : counts + n] = 0
+    return state, ident
