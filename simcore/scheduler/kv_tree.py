@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.scheduler.kv_nb import HDR_BLOCK_SLOT
-from simcore.scheduler.kv_tree_nb import P_COUNTS, P_DETACHED, P_RUNS
+from simcore.scheduler.kv_tree_nb import P_COUNTS, P_RANKS, P_RUNS, V_MEMO_REQUEST, V_WIDTH
 from simcore.scheduler.radix import radix_prefix_cache
 from simcore.scheduler.radix_tree_nb import T_FREE
 
@@ -52,15 +52,16 @@ def kv_tree_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarra
         ``(state, ident)``.
     """
     n = ident_offset.shape[0] - 1
-    # Per rank its detached blocks, per request its runs' count, then their lists.
-    sizes = [P_DETACHED, num_ranks, n, int(ident.shape[0]) + n]  # header, detached, counts, runs
+    # The header, a record per rank, per request its runs' count, then their lists.
+    sizes = [P_RANKS, V_WIDTH * num_ranks, n, int(ident.shape[0]) + n]
     part_bases = np.concatenate([[0], np.cumsum(sizes)])
     state, ident = radix_prefix_cache(num_slots, num_ranks, ident_offset, ident, offload_tail, num_blocks,
                                       extra=int(part_bases[-1]))
     tree = state[state[HDR_BLOCK_SLOT] :]
     part = int(tree[T_FREE]) + num_slots  # after the free stack (runs_part_nb)
-    counts = part + int(part_bases[2])
-    tree[part + P_COUNTS] = counts
+    tree[part + P_COUNTS] = part + int(part_bases[2])
     tree[part + P_RUNS] = part + int(part_bases[3])
-    tree[part + P_DETACHED : counts + n] = 0
+    tree[part + P_RANKS : part + int(part_bases[3])] = 0
+    ranks = tree[part + P_RANKS : part + int(part_bases[2])].reshape(num_ranks, V_WIDTH)
+    ranks[:, V_MEMO_REQUEST] = -1
     return state, ident

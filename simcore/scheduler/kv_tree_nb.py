@@ -39,7 +39,6 @@ from numba import njit
 from simcore.scheduler.kv_nb import (
     HDR_OFFSET,
     HDR_SETTLED,
-    _map_delete_nb,
     _map_find_nb,
     kv_hits_nb,
     kv_register_nb,
@@ -49,7 +48,6 @@ from simcore.scheduler.kv_nb import (
 from simcore.scheduler.radix_nb import _has_tree_nb
 from simcore.scheduler.radix_tree_nb import (
     N_DEPTH,
-    N_KEY,
     N_LENGTH,
     N_PARENT,
     N_REF,
@@ -58,15 +56,13 @@ from simcore.scheduler.radix_tree_nb import (
     NODE_WIDTH,
     Q_BLOCKS,
     Q_CACHED,
-    Q_HEAD,
     Q_TAIL,
     QUEUE_WIDTH,
     T_FREE,
-    T_FREE_TOP,
     T_LAST,
     T_NODES,
     T_QUEUES,
-    _follow_nb,
+    _evict_nb as _evict_tree_nb,
     _link_after_nb,
     _new_node_nb,
     _node_at_nb,
@@ -81,10 +77,20 @@ N_DETACHED = N_STAMP
 
 
 # The vLLM part, after the nodes' free stack: the offsets of the runs' counts and
-# of their lists, then per rank its detached blocks.
+# of their lists, then a record per rank.
 P_COUNTS = 0
 P_RUNS = 1
-P_DETACHED = 2
+P_RANKS = 2
+
+V_DETACHED = 0  # blocks of detached nodes
+V_VERSION = 1  # changes of the tree's hits or references on the rank
+V_MEMO_REQUEST = 2  # the last lookup on the rank (-1: none), valid while the version holds:
+V_MEMO_LIMIT = 3  # a blocked queue head is looked up again at every pass
+V_MEMO_VERSION = 4
+V_MEMO_HITS = 5
+V_MEMO_CACHED = 6
+V_MEMO_LAST = 7
+V_WIDTH = 8
 
 
 @njit(cache=True)
@@ -101,33 +107,51 @@ def _runs_at_nb(s, t, part, k):
 
 
 @njit(cache=True)
-def _evict_nb(t, q, part, g, blocks_used):
-    """Evict the blocks allocated beyond the free ones since the last tree
-    operation, from the queue's head, the deepest block of a node first
-    (``radix_tree_nb``'s eviction, counting the detached blocks it drops)."""
-    shortfall = blocks_used[g] + t[q + Q_CACHED] - t[q + Q_BLOCKS]
-    while shortfall > 0:
-        node = t[q + Q_HEAD]
-        at = _node_at_nb(t, node)
-        take = min(t[at + N_LENGTH], shortfall)
-        t[at + N_LENGTH] -= take
-        t[q + Q_CACHED] -= take
-        if t[at + N_DETACHED] != 0:
-            t[part + P_DETACHED + g] -= take
-        shortfall -= take
-        if t[at + N_LENGTH] == 0:
-            _unlink_nb(t, q, node)
-            _map_delete_nb(t, t[at + N_KEY])
-            top = t[T_FREE_TOP]
-            t[t[T_FREE] + top] = node
-            t[T_FREE_TOP] = top + 1
+def _evict_nb(t, q, r, g, blocks_used):
+    """``radix_tree_nb``'s deferred eviction, counting the detached blocks it drops."""
+    if blocks_used[g] + t[q + Q_CACHED] > t[q + Q_BLOCKS]:
+        t[r + V_VERSION] += 1
+        _evict_tree_nb(t, q, blocks_used, g, r + V_DETACHED)
+
+
+@njit(cache=True)
+def _follow_nb(t, q, ident, num_ranks, g, first, depth, limit):
+    """``radix_tree_nb._follow_nb``, the match's end found by bisection.
+
+    With tree-shaped identities, equal identities at one depth mean equal
+    paths up to it, so a path matches a node up to the last block where their
+    identities agree (a blocked queue head is looked up at every pass: a
+    comparison per block would make each lookup per block again).
+    """
+    node = _map_find_nb(t, ident[first + depth] * num_ranks + g)
+    if node < 0:
+        return -1, 0
+    at = _node_at_nb(t, node)
+    length = t[at + N_LENGTH]
+    src = t[at + N_SRC] - 1
+    here = first + depth - 1
+    matched = min(length, limit - depth)
+    if ident[src + matched] != ident[here + matched]:
+        low = 1  # the first identity is the key
+        high = matched - 1
+        while low < high:
+            middle = (low + high + 1) >> 1
+            if ident[src + middle] == ident[here + middle]:
+                low = middle
+            else:
+                high = middle - 1
+        matched = low
+    if matched < length:
+        node = _split_nb(t, q, ident, num_ranks, g, node, matched)
+    return node, matched
 
 
 @njit(cache=True)
 def _context_nb(pc, g):
-    """The tree, rank g's queue and the vLLM part's offsets in the tree."""
+    """The tree, rank g's queue, the vLLM part and rank g's record (offsets in the tree)."""
     t = tree_nb(pc[0])
-    return t, t[T_QUEUES] + QUEUE_WIDTH * g, runs_part_nb(t)
+    part = runs_part_nb(t)
+    return t, t[T_QUEUES] + QUEUE_WIDTH * g, part, part + P_RANKS + V_WIDTH * g
 
 
 @njit(cache=True)
@@ -151,10 +175,13 @@ def kv_tree_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
     """
     s = pc[0]
     ident = pc[1]
-    t, q, part = _context_nb(pc, g)
-    _evict_nb(t, q, part, g, blocks_used)
+    t, q, part, r = _context_nb(pc, g)
+    _evict_nb(t, q, r, g, blocks_used)
     first = s[s[HDR_OFFSET] + k]
     limit = min(s[s[HDR_OFFSET] + k + 1] - first, (known - 1) // block_size)
+    if t[r + V_MEMO_REQUEST] == k and t[r + V_MEMO_LIMIT] == limit and t[r + V_MEMO_VERSION] == t[r + V_VERSION]:
+        t[t[T_LAST] + k] = t[r + V_MEMO_LAST]
+        return t[r + V_MEMO_HITS], t[r + V_MEMO_CACHED]
     hits = 0
     cached = 0
     last = -1
@@ -169,6 +196,12 @@ def kv_tree_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
         last = node
         hits += matched
     t[t[T_LAST] + k] = last
+    t[r + V_MEMO_REQUEST] = k
+    t[r + V_MEMO_LIMIT] = limit
+    t[r + V_MEMO_VERSION] = t[r + V_VERSION]
+    t[r + V_MEMO_HITS] = hits
+    t[r + V_MEMO_CACHED] = cached
+    t[r + V_MEMO_LAST] = last
     return hits, cached
 
 
@@ -183,10 +216,11 @@ def kv_tree_take_hits_nb(pc, g, k, hits, blocks_used):
         As :func:`simcore.scheduler.kv_nb.kv_take_hits_nb`.
     """
     s = pc[0]
-    t, q, part = _context_nb(pc, g)
+    t, q, part, r = _context_nb(pc, g)
     runs = _runs_at_nb(s, t, part, k)
     count = 0
     if hits > 0:
+        t[r + V_VERSION] += 1
         deepest = t[t[T_LAST] + k]
         node = deepest
         while True:
@@ -219,9 +253,10 @@ def _resume_nb(t, q, ident, num_ranks, g, first, depth, anonymous):
     """
     if anonymous >= 0:
         at = _node_at_nb(t, anonymous)
-        end = t[at + N_DEPTH] + t[at + N_LENGTH]
-        if end == depth and t[at + N_LENGTH] > 0 and ident[t[at + N_SRC] + t[at + N_LENGTH] - 1] == ident[first + depth - 1]:
-            return
+        length = t[at + N_LENGTH]
+        if length > 0 and t[at + N_DEPTH] + length == depth:
+            if ident[t[at + N_SRC] + length - 1] == ident[first + depth - 1]:
+                return
     a = depth - 1
     while a >= 0:
         node = _map_find_nb(t, ident[first + a] * num_ranks + g)
@@ -257,8 +292,9 @@ def kv_tree_register_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
     if complete <= depth:
         return
     ident = pc[1]
-    t, q, part = _context_nb(pc, g)
-    _evict_nb(t, q, part, g, blocks_used)
+    t, q, part, r = _context_nb(pc, g)
+    _evict_nb(t, q, r, g, blocks_used)
+    t[r + V_VERSION] += 1
     runs = _runs_at_nb(s, t, part, k)
     counts = t[part + P_COUNTS] + k
     anonymous = t[T_LAST] + k  # the node holding the identity of the request's last anonymous block
@@ -270,7 +306,7 @@ def kv_tree_register_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
             last = deepest
     if last < 0 and depth > 0:
         _resume_nb(t, q, ident, num_ranks, g, first, depth, t[anonymous])
-    detached = part + P_DETACHED + g
+    detached = r + V_DETACHED
     while depth < complete:
         node, matched = _follow_nb(t, q, ident, num_ranks, g, first, depth, complete)
         if node >= 0:  # resident already: the request's copies stay anonymous
@@ -312,11 +348,12 @@ def kv_tree_release_nb(pc, g, k, held, blocks_used):
         As :func:`simcore.scheduler.kv_nb.kv_release_nb`.
     """
     s = pc[0]
-    t, q, part = _context_nb(pc, g)
-    _evict_nb(t, q, part, g, blocks_used)  # before blocks_used shrinks: those blocks were gone already
+    t, q, part, r = _context_nb(pc, g)
+    _evict_nb(t, q, r, g, blocks_used)  # before blocks_used shrinks: those blocks were gone already
     settled = s[HDR_SETTLED] + k
     referenced = 0
     if s[settled] > 0:
+        t[r + V_VERSION] += 1
         runs = _runs_at_nb(s, t, part, k)
         counts = t[part + P_COUNTS] + k
         for r in range(t[counts] - 1, -1, -1):

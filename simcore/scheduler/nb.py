@@ -214,8 +214,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
         if caching and computed[k] < input_tokens[k]:  # else every prompt block is registered already
-            prefix_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size,
-                               blocks_used)
+            reusable = _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k])
+            prefix_register_nb(pc, g, num_ranks, k, reusable, block_size, blocks_used)
         sched_n[k] = n_tok
         budget -= n_tok
         i += 1
@@ -276,8 +276,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
         if caching:
-            prefix_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size,
-                               blocks_used)
+            reusable = _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k])
+            prefix_register_nb(pc, g, num_ranks, k, reusable, block_size, blocks_used)
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
             cached_tokens[k] = computed[k]
