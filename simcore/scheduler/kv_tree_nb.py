@@ -28,8 +28,12 @@ identity is its path, and
   first block whose predecessor is not), so a rank's registrations look up
   each block after a miss only while it has detached blocks.
 
-Nothing else is per block: a lookup costs one map probe and one comparison
-loop per node, a release one step per node, an eviction one per node it empties.
+Nothing else is per block: a lookup costs one map probe and a bisection per
+node (equal identities at a depth mean equal paths up to it), a release one
+step per node, an eviction one per node it empties.  A rank remembers its last
+lookup while its tree's hits and references stay as they were: a blocked queue
+head, asked again at every pass, is answered from it (``kv_nb``'s admission
+memo, which follows evictions block by block, does more).
 """
 
 from __future__ import annotations
