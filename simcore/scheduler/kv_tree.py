@@ -58,7 +58,7 @@ def kv_tree_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarra
     state, ident = radix_prefix_cache(num_slots, num_ranks, ident_offset, ident, offload_tail, num_blocks,
                                       extra=int(part_bases[-1]))
     tree = state[state[HDR_BLOCK_SLOT] :]
-    part = int(tree[T_FREE]) + num_slots  # after the free stack (runs_part_nb)
+    part = int(tree[T_FREE]) + num_slots  # after the free stack (_runs_part_nb)
     tree[part + P_COUNTS] = part + int(part_bases[2])
     tree[part + P_RUNS] = part + int(part_bases[3])
     tree[part + P_RANKS : part + int(part_bases[3])] = 0

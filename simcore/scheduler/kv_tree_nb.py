@@ -98,7 +98,7 @@ V_WIDTH = 8
 
 
 @njit(cache=True)
-def runs_part_nb(t):
+def _runs_part_nb(t):
     """Offset in the tree of its vLLM part."""
     return t[T_FREE] + (t[T_FREE] - t[T_NODES]) // NODE_WIDTH
 
@@ -154,7 +154,7 @@ def _follow_nb(t, q, ident, num_ranks, g, first, depth, limit):
 def _context_nb(pc, g):
     """The tree, rank g's queue, the vLLM part and rank g's record (offsets in the tree)."""
     t = tree_nb(pc[0])
-    part = runs_part_nb(t)
+    part = _runs_part_nb(t)
     return t, t[T_QUEUES] + QUEUE_WIDTH * g, part, part + P_RANKS + V_WIDTH * g
 
 
@@ -386,7 +386,18 @@ def kv_tree_release_nb(pc, g, k, held, blocks_used):
 
 @njit(cache=True, inline="always")
 def prefix_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
-    """:func:`simcore.scheduler.kv_nb.kv_hits_nb` or :func:`kv_tree_hits_nb`."""
+    """:func:`simcore.scheduler.kv_nb.kv_hits_nb` or :func:`kv_tree_hits_nb`.
+
+    Parameters
+    ----------
+    pc, g, num_ranks, k, known, block_size, blocks_used
+        As :func:`kv_tree_hits_nb`.
+
+    Returns
+    -------
+    hits, cached : int
+        As :func:`simcore.scheduler.kv_nb.kv_hits_nb`.
+    """
     if _has_tree_nb(pc[0]):
         return kv_tree_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used)
     return kv_hits_nb(pc, g, num_ranks, k, known, block_size)
@@ -394,7 +405,13 @@ def prefix_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used):
 
 @njit(cache=True, inline="always")
 def prefix_take_hits_nb(pc, g, k, hits, blocks_used):
-    """:func:`simcore.scheduler.kv_nb.kv_take_hits_nb` or :func:`kv_tree_take_hits_nb`."""
+    """:func:`simcore.scheduler.kv_nb.kv_take_hits_nb` or :func:`kv_tree_take_hits_nb`.
+
+    Parameters
+    ----------
+    pc, g, k, hits, blocks_used
+        As :func:`kv_tree_take_hits_nb`.
+    """
     if _has_tree_nb(pc[0]):
         kv_tree_take_hits_nb(pc, g, k, hits, blocks_used)
     else:
@@ -403,7 +420,13 @@ def prefix_take_hits_nb(pc, g, k, hits, blocks_used):
 
 @njit(cache=True, inline="always")
 def prefix_register_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
-    """:func:`simcore.scheduler.kv_nb.kv_register_nb` or :func:`kv_tree_register_nb`."""
+    """:func:`simcore.scheduler.kv_nb.kv_register_nb` or :func:`kv_tree_register_nb`.
+
+    Parameters
+    ----------
+    pc, g, num_ranks, k, tokens, block_size, blocks_used
+        As :func:`kv_tree_register_nb`.
+    """
     if _has_tree_nb(pc[0]):
         kv_tree_register_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used)
     else:
@@ -412,7 +435,13 @@ def prefix_register_nb(pc, g, num_ranks, k, tokens, block_size, blocks_used):
 
 @njit(cache=True, inline="always")
 def prefix_release_nb(pc, g, k, held, blocks_used):
-    """:func:`simcore.scheduler.kv_nb.kv_release_nb` or :func:`kv_tree_release_nb`."""
+    """:func:`simcore.scheduler.kv_nb.kv_release_nb` or :func:`kv_tree_release_nb`.
+
+    Parameters
+    ----------
+    pc, g, k, held, blocks_used
+        As :func:`kv_tree_release_nb`.
+    """
     if _has_tree_nb(pc[0]):
         kv_tree_release_nb(pc, g, k, held, blocks_used)
     else:
