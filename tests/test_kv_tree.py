@@ -1,5 +1,5 @@
-"""vLLM's prefix cache as a tree of nodes of many blocks (simcore.scheduler.kv_tree_nb):
-when it applies, and that it gives the block model's results.
+"""vLLM's (and TensorRT-LLM's) prefix cache as a tree of nodes of many blocks
+(simcore.scheduler.kv_tree_nb): when it applies, and that it gives the block model's results.
 
 The block model (simcore.scheduler.kv_nb) is the one compared with the
 reference implementation in tests/test_against_reference.py."""
@@ -38,12 +38,13 @@ def run(overrides: dict, tree: bool, monkeypatch):
     return result
 
 
-def mooncake(block_size: int, num_blocks: int, replicas: int, speedup: float, path: Path = MOONCAKE, **pool) -> dict:
+def mooncake(block_size: int, num_blocks: int, replicas: int, speedup: float, path: Path = MOONCAKE,
+             policy: str = "vllm", **pool) -> dict:
     return {
         "workload": {"source": "mooncake", "path": str(path), "num_requests": None},
         "load": {"type": "trace", "speedup": speedup},
         "engine": {
-            "policy": "vllm",
+            "policy": policy,
             "aggregated": {
                 "prefix_caching": True, "block_size": block_size, "num_blocks": num_blocks, "replicas": replicas,
                 **pool,
@@ -55,17 +56,19 @@ def mooncake(block_size: int, num_blocks: int, replicas: int, speedup: float, pa
 
 
 @pytest.mark.parametrize(
-    "block_size, tokens, replicas, speedup, pool",
+    "policy, block_size, tokens, replicas, speedup, pool",
     [
-        (16, 80_000, 1, 4.0, {}),  # a cache of a few prompts (they average ~14k tokens): evictions, preemptions
-        (16, 60_000, 2, 4.0, {}),
-        (16, 200_000, 1, 50.0, {"max_batched_tokens": 2048}),  # a burst: duplicates computed side by side
-        (32, 120_000, 1, 20.0, {"max_batched_tokens": 1024}),
+        ("vllm", 16, 80_000, 1, 4.0, {}),  # a cache of a few prompts (they average ~14k tokens): evictions, preemptions
+        ("vllm", 16, 60_000, 2, 4.0, {}),
+        ("vllm", 16, 200_000, 1, 50.0, {"max_batched_tokens": 2048}),  # a burst
+        ("vllm", 32, 120_000, 1, 20.0, {"max_batched_tokens": 1024}),
+        ("trtllm", 16, 200_000, 1, 4.0, {}),  # reuse stored at the last chunk and at the end (no preemption)
+        ("trtllm", 16, 100_000, 2, 20.0, {"max_batched_tokens": 2048}),
     ],
 )
-def test_tree_gives_the_block_models_results_on_the_mooncake_excerpt(monkeypatch, block_size, tokens, replicas,
-                                                                       speedup, pool):
-    overrides = mooncake(block_size, tokens // block_size, replicas, speedup, **pool)
+def test_tree_gives_the_block_models_results_on_the_mooncake_excerpt(monkeypatch, policy, block_size, tokens,
+                                                                       replicas, speedup, pool):
+    overrides = mooncake(block_size, tokens // block_size, replicas, speedup, policy=policy, **pool)
     tree = run(overrides, True, monkeypatch)
     blocks = run(overrides, False, monkeypatch)
     requests = tree.requests
@@ -73,7 +76,7 @@ def test_tree_gives_the_block_models_results_on_the_mooncake_excerpt(monkeypatch
     assert tree.requests.equals(blocks.requests)
     assert tree.passes.equals(blocks.passes)
     assert tree.summary == blocks.summary
-    if replicas == 1 and speedup == 4.0:
+    if policy == "vllm" and replicas == 1 and speedup == 4.0:
         assert sum(requests.column("input_tokens").to_pylist()) > 10 * tokens  # it must evict
         assert sum(requests.column("num_preemptions").to_pylist()) > 0
 
@@ -97,12 +100,12 @@ def test_tree_gives_the_block_models_results_with_duplicate_prompts_sent_togethe
     "policy, pool, expected",
     [
         ("vllm", {}, True),
-        ("trtllm", {}, False),
+        ("trtllm", {}, True),
         ("sglang", {}, False),  # its own tree (simcore.scheduler.radix)
         ("vllm", {"kv_offload": {"num_blocks": 64, "bandwidth_gb_per_second": 10, "bytes_per_token": 1024}}, False),
     ],
 )
-def test_the_tree_is_for_vllm_without_a_cpu_tier(policy, pool, expected):
+def test_the_tree_is_for_vllm_and_trtllm_without_a_cpu_tier(policy, pool, expected):
     cfg = load_config({"engine": {"policy": policy, "aggregated": {"prefix_caching": True, **pool}}})
     assert kv_tree_applies(cfg.engine.pools[0], cfg.engine.policy) is expected
 

@@ -19,9 +19,10 @@ from simcore.scheduler.radix_tree_nb import T_FREE
 def kv_tree_applies(pool, policy: str) -> bool:
     """Whether the receiving pool's prefix cache may run on the tree (with tree-shaped identities).
 
-    Only the ``vllm`` policy: the CPU tier (``kv_offload``) and the caching of
-    generated blocks read or extend the block model's slots; TensorRT-LLM's
-    reuse keeps the block model too.
+    The ``vllm`` and ``trtllm`` policies (TensorRT-LLM's reuse makes the same
+    calls at other moments: ``simcore.scheduler.nb._reusable_nb``), without
+    the CPU tier (``kv_offload``) or the caching of generated blocks, which
+    read or extend the block model's slots.
 
     Parameters
     ----------
@@ -34,7 +35,7 @@ def kv_tree_applies(pool, policy: str) -> bool:
     -------
     bool
     """
-    return policy == "vllm" and pool.kv_offload is None and not getattr(pool, "cache_generated_blocks", False)
+    return policy in ("vllm", "trtllm") and pool.kv_offload is None and not getattr(pool, "cache_generated_blocks", False)
 
 
 def kv_tree_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,

@@ -1,4 +1,7 @@
-"""vLLM's prefix cache with a node per run of blocks (docs/prefix-caching.md, ``vllm``).
+"""vLLM's prefix cache with a node per run of blocks (docs/prefix-caching.md, ``vllm``, "How it runs").
+
+TensorRT-LLM's reuse (``trtllm``) is the same block model, called at other moments.
+
 
 Contract: ``@njit(cache=True)`` functions over the prefix-cache state that
 holds SGLang's node tree (``simcore.scheduler.radix_tree_nb``: its map keyed
