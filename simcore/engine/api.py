@@ -31,6 +31,7 @@ from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
 from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
 from simcore.scheduler.radix import radix_prefix_cache, tree_shaped
+from simcore.scheduler.kv_tree import kv_tree_applies, kv_tree_prefix_cache
 from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_shape, offload_state
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
@@ -134,6 +135,7 @@ class Prepared:
     sessions: bool = False  # placement by send sequence number (out.send_seq)
     offload_shape: OffloadShape | None = None  # the CPU tier (simcore.scheduler.offload)
     radix_tree: bool = False  # sglang's radix cache as a node tree (simcore.scheduler.radix)
+    kv_tree: bool = False  # vllm's prefix cache as a node tree (simcore.scheduler.kv_tree)
 
     @property
     def closed(self) -> bool:
@@ -148,6 +150,8 @@ class Prepared:
         num_slots, num_ranks, ident_offset, ident = self.cache_shape
         if self.radix_tree:
             return radix_prefix_cache(*self.cache_shape, offload_state(self.offload_shape), self.ranks.num_blocks)
+        if self.kv_tree:
+            return kv_tree_prefix_cache(*self.cache_shape, offload_state(self.offload_shape), self.ranks.num_blocks)
         if ident.shape[0] or self.offload_shape is not None:
             return allocate_prefix_cache(*self.cache_shape, tail=offload_state(self.offload_shape))
         # No prompt-block identities (prefix caching off): every call of this size starts
@@ -481,6 +485,8 @@ def prepare(
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
         offload_shape=offload_shape(receiving, len(ranks.policy), n),
         radix_tree=radix_tree,
+        kv_tree=bool(receiving.prefix_caching and kv_tree_applies(receiving, cfg.engine.policy)
+                     and tree_shaped(requests, cfg.engine.router.policy)),
     )
 
 

@@ -78,6 +78,7 @@ def shape_of(prep: Prepared) -> dict[str, object]:
     shape["prefix-cache state sizes (prefix_caching, num_blocks, prompt blocks)"] = (
         num_slots, num_ranks, ident_offset.shape[0], ident.shape[0]
     )
+    shape["the prefix-cache model (node tree or blocks)"] = (prep.radix_tree, prep.kv_tree)
     offload = prep.offload_shape
     shape["CPU-tier sizes (kv_offload.num_blocks per rank, requests)"] = (offload.capacity.tobytes(), offload.n)
     return shape

@@ -20,7 +20,7 @@ from numba import njit
 
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
-from simcore.scheduler.kv_nb import kv_register_nb, kv_release_nb
+from simcore.scheduler.kv_tree_nb import prefix_register_nb, prefix_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG, batch_summary_nb, POLICY_TRTLLM, build_sglang_batch_nb, reset_ratio_if_idle_nb,
@@ -802,12 +802,12 @@ def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
     SGLang unlocks its radix-tree path; the other blocks are freed.
     """
     if ranks.policy[g] == POLICY_TRTLLM and ranks.prefix_caching[g]:
-        kv_register_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g])
+        prefix_register_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g], blocks_used)
     cache_generated_on_release_nb(prefix_cache, ranks, g, k, tokens)
     if ranks.policy[g] == POLICY_SGLANG:
         radix_release_nb(prefix_cache, g, k, held, blocks_used)
     else:
-        kv_release_nb(prefix_cache, g, k, held, blocks_used)
+        prefix_release_nb(prefix_cache, g, k, held, blocks_used)
 
 
 @njit(cache=True, inline="always")

@@ -13,13 +13,8 @@ from __future__ import annotations
 from numba import njit
 
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
-from simcore.scheduler.kv_nb import (
-    kv_allocate_nb,
-    kv_hits_nb,
-    kv_register_nb,
-    kv_release_nb,
-    kv_take_hits_nb,
-)
+from simcore.scheduler.kv_nb import kv_allocate_nb
+from simcore.scheduler.kv_tree_nb import prefix_hits_nb, prefix_register_nb, prefix_release_nb, prefix_take_hits_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
 from simcore.scheduler.offload_nb import (
     BLOCKED,
@@ -208,7 +203,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             victim = running[g, run_len[g]]
             in_flight = planned[victim] - out.generated[victim]  # an output its running-pass entry samples
             cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - in_flight)
-            kv_release_nb(pc, g, victim, held, blocks_used)
+            prefix_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1
             _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
@@ -222,7 +217,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
         if caching and computed[k] < input_tokens[k]:  # else every prompt block is registered already
-            kv_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size)
+            reusable = _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k])
+            prefix_register_nb(pc, g, num_ranks, k, reusable, block_size, blocks_used)
         sched_n[k] = n_tok
         budget -= n_tok
         i += 1
@@ -257,7 +253,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
                 k = wait_next[k]
                 continue
         elif caching:
-            hits, cached_hits = kv_hits_nb(pc, g, num_ranks, k, known, block_size)
+            hits, cached_hits = prefix_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used)
         fresh = computed[k] == 0  # else a P/D decode entrant (input - 1) or a loaded request
         start = hits * block_size if caching and fresh else computed[k]
         n_tok = min(known - start, budget)
@@ -277,13 +273,14 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         running[g, run_len[g]] = k
         run_len[g] += 1
         if caching and fresh:
-            kv_take_hits_nb(pc, g, k, hits, blocks_used)
+            prefix_take_hits_nb(pc, g, k, hits, blocks_used)
             computed[k] = hits * block_size
             held[k] = hits
         kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
         held[k] += grow
         if caching:
-            kv_register_nb(pc, g, num_ranks, k, _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k]), block_size)
+            reusable = _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k])
+            prefix_register_nb(pc, g, num_ranks, k, reusable, block_size, blocks_used)
         if first_admit_ns[k] < 0:
             first_admit_ns[k] = t
             cached_tokens[k] = computed[k]

@@ -137,7 +137,7 @@ def tree_shaped(requests: RequestTable, router_policy: str) -> bool:
 
 
 def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,
-                       offload_tail: np.ndarray, num_blocks: np.ndarray) -> tuple:
+                       offload_tail: np.ndarray, num_blocks: np.ndarray, extra: int = 0) -> tuple:
     """The prefix-cache state with an empty node tree (``kv_nb``'s map and slots minimal).
 
     The tree takes the place of ``kv_nb``'s block slots, which it does not use
@@ -157,6 +157,8 @@ def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray,
         The (empty) CPU tier's state, at the state's tail as always.
     num_blocks : ndarray(int64, ndim=1)
         KV blocks per global rank.
+    extra : int
+        Words left after the free stack, unwritten (``simcore.scheduler.kv_tree``).
 
     Returns
     -------
@@ -165,7 +167,7 @@ def radix_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray,
     """
     n = ident_offset.shape[0] - 1
     bits = max(4, int(2 * max(num_slots, 1) - 1).bit_length())
-    sizes = [2 << bits, QUEUE_WIDTH * num_ranks, n, NODE_WIDTH * num_slots, num_slots]
+    sizes = [2 << bits, QUEUE_WIDTH * num_ranks, n, NODE_WIDTH * num_slots, num_slots, extra]
     bases = THEADER + np.concatenate([[0], np.cumsum(sizes)])
     # kv_nb sizes its block slots by the identities: an unwritten array of the tree's size.
     state, _ = allocate_prefix_cache(1, num_ranks, ident_offset, np.empty(int(bases[-1]), dtype=np.int64),

@@ -388,9 +388,13 @@ def tree_release_nb(pc, g, k, held, blocks_used):
 
 
 @njit(cache=True)
-def _evict_nb(t, q, blocks_used, g):
+def _evict_nb(t, q, blocks_used, g, marked=-1):
     """Evict the blocks allocated beyond the free ones since the last tree
-    operation, from the queue's head, the deepest block of a node first."""
+    operation, from the queue's head, the deepest block of a node first.
+
+    ``marked``: the offset of a count of the blocks of nodes whose ``N_STAMP``
+    is a mark, not an access stamp, kept here (``kv_tree_nb``); -1: none.
+    """
     shortfall = blocks_used[g] + t[q + Q_CACHED] - t[q + Q_BLOCKS]
     while shortfall > 0:
         node = t[q + Q_HEAD]
@@ -398,6 +402,8 @@ def _evict_nb(t, q, blocks_used, g):
         take = min(t[at + N_LENGTH], shortfall)
         t[at + N_LENGTH] -= take
         t[q + Q_CACHED] -= take
+        if marked >= 0 and t[at + N_STAMP] != 0:
+            t[marked] -= take
         shortfall -= take
         if t[at + N_LENGTH] == 0:
             _unlink_nb(t, q, node)
