@@ -35,7 +35,7 @@ def kv_tree_applies(pool, policy: str) -> bool:
     -------
     bool
     """
-    return policy in ("vllm", "trtllm") and pool.kv_offload is None and not getattr(pool, "cache_generated_blocks", False)
+    return policy in ("vllm", "trtllm") and pool.kv_offload is None and not pool.cache_generated_blocks
 
 
 def kv_tree_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,
