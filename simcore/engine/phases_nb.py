@@ -803,7 +803,7 @@ def _free_blocks_nb(prefix_cache, ranks, g, k, tokens, held, blocks_used):
     """
     if ranks.policy[g] == POLICY_TRTLLM and ranks.prefix_caching[g]:
         prefix_register_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g], blocks_used)
-    cache_generated_on_release_nb(prefix_cache, ranks, g, k, tokens)
+    cache_generated_on_release_nb(prefix_cache, ranks, g, k, tokens, blocks_used)
     if ranks.policy[g] == POLICY_SGLANG:
         radix_release_nb(prefix_cache, g, k, held, blocks_used)
     else:

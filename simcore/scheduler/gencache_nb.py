@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from numba import njit
 
-from simcore.scheduler.kv_nb import kv_register_nb
+from simcore.scheduler.kv_tree_nb import prefix_register_nb
 
 
 @njit(cache=True, inline="always")
-def cache_generated_on_release_nb(pc, ranks, g, k, tokens):
+def cache_generated_on_release_nb(pc, ranks, g, k, tokens, blocks_used):
     """Before request k releases its blocks on rank g: register its full blocks
     of ``tokens`` tokens, if rank g caches generated blocks.
 
@@ -38,6 +38,8 @@ def cache_generated_on_release_nb(pc, ranks, g, k, tokens):
         Tokens whose KV vLLM has cached: the computed ones, less those of an
         output still in flight (asynchronous scheduling: its token is not known
         when its block's hash would be taken), tokens.
+    blocks_used : ndarray(int64, ndim=1)
+        In-use blocks per rank (the registration's, whichever state holds the cache).
     """
     if ranks.cache_generated_blocks[g]:
-        kv_register_nb(pc, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g])
+        prefix_register_nb(pc, g, ranks.num_blocks.shape[0], k, tokens, ranks.block_size[g], blocks_used)

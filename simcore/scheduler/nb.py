@@ -202,7 +202,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             run_len[g] -= 1
             victim = running[g, run_len[g]]
             in_flight = planned[victim] - out.generated[victim]  # an output its running-pass entry samples
-            cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - in_flight)
+            cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - in_flight, blocks_used)
             prefix_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1
