@@ -107,6 +107,33 @@ def test_bench_loss_weighs_each_statistic_of_each_metric_alike():
     assert cal.loss_value("requests", predicted, run, rows) == pytest.approx(5e6 / 55e6 + 0.1**2, rel=1e-12)
 
 
+def test_quantiles_loss_compares_sorted_values_not_pairs():
+    # Four requests; the replay gives the run's values to other requests.
+    measured = {
+        "ttft_ms": np.array([100.0, 200.0, 300.0, 400.0]),
+        "tpot_ms": np.array([10.0, 20.0, 30.0, np.nan]),  # the fourth has one output token
+        "e2el_ms": np.array([1.0, 2.0, 3.0, 4.0]),
+    }
+    predicted = {
+        "ttft_ms": measured["ttft_ms"][::-1].copy(),  # the same four values, reversed
+        "tpot_ms": np.array([30.0, 10.0, 20.0, 99.0]),  # the three known ones rotated
+        "e2el_ms": np.array([1.0, 2.0, 3.0, 8.0]),  # one value 4 ms off
+    }
+    run = cal.Measured(request_id=[f"r{i}" for i in range(4)], input_tokens=np.ones(4, dtype=np.int64),
+                       output_tokens=np.array([5, 5, 5, 1]), send_ms=np.zeros(4), latency=measured,
+                       format="jsonl", dropped=0)
+    rows = slice(0, 4)
+    # sorted, TTFT and TPOT agree; E2E: 4^2 / (1 + 4 + 9 + 16)
+    assert cal.loss_value("quantiles", predicted, run, rows) == pytest.approx(16 / 30, rel=1e-12)
+    # paired: TTFT (300^2 + 100^2 + 100^2 + 300^2) / 300,000; TPOT (20^2 + 10^2 + 10^2) / 1,400
+    assert cal.loss_value("requests", predicted, run, rows) == pytest.approx(
+        200_000 / 300_000 + 600 / 1400 + 16 / 30, rel=1e-12)
+    # a shift of every value is a bias both see alike
+    shifted = {key: value + 10.0 for key, value in measured.items()}
+    assert cal.loss_value("quantiles", shifted, run, rows) == pytest.approx(
+        cal.loss_value("requests", shifted, run, rows), rel=1e-12)
+
+
 def test_jsonl_reader_anchors_latencies_at_queued_ts(tmp_path):
     path = tmp_path / "r.jsonl"
     rows = [
