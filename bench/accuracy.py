@@ -735,7 +735,7 @@ def _loss_section(results: list[dict], default: str) -> list[str]:
     ]
     for res in results:
         for name, metrics in (res.get("pairing") or {}).items():
-            cells = [f"{metrics[column]['r']:.2f} | {metrics[column]['spread']:.2f}" for column, _ in METRICS]
+            cells = [f"{metrics[f'{key}_ms']['r']:.2f} | {metrics[f'{key}_ms']['spread']:.2f}" for key, _ in METRICS]
             label = name if name == "as shipped" else f"`{name}` fit"
             lines.append(f"| {res['run']} | {label} | " + " | ".join(cells) + " |")
     lines += [
