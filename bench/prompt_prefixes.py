@@ -134,6 +134,9 @@ def read_prefixes(path: str, requests: list[dict]) -> tuple[list[int], list[int]
     parent, shared = [], []
     with open(path, encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
+        missing = {"request_id", "parent", "shared_blocks"} - set(reader.fieldnames or ())
+        if missing:
+            raise InputError(f"{path}:1: no column {', '.join(sorted(missing))}")
         for line_no, row in enumerate(reader, 2):
             i = line_no - 2
             if i >= len(requests) or row["request_id"] != requests[i]["request_id"]:
@@ -143,10 +146,12 @@ def read_prefixes(path: str, requests: list[dict]) -> tuple[list[int], list[int]
                 shared.append(int(row["shared_blocks"]))
             except (TypeError, ValueError):
                 raise InputError(f"{path}:{line_no}: parent and shared_blocks must be integers") from None
-            if shared[-1] < 0 or shared[-1] * BLOCK_SIZE > requests[i]["input_toks"] or (
-                    shared[-1] > 0 and not 0 <= parent[-1] < i):
-                raise InputError(f"{path}:{line_no}: {shared[-1]} shared blocks of parent {parent[-1]} do not fit "
-                                 f"row {i + 1} ({requests[i]['input_toks']} prompt tokens, earlier rows only)")
+            p, h = parent[-1], shared[-1]
+            if h < 0 or h * BLOCK_SIZE > requests[i]["input_toks"] or h > 0 and not (
+                    0 <= p < i and h * BLOCK_SIZE <= requests[p]["input_toks"]):
+                raise InputError(f"{path}:{line_no}: {h} shared blocks of parent {p} do not fit row {i + 1}: it has "
+                                 f"{requests[i]['input_toks']} prompt tokens, and the parent must be an earlier row "
+                                 f"with at least {h * BLOCK_SIZE}")
     if len(parent) != len(requests):
         raise InputError(f"{path}: {len(parent)} rows, the run's requests.jsonl {len(requests)}")
     return parent, shared
