@@ -5,7 +5,12 @@
 
 The measured run gives the workload (send instants, prompt and output lengths)
 and the per-request latencies; the ``KEY=VALUE`` overrides describe the
-deployment, as for ``replaysim``.  The requests are ordered by send instant;
+deployment, as for ``replaysim``.  Where prompts share blocks (later turns of a
+conversation, a common system prompt) and prefix caching is on, the lengths
+alone replay every prompt as its own: a trace of the measured run may then
+replace them (``workload.source=mooncake workload.path=TRACE
+workload.block_size=B``, its ``hash_ids`` the prompts' blocks), matched to the
+measured requests by ``request_id``, whose lengths it must repeat.  The requests are ordered by send instant;
 the first ``--fit-fraction`` of them (default one half) are the fit part, the
 rest the held-out part.  Every candidate replays the whole workload; the loss
 is computed on the fit part only.  Losses (``--loss``):
@@ -355,13 +360,42 @@ def errors_of(predicted: dict[str, float], measured: dict[str, float]) -> dict[s
     }
 
 
-def predicted_latency(result) -> dict[str, np.ndarray]:
-    """Per-request TTFT, TPOT, E2E (ms) of a run, NaN where the run gives none."""
+def predicted_latency(result, rows_of: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-request TTFT, TPOT, E2E (ms) of a run, NaN where the run gives none; ``rows_of``:
+    the run's row of each measured request (:func:`trace_rows`), None for the same order."""
     table = result.requests
-    return {
+    latency = {
         column: np.asarray(table[column].to_numpy(zero_copy_only=False), dtype=np.float64)
         for column, _ in METRICS
     }
+    return latency if rows_of is None else {column: values[rows_of] for column, values in latency.items()}
+
+
+def trace_rows(cfg, measured: Measured) -> np.ndarray:
+    """The row of each measured request in the configured trace (``workload.source`` and
+    ``workload.path`` among the overrides: a trace of the measured run whose ``hash_ids``
+    give the prompts' shared blocks), matched by ``request_id``; the lengths must agree."""
+    from simcore.config import TRACE_SOURCES
+    from simcore.workload.traces import read_trace
+
+    if cfg.workload.source not in TRACE_SOURCES:
+        raise ConfigError(f"workload.source: the measured run is the workload; a trace of it may replace it "
+                          f"({', '.join(TRACE_SOURCES)}), got {cfg.workload.source!r}")
+    trace = read_trace(cfg.workload, send_times=True)
+    row = {rid: i for i, rid in enumerate(trace.request_id.to_pylist())}
+    if len(row) != len(measured.request_id):
+        raise ConfigError(f"{cfg.workload.path}: {len(row)} requests replayed, the measured run has "
+                          f"{len(measured.request_id)}")
+    rows_of = np.empty(len(measured.request_id), dtype=np.int64)
+    for i, rid in enumerate(measured.request_id):
+        if rid not in row:
+            raise ConfigError(f"{cfg.workload.path}: no request_id {rid!r} of the measured run")
+        rows_of[i] = row[rid]
+        lengths = (int(trace.input_tokens[rows_of[i]]), int(trace.output_tokens[rows_of[i]]))
+        if lengths != (int(measured.input_tokens[i]), int(measured.output_tokens[i])):
+            raise ConfigError(f"{cfg.workload.path}: request_id {rid!r} has input/output lengths {lengths}, "
+                              f"the measured run {int(measured.input_tokens[i])}/{int(measured.output_tokens[i])}")
+    return rows_of
 
 
 # ------------------------------------------------------------------ overrides
@@ -475,10 +509,14 @@ def calibrate(
     if n_fit < n:
         parts["held_out"] = slice(n_fit, n)
     targets = {name: part_metrics(measured.latency, rows) for name, rows in parts.items()}
-    requests = measured.requests_table()
     base = json.loads(json.dumps(overrides))
     base.setdefault("load", {})["type"] = "trace"
-    base.setdefault("workload", {})["num_requests"] = n
+    workload = base.setdefault("workload", {})
+    workload.setdefault("num_requests", n)
+    # the measured workload, or a trace of it that also gives the prompts' blocks
+    requests, rows_of = measured.requests_table(), None
+    if workload.get("source") is not None:
+        requests, rows_of = None, trace_rows(load_config(base), measured)
     load_config(base)  # a bad deployment fails before any fitting
     for key, low, high in fit:
         for value in (low, high):
@@ -504,7 +542,7 @@ def calibrate(
         results = simcore.run_batch(configs_for(points), requests=requests)
         evaluations += len(results)
         generations += 1
-        return np.array([loss_value(loss, predicted_latency(r), measured, parts["fit"]) for r in results])
+        return np.array([loss_value(loss, predicted_latency(r, rows_of), measured, parts["fit"]) for r in results])
 
     population = 1 << (POPSIZE * len(fit) - 1).bit_length()  # Sobol initialisation: a power of two
     maxiter = max(1, max_evals // population - 1)  # the initial population is one generation more
@@ -528,8 +566,8 @@ def calibrate(
     for name, rows in parts.items():
         report[name] = {
             "requests": rows.stop - rows.start,
-            "calibrated": errors_of(part_metrics(predicted_latency(best), rows), targets[name]),
-            "uncalibrated": errors_of(part_metrics(predicted_latency(initial), rows), targets[name]),
+            "calibrated": errors_of(part_metrics(predicted_latency(best, rows_of), rows), targets[name]),
+            "uncalibrated": errors_of(part_metrics(predicted_latency(initial, rows_of), rows), targets[name]),
         }
     return Calibration(values, float(found.fun), evaluations, generations, seconds, report)
 

@@ -75,6 +75,76 @@ def test_recovers_known_parameters(tmp_path, loss):
     assert result.report["fit"]["requests"] == 60 and result.report["held_out"]["requests"] == 60
 
 
+def shared_prefix_trace(path, n: int = 120, seed: int = 5) -> None:
+    """A Mooncake trace of ``n`` requests at 16-token blocks in which about half the prompts
+    begin with the blocks of an earlier prompt (a later turn of its conversation)."""
+    rng = np.random.default_rng(seed)
+    send_ms = np.cumsum(rng.exponential(60.0, n))
+    send_ms -= send_ms[0]
+    blocks: list[list[int]] = []
+    with open(path, "w") as handle:
+        for i in range(n):
+            own = [1000 * i + k for k in range(int(rng.integers(3, 20)))]
+            earlier = blocks[int(rng.integers(0, i))] if i and rng.random() < 0.5 else []
+            blocks.append(earlier + own)
+            handle.write(json.dumps({
+                "request_id": f"q{i}", "timestamp": float(send_ms[i]), "input_length": 16 * len(blocks[-1]),
+                "output_length": int(rng.integers(2, 60)), "hash_ids": blocks[-1]}) + "\n")
+
+
+def test_a_trace_of_the_measured_run_gives_its_shared_prompt_blocks(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    shared_prefix_trace(trace)
+    deployment = json.loads(json.dumps(DEPLOYMENT))
+    deployment["engine"]["aggregated"].update(prefix_caching=True, block_size=16)
+    deployment["workload"] = {"source": "mooncake", "path": str(trace), "block_size": 16}
+    truth = {"timing.prefill_scale": 1.3, "timing.decode_scale": 0.8}
+    measured_cfg = json.loads(json.dumps(deployment))
+    for key, value in truth.items():
+        cal.set_dotted(measured_cfg, key, value)
+    measured_cfg["load"] = {"type": "trace"}
+    run = simcore.run(measured_cfg).requests.to_pydict()
+    assert sum(run["cached_tokens"]) > 0  # the shared blocks are found cached
+    path = tmp_path / "requests.jsonl"
+    with open(path, "w") as handle:
+        for i in reversed(range(len(run["request_id"]))):  # file order is not the trace's
+            t0 = 1000.0 + run["send_ms"][i] / 1e3
+            handle.write(json.dumps({
+                "request_id": run["request_id"][i], "input_toks": run["input_tokens"][i],
+                "output_toks": run["output_tokens"][i], "arrival_time": 1.7e9 + run["send_ms"][i] / 1e3,
+                "queued_ts": t0, "first_token_ts": t0 + run["ttft_ms"][i] / 1e3,
+                "last_token_ts": t0 + run["e2el_ms"][i] / 1e3}) + "\n")
+    measured = cal.read_measured(str(path))
+    fit = cal.parse_fit(list(truth))
+    result = cal.calibrate(measured, deployment, fit, max_evals=800, seed=1)
+    for key, value in truth.items():
+        assert result.values[key] == pytest.approx(value, rel=0.02), key
+    for part in ("fit", "held_out"):
+        for key, row in result.report[part]["calibrated"].items():
+            assert abs(row["error"]) < 0.02, (part, key)
+    # from the lengths alone every prompt is its own: the same truth predicts other latencies
+    lengths_only = json.loads(json.dumps(measured_cfg))
+    del lengths_only["workload"]
+    lengths_only["workload"] = {"num_requests": len(measured.request_id)}
+    alone = simcore.run(lengths_only, requests=measured.requests_table()).requests.to_pydict()
+    assert sum(alone["ttft_ms"]) > 1.05 * sum(run["ttft_ms"])
+    # a trace of another run is refused, naming what differs
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    rows[7]["output_length"] += 1
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    deployment["workload"]["path"] = str(other)
+    with pytest.raises(cal.ConfigError, match="request_id 'q7' has input/output lengths"):
+        cal.calibrate(measured, deployment, fit, max_evals=8)
+    rows[7]["request_id"] = "x7"
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(cal.ConfigError, match="no request_id 'q7' of the measured run"):
+        cal.calibrate(measured, deployment, fit, max_evals=8)
+    deployment["workload"] = {"source": "synthetic"}
+    with pytest.raises(cal.ConfigError, match="workload.source: the measured run is the workload"):
+        cal.calibrate(measured, deployment, fit, max_evals=8)
+
+
 def test_bench_loss_weighs_each_statistic_of_each_metric_alike():
     # Five requests; the fifth has one output token, so no TPOT.
     measured = {
