@@ -8,7 +8,9 @@ runs, see the data set's README.md) the replay takes, and only takes, what the
 run's own files state:
 
 - requests: ``requests.jsonl`` lengths; send instants ``arrival_time -
-  arrival_time[0]`` (``load.type=trace``);
+  arrival_time[0]`` (``load.type=trace``); as shipped, the prompts' shared
+  leading blocks (later turns of a conversation) from the run's own workload
+  file (:func:`prompt_trace`);
 - engine: policy ``vllm``, ``max_num_seqs``, ``max_num_batched_tokens``,
   ``max_model_len`` (null: the model's maximum position) from ``meta.json``,
   block size 16;
@@ -56,6 +58,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -104,7 +107,8 @@ ABLATIONS = (
     ("generated-block caching", {"cache_generated_blocks": False}, {}),
     ("whole-sequence admission", {"reserve_full_isl": False}, {}),
     ("the attention skew term", {}, {"attention_skew_alpha": 0.0}),
-    ("the last three (the as-shipped column before they were modelled)",
+    ("the shared prompt blocks", {}, {}),
+    ("the last four (the as-shipped column before they were modelled)",
      {"prefix_caching": False, "cache_generated_blocks": False, "reserve_full_isl": False},
      {"attention_skew_alpha": 0.0}),
 )
@@ -167,6 +171,28 @@ def prefix_caching(meta: dict) -> tuple[bool, str]:
 def reserve_full_isl(meta: dict) -> tuple[bool, str]:
     """Whether the run's vLLM admitted a waiting request only when its whole sequence fit."""
     return resolved_flag(meta, "scheduler_config", "scheduler_reserve_full_isl", RESERVE_FULL_ISL_DEFAULT)
+
+
+#: The workloads' shared prompt blocks (``bench/prompt_prefixes.py``), with their sources' SHA-256.
+PROMPT_PREFIXES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "prompt_prefixes")
+_TRACES = tempfile.TemporaryDirectory(prefix="accuracy-prompts-")  # this process's prompt traces
+
+
+def prompt_trace(meta: dict, requests_path: str) -> tuple[str | None, str]:
+    """A Mooncake trace of the run whose ``hash_ids`` give its prompts' shared blocks, and its
+    source; None where ``bench/data/prompt_prefixes`` has no file whose source's SHA-256 is the
+    run's stated ``dataset_hash`` (the replay then gives every prompt blocks of its own)."""
+    import prompt_prefixes
+
+    name = os.path.splitext(os.path.basename(meta.get("dataset_path", "")))[0]
+    with open(os.path.join(PROMPT_PREFIXES, "sources.json"), encoding="utf-8") as handle:
+        source = json.load(handle).get(name)
+    if source is None or source["sha256"] != meta.get("dataset_hash"):
+        return None, f"shared prompt blocks: none known for {name or 'the workload'} (every prompt its own)"
+    out = os.path.join(_TRACES.name, f"{name}-{len(os.listdir(_TRACES.name))}.jsonl")
+    prompt_prefixes.trace(os.path.join(PROMPT_PREFIXES, f"{name}.csv"), requests_path, out)
+    return out, (f"shared prompt blocks: bench/data/prompt_prefixes/{name}.csv (the prompts of {source['source']}, "
+                 "SHA-256 = meta.json dataset_hash)")
 
 
 def attention_skew_alpha(profile: str, tp: int) -> tuple[float, str]:
@@ -255,6 +281,7 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
     graphs, graphs_source = cuda_graph_sizes(meta)
     shipped_timing = dict(table_timing, cuda_graph_sizes=graphs)
+    prompts, prompts_source = prompt_trace(meta, os.path.join(case, "vllm", "requests.jsonl"))
     skew_note = ""
     if os.path.isdir(profile):
         alpha, alpha_source = attention_skew_alpha(profile, tp)
@@ -283,6 +310,7 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             f"cache_generated_blocks {str(caching).lower()} (not a vLLM option: with prefix caching on, "
             "vLLM hashes the full blocks of generated tokens too)",
             f"reserve_full_isl {str(whole).lower()} ({whole_source})",
+            prompts_source,
         ] + [note for note in (skew_note, link) if note],
         "seconds": {},
         "llmservingsim": llmservingsim_figures(case),
@@ -291,7 +319,9 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
         start = time.perf_counter()
         result["predicted"]["before"] = simcore.run(dict(base, timing=table_timing), requests=requests).summary
         shipped = dict(base, engine=shipped_engine, timing=shipped_timing)
-        result["predicted"]["table"] = simcore.run(shipped, requests=requests).summary
+        if prompts:
+            shipped["workload"] = dict(base["workload"], source="mooncake", path=prompts, block_size=BLOCK_SIZE)
+        result["predicted"]["table"] = simcore.run(shipped, requests=_requests(shipped, requests)).summary
         result["decode_steps"] = decode_step_check(case, rows, shipped)
         result["interpolation"] = interpolation_check(profile)
         result["seconds"]["table"] = time.perf_counter() - start
@@ -299,7 +329,9 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             engine_without = json.loads(json.dumps(shipped_engine))
             engine_without["aggregated"].update(engine_off)
             without = dict(shipped, engine=engine_without, timing=dict(shipped_timing, **timing_off))
-            summary = simcore.run(without, requests=requests).summary
+            if name.startswith("the last") or name == "the shared prompt blocks":
+                without["workload"] = base["workload"]
+            summary = simcore.run(without, requests=_requests(without, requests)).summary
             moved = ", ".join(
                 f"{label} {pct(rel(summary, f'mean_{key}_ms', result['measured'][f'mean_{key}_ms']))}"
                 for key, label in METRICS
@@ -333,7 +365,9 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
         try:
             start = time.perf_counter()
             aic_cfg = dict(base, engine=shipped_engine, timing=timing)
-            result["predicted"]["aic"] = simcore.run(aic_cfg, requests=requests).summary
+            if prompts:
+                aic_cfg["workload"] = dict(base["workload"], source="mooncake", path=prompts, block_size=BLOCK_SIZE)
+            result["predicted"]["aic"] = simcore.run(aic_cfg, requests=_requests(aic_cfg, requests)).summary
             result["seconds"]["aic"] = time.perf_counter() - start
             from simcore.timing import aic
 
@@ -471,6 +505,8 @@ def calibrate_case(path: str, shipped: dict, tp: int, loss: str) -> dict:
     if tp > 1:
         names.append("timing.allreduce.bandwidth_gb_per_second")
     overrides = {key: value for key, value in shipped.items() if key in ("engine", "timing")}
+    if "source" in shipped.get("workload", {}):  # the prompts' trace
+        overrides["workload"] = {k: v for k, v in shipped["workload"].items() if k != "num_requests"}
     start = time.perf_counter()
     fit = cal.parse_fit(names)
     found = cal.calibrate(cal.read_measured(path), overrides, fit, fit_fraction=0.5, loss=loss, seed=0)
@@ -479,6 +515,24 @@ def calibrate_case(path: str, shipped: dict, tp: int, loss: str) -> dict:
     return {"values": found.values, "report": found.report, "seconds": time.perf_counter() - start,
             "load": os.getloadavg()[0],  # the machine may be shared: its load beside the wall time
             "evaluations": found.evaluations, "on_bound": {key: (low, high) for key, low, high in fit if key in on_bound}}
+
+
+def _replays(configs: list[dict], measured) -> list[tuple[object, dict[str, np.ndarray]]]:
+    """Each config replayed on the measured run's workload (its ``requests.jsonl`` lengths, or the
+    trace with the prompts' shared blocks that the configs name), with its per-request latencies
+    in the measured order."""
+    from runners import calibrate as cal
+
+    rows_of = None
+    if "source" in configs[0].get("workload", {}):
+        rows_of = cal.trace_rows(load_config(configs[0]), measured)
+    results = simcore.run_batch(configs, requests=_requests(configs[0], measured.requests_table()))
+    return [(r, cal.predicted_latency(r, rows_of)) for r in results]
+
+
+def _requests(cfg: dict, table: pa.Table) -> pa.Table | None:
+    """The lengths-only request table, unless ``cfg`` names a workload (the prompts' trace)."""
+    return None if "source" in cfg.get("workload", {}) else table
 
 
 #: The step of each fitted parameter in :func:`part_sensitivity` (factor, or added us).
@@ -502,8 +556,8 @@ def part_sensitivity(path: str, shipped: dict, values: dict[str, float]) -> dict
 
     steps = {key: value + OVERHEAD_STEP_US if key == "timing.pass_overhead_us" else value * SCALE_STEP
              for key, value in values.items()}
-    fitted = simcore.run(dict(_with_values(shipped, values), output={"passes": True, "tokens": True}),
-                         requests=measured.requests_table())
+    fitted_cfg = dict(_with_values(shipped, values), output={"passes": True, "tokens": True})
+    fitted = simcore.run(fitted_cfg, requests=_requests(fitted_cfg, measured.requests_table()))
     passes = fitted.passes
     mixed_ends = passes["end_ms"].to_numpy()[passes["prefill_tokens"].to_numpy() > 0]
     part_of = {rid: "fit" if i < n // 2 else "held_out" for i, rid in enumerate(measured.request_id)}
@@ -512,8 +566,8 @@ def part_sensitivity(path: str, shipped: dict, values: dict[str, float]) -> dict
     mixed_share = {part: float(in_mixed[token_part == part].mean()) for part in parts}
     configs = [_with_values(shipped, values)]
     configs += [_with_values(shipped, dict(values, **{key: stepped})) for key, stepped in steps.items()]
-    results = simcore.run_batch(configs, requests=measured.requests_table())
-    means = [{part: cal.part_metrics(cal.predicted_latency(r), rows) for part, rows in parts.items()} for r in results]
+    means = [{part: cal.part_metrics(latency, rows) for part, rows in parts.items()}
+             for _, latency in _replays(configs, measured)]
     return {
         "mixed_share": mixed_share,
         "steps": {
@@ -542,10 +596,9 @@ def cross_losses(path: str, shipped: dict, calibrations: dict[str, dict]) -> dic
     measured = cal.read_measured(path)
     n = len(measured.request_id)
     configs = [_with_values(shipped, c["values"]) for c in calibrations.values()]
-    results = simcore.run_batch(configs, requests=measured.requests_table())
     return {
-        fitted: {loss: cal.loss_value(loss, cal.predicted_latency(r), measured, slice(0, n // 2)) for loss in cal.LOSSES}
-        for fitted, r in zip(calibrations, results)
+        fitted: {loss: cal.loss_value(loss, latency, measured, slice(0, n // 2)) for loss in cal.LOSSES}
+        for fitted, (_, latency) in zip(calibrations, _replays(configs, measured))
     }
 
 
@@ -566,7 +619,7 @@ def preemption_check(case: str, rows: list[dict], shipped: dict, requests: pa.Ta
 
     cfg = json.loads(json.dumps(shipped))
     cfg["output"] = {"passes": True, "tokens": True}
-    result = simcore.run(cfg, requests=requests)
+    result = simcore.run(cfg, requests=_requests(cfg, requests))
     table = result.requests.to_pydict()
     preemptions = np.array(table["num_preemptions"])
     if not preemptions.any():
@@ -605,7 +658,7 @@ def preemption_check(case: str, rows: list[dict], shipped: dict, requests: pa.Ta
     parts = {part: part_of == part for part in ("fit", "held_out")}
     without = json.loads(json.dumps(cfg))
     without["engine"]["aggregated"]["cache_generated_blocks"] = False
-    without_result = simcore.run(without, requests=requests)
+    without_result = simcore.run(without, requests=_requests(without, requests))
     return {
         "preemptions": {part: int(preemptions[rows_].sum()) for part, rows_ in parts.items()},
         "preempted_requests": {part: int((preemptions[rows_] > 0).sum()) for part, rows_ in parts.items()},
@@ -912,8 +965,9 @@ def render(results: list[dict], versions: dict) -> str:
         "`table` with each run's own stated parameters and nothing fitted (at TP2 the ring "
         "all-reduce on the link of the run's `config.json`; asynchronous scheduling, prefix "
         "caching (generated blocks included), whole-sequence admission and CUDA-graph padding as "
-        "the run's vLLM had them; "
-        "the decode-attention skew fit of the profile's own `meta.yaml`); **aic**: aiconfigurator-core's database with the same engine settings and, "
+        "the run's vLLM had them; the prompts' shared leading blocks from the run's own workload "
+        "file; "
+        "the decode-attention skew fit of the profile's own `meta.yaml`); **aic**: aiconfigurator-core's database with the same engine settings and prompts and, "
         "at TP2, the same stated link in place of the database's all-reduce; **calibrated**: `replaysim-calibrate`'s fit of `timing.prefill_scale`, "
         "`timing.decode_scale`, `timing.pass_overhead_us` (and at TP2 "
         "`timing.allreduce.bandwidth_gb_per_second`) to the first 150 requests by send instant "
@@ -1090,15 +1144,20 @@ def render(results: list[dict], versions: dict) -> str:
         "scheduling (all three runs) they overlap the GPU step; the runs' files give no "
         "per-step timing, so no host term enters the as-shipped column.",
         "- Prefix caching is on as in the runs (`enable_prefix_caching`, vLLM's default; the "
-        "RTX 4090 file states it). The request files carry no prompt contents or block "
-        "hashes, so each prompt's blocks are its own and no prefix is shared between "
-        "requests (ShareGPT single-turn prompts rarely share whole 16-token blocks); what "
-        "it changes is preemption under KV pressure (the RTX 4090 run): a preempted "
-        "request's freed blocks keep their hashes, and when it is admitted again it "
-        "reuses those of its prompt not evicted meanwhile instead of recomputing them. "
-        "vLLM also hashes the full blocks of generated tokens (no option: prefix caching "
-        "means it), and so does the as-shipped replay (`cache_generated_blocks`, "
-        "`docs/prefix-caching.md`): a readmitted request finds them too where not evicted.",
+        "RTX 4090 file states it). The request files carry only lengths, but the runs' "
+        "workloads (`meta.json` `dataset_path`, LLMServingSim's ShareGPT files, whose SHA-256 "
+        "is the stated `dataset_hash`) make each turn of a conversation a prompt that holds "
+        "the turns before it: 32 of the 300 prompts begin with whole blocks of an earlier one "
+        "(7.6% of the prompt tokens with the Llama tokenizer, 7.9% with Qwen's). The "
+        "as-shipped replay gives those prompts the same leading blocks "
+        "(`bench/prompt_prefixes.py`, `bench/data/prompt_prefixes/`), so a later turn finds "
+        "its conversation's blocks cached where they were not evicted, as the run's vLLM did; "
+        "the calibration replays the same trace. Prefix caching also changes preemption "
+        "under KV pressure (the RTX 4090 run): a preempted request's freed blocks keep their "
+        "hashes, and when it is admitted again it reuses those not evicted meanwhile instead "
+        "of recomputing them. vLLM also hashes the full blocks of generated tokens (no "
+        "option: prefix caching means it), and so does the as-shipped replay "
+        "(`cache_generated_blocks`, `docs/prefix-caching.md`).",
         "- The replay has no tokenizer or detokenizer stage (the runs drove `AsyncLLM` in-process "
         "and the measured latencies start at `queued_ts`).",
     ]
@@ -1114,10 +1173,8 @@ def pairing_check(path: str, shipped: dict, calibrations: dict[str, dict]) -> di
     measured = cal.read_measured(path)
     rows = slice(0, len(measured.request_id) // 2)
     configs = [shipped] + [_with_values(shipped, c["values"]) for c in calibrations.values()]
-    results = simcore.run_batch(configs, requests=measured.requests_table())
     out = {}
-    for name, r in zip(["as shipped"] + list(calibrations), results):
-        predicted = cal.predicted_latency(r)
+    for name, (_, predicted) in zip(["as shipped"] + list(calibrations), _replays(configs, measured)):
         out[name] = {}
         for column, _ in cal.METRICS:
             m, p = measured.latency[column][rows], predicted[column][rows]
