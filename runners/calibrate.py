@@ -28,10 +28,11 @@ is computed on the fit part only.  Losses (``--loss``):
   and ``r`` the request-by-request correlation: it is least where the
   predicted spread is ``r s_m``, so where the replay cannot pair requests
   with the run (``r`` well under 1) it buys a smaller spread with a biased
-  mean.  On the RTX 4090 run of ``docs/accuracy.md``, which preempts (TPOT
-  correlation 0.74), its fit lowered the decode scale to 0.91 and left the
-  fit part's mean TPOT at -2.1%, the uncalibrated replay's at -0.5%.  It
-  was the default until ``quantiles``.
+  mean.  On the RTX 4090 run of ``docs/accuracy.md``, which preempts,
+  replayed without its prompts' shared blocks (TPOT correlation 0.76), its
+  fit lowered the decode scale to 0.91 and left the fit part's mean TPOT at
+  -2.1%, the uncalibrated replay's at -0.5%.  It was the default until
+  ``quantiles``.
 - ``bench``: the sum of the squared relative errors of the mean,
   median and p90 of TTFT, TPOT and E2E (nine terms of equal weight).  It
   fits what a user of ``vllm bench serve`` reads (its report gives each
