@@ -115,6 +115,8 @@ DEFAULT_BOUNDS = {
     "detokenization.base_ms": (0.0, 50.0),
     "detokenization.per_output_us": (0.0, 500.0),
 }
+#: The workload keys that name a trace of the measured run (:func:`trace_rows`).
+TRACE_KEYS = ("workload.source", "workload.path", "workload.block_size")
 POPSIZE = 10  # scipy's multiplier: population = POPSIZE x parameters
 
 
@@ -411,8 +413,9 @@ def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
         key = token.split("=", 1)[0]
         if "=" not in token or key not in known:
             raise ConfigError(f"override {token!r}: expected KEY=VALUE with a replaysim key")
-        if key.startswith(("workload.", "load.")) or key == "output.dir":
-            raise ConfigError(f"override {token!r}: the workload and load come from the measured run")
+        if (key.startswith(("workload.", "load.")) and key not in TRACE_KEYS) or key == "output.dir":
+            raise ConfigError(f"override {token!r}: the workload and load come from the measured run "
+                              f"(a trace of it may give the prompts' blocks: {', '.join(TRACE_KEYS)})")
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist(list(tokens)))
     except Exception as exc:  # omegaconf's grammar errors
@@ -644,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "errors": result.report,
     }
     os.makedirs(args.out, exist_ok=True)
-    _write_atomic(os.path.join(args.out, "calibrated.yaml"), calibrated_yaml(overrides, result.values))
+    deployment = {key: value for key, value in overrides.items() if key != "workload"}  # not the run's trace
+    _write_atomic(os.path.join(args.out, "calibrated.yaml"), calibrated_yaml(deployment, result.values))
     _write_atomic(os.path.join(args.out, "calibration.json"), json.dumps(document, indent=2) + "\n")
     for key, value in result.values.items():
         print(f"{key} = {value:.6g}")

@@ -124,7 +124,6 @@ def test_a_trace_of_the_measured_run_gives_its_shared_prompt_blocks(tmp_path):
             assert abs(row["error"]) < 0.02, (part, key)
     # from the lengths alone every prompt is its own: the same truth predicts other latencies
     lengths_only = json.loads(json.dumps(measured_cfg))
-    del lengths_only["workload"]
     lengths_only["workload"] = {"num_requests": len(measured.request_id)}
     alone = simcore.run(lengths_only, requests=measured.requests_table()).requests.to_pydict()
     assert sum(alone["ttft_ms"]) > 1.05 * sum(run["ttft_ms"])
@@ -143,6 +142,13 @@ def test_a_trace_of_the_measured_run_gives_its_shared_prompt_blocks(tmp_path):
     deployment["workload"] = {"source": "synthetic"}
     with pytest.raises(cal.ConfigError, match="workload.source: the measured run is the workload"):
         cal.calibrate(measured, deployment, fit, max_evals=8)
+    # on the command line: the trace is the run's workload, not part of the fitted deployment
+    out = tmp_path / "cal"
+    assert cal.main([str(path), "engine.aggregated.prefix_caching=true", "engine.aggregated.block_size=16",
+                     "workload.source=mooncake", f"workload.path={trace}", "workload.block_size=16",
+                     "--fit", "timing.decode_scale", "--max-evals", "8", "--out", str(out)]) == 0
+    assert "workload" not in yaml.safe_load((out / "calibrated.yaml").read_text())
+    assert json.loads((out / "calibration.json").read_text())["overrides"]["workload"]["path"] == str(trace)
 
 
 def test_bench_loss_weighs_each_statistic_of_each_metric_alike():
