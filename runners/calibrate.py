@@ -10,10 +10,12 @@ conversation, a common system prompt) and prefix caching is on, the lengths
 alone replay every prompt as its own: a trace of the measured run may then
 replace them (``workload.source=mooncake workload.path=TRACE
 workload.block_size=B``, its ``hash_ids`` the prompts' blocks), matched to the
-measured requests by ``request_id``, whose lengths it must repeat.  The requests are ordered by send instant;
-the first ``--fit-fraction`` of them (default one half) are the fit part, the
-rest the held-out part.  Every candidate replays the whole workload; the loss
-is computed on the fit part only.  Losses (``--loss``):
+measured requests by ``request_id``, whose lengths it must repeat.
+
+The requests are ordered by send instant; the first ``--fit-fraction`` of them
+(default one half) are the fit part, the rest the held-out part.  Every
+candidate replays the whole workload; the loss is computed on the fit part
+only.  Losses (``--loss``):
 
 - ``quantiles`` (default): the sum over TTFT, TPOT and E2E of ``sum_i
   (p_(i) - m_(i))^2 / sum_i m_i^2``, the i-th smallest predicted value against
