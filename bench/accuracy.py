@@ -100,17 +100,18 @@ RESERVE_FULL_ISL_DEFAULT = True
 #: VllmConfig.__post_init__; not for PP > 1 or most speculative decoding).
 ASYNC_DEFAULT_FROM = (0, 14)
 #: The as-shipped column without one of its run-stated behaviours (engine and
-#: timing keys switched off), reported per run.
+#: timing keys switched off; True: the lengths alone, without the prompts' shared blocks),
+#: reported per run.
 ABLATIONS = (
-    ("CUDA-graph padding", {}, {"cuda_graph_sizes": None}),
-    ("prefix caching", {"prefix_caching": False, "cache_generated_blocks": False}, {}),
-    ("generated-block caching", {"cache_generated_blocks": False}, {}),
-    ("whole-sequence admission", {"reserve_full_isl": False}, {}),
-    ("the attention skew term", {}, {"attention_skew_alpha": 0.0}),
-    ("the shared prompt blocks", {}, {}),
+    ("CUDA-graph padding", {}, {"cuda_graph_sizes": None}, False),
+    ("prefix caching", {"prefix_caching": False, "cache_generated_blocks": False}, {}, False),
+    ("generated-block caching", {"cache_generated_blocks": False}, {}, False),
+    ("whole-sequence admission", {"reserve_full_isl": False}, {}, False),
+    ("the attention skew term", {}, {"attention_skew_alpha": 0.0}, False),
+    ("the shared prompt blocks", {}, {}, True),
     ("the last four (the as-shipped column before they were modelled)",
      {"prefix_caching": False, "cache_generated_blocks": False, "reserve_full_isl": False},
-     {"attention_skew_alpha": 0.0}),
+     {"attention_skew_alpha": 0.0}, True),
 )
 #: validation_summary.txt row labels of LLMServingSim's figures.
 SUMMARY_ROWS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "Latency"}
@@ -282,6 +283,10 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     graphs, graphs_source = cuda_graph_sizes(meta)
     shipped_timing = dict(table_timing, cuda_graph_sizes=graphs)
     prompts, prompts_source = prompt_trace(meta, os.path.join(case, "vllm", "requests.jsonl"))
+    # as shipped: the run's requests with its prompts' shared blocks
+    shipped_workload = base["workload"]
+    if prompts:
+        shipped_workload = dict(base["workload"], source="mooncake", path=prompts, block_size=BLOCK_SIZE)
     skew_note = ""
     if os.path.isdir(profile):
         alpha, alpha_source = attention_skew_alpha(profile, tp)
@@ -318,18 +323,16 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     if os.path.isdir(profile):
         start = time.perf_counter()
         result["predicted"]["before"] = simcore.run(dict(base, timing=table_timing), requests=requests).summary
-        shipped = dict(base, engine=shipped_engine, timing=shipped_timing)
-        if prompts:
-            shipped["workload"] = dict(base["workload"], source="mooncake", path=prompts, block_size=BLOCK_SIZE)
+        shipped = dict(base, engine=shipped_engine, timing=shipped_timing, workload=shipped_workload)
         result["predicted"]["table"] = simcore.run(shipped, requests=_requests(shipped, requests)).summary
         result["decode_steps"] = decode_step_check(case, rows, shipped)
         result["interpolation"] = interpolation_check(profile)
         result["seconds"]["table"] = time.perf_counter() - start
-        for name, engine_off, timing_off in ABLATIONS:  # what each stated behaviour moves
+        for name, engine_off, timing_off, lengths_only in ABLATIONS:  # what each stated behaviour moves
             engine_without = json.loads(json.dumps(shipped_engine))
             engine_without["aggregated"].update(engine_off)
             without = dict(shipped, engine=engine_without, timing=dict(shipped_timing, **timing_off))
-            if name.startswith("the last") or name == "the shared prompt blocks":
+            if lengths_only:
                 without["workload"] = base["workload"]
             summary = simcore.run(without, requests=_requests(without, requests)).summary
             moved = ", ".join(
@@ -364,9 +367,7 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             timing["allreduce"] = shipped_timing["allreduce"]
         try:
             start = time.perf_counter()
-            aic_cfg = dict(base, engine=shipped_engine, timing=timing)
-            if prompts:
-                aic_cfg["workload"] = dict(base["workload"], source="mooncake", path=prompts, block_size=BLOCK_SIZE)
+            aic_cfg = dict(base, engine=shipped_engine, timing=timing, workload=shipped_workload)
             result["predicted"]["aic"] = simcore.run(aic_cfg, requests=_requests(aic_cfg, requests)).summary
             result["seconds"]["aic"] = time.perf_counter() - start
             from simcore.timing import aic
