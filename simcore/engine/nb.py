@@ -468,10 +468,9 @@ def row_nb(typingctx, state, c):
         member.dtype if member.ndim == 1 else types.Array(member.dtype, member.ndim - 1, member.layout)
         for member in state.types
     ]
-    if isinstance(state, types.BaseNamedTuple):
-        row_type = types.NamedTuple(row_types, state.instance_class)
-    else:
-        row_type = types.Tuple(row_types)
+    # from_types, as numba's typeof: a NamedTuple whose members share one type is a NamedUniTuple, so
+    # the rows have the single-configuration types exactly (a second type would compile the engine again)
+    row_type = types.BaseTuple.from_types(row_types, getattr(state, "instance_class", tuple))
 
     def codegen(context, builder, signature, args):
         value, index = args
