@@ -53,7 +53,8 @@ builder; it writes exactly what the general loop would.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, types
+from simcore.jit import njit
 from numba.core import cgutils
 from numba.extending import intrinsic
 
