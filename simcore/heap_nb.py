@@ -8,7 +8,7 @@ simulator.
 
 from __future__ import annotations
 
-from numba import njit
+from simcore.jit import njit
 
 
 @njit(cache=True, inline="always")

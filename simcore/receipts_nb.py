@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
+from simcore.jit import njit
 
 #: Per-request receipt statistics, in the order of the ``receipts`` state tuple:
 #: tokens received, first and last receipt (ns, -1: none), the sum of squared

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numba
 import numpy as np
 import pytest
 
@@ -98,6 +99,37 @@ def test_engine_runs_are_array_for_array_equal_and_batched_once(monkeypatch):
                 assert x.dtype == y.dtype and np.array_equal(x, y), field.name
             else:
                 assert x == y, field.name
+
+
+class _KernelCalled(Exception):
+    pass
+
+
+def test_a_batch_row_has_the_types_of_one_configuration(monkeypatch):
+    # Both paths then run one compiled simulate_engine_nb (another type compiles the engine again).
+    from simcore.engine import nb
+    from simcore.engine.api import allocate_buffers, prepare
+
+    preps = []
+    for mapping in ONE_SHAPE[:2]:
+        cfg = load_config(mapping)
+        rng = np.random.default_rng(cfg.seed)
+        table = build_requests(cfg, None, rng)
+        preps.append(prepare(cfg, table, send_instants_ns(cfg.load, table, rng)))
+    stacked = []
+
+    def record(*args):
+        stacked.extend(args[:-2])  # then the status array and the engine address
+        raise _KernelCalled
+
+    monkeypatch.setattr(engine_batch.nb, "simulate_batch_nb", record)
+    with pytest.raises(_KernelCalled):
+        engine_batch.run_prepared_batch(preps)
+    prep = preps[0]
+    single = prep.kernel_args(
+        allocate_buffers(prep.n, prep.num_tokens, prep.mode, prep.pass_rows, bounded=prep.bounded), prep.prefix_cache()
+    )
+    assert [nb.batch_row_type(numba.typeof(a)) for a in stacked] == [numba.typeof(a) for a in single]
 
 
 def test_mixed_shapes_are_grouped_and_the_rest_run_alone():

@@ -53,7 +53,8 @@ builder; it writes exactly what the general loop would.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import prange, typeof, types
+from simcore.jit import njit
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -411,7 +412,7 @@ def _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, rec
 
 @njit(cache=True, parallel=True)
 def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
-                      router, status):
+                      router, status, engine_address):
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
 
     Every member of every parameter has a leading configuration axis (scalars
@@ -432,25 +433,113 @@ def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_c
         stacked to (C, length).
     status : ndarray(int64, ndim=2)
         Out, (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
+    engine_address : int
+        Where ``simulate_engine_nb`` compiled for one row's types is (:func:`engine_address`).
     """
     for c in prange(send_ns.shape[0]):
-        code, rows, emitted = simulate_engine_nb(
+        code, rows, emitted = call_engine_nb(engine_address, (
             row_nb(requests, c), row_nb(load, c), row_nb(client, c), send_ns[c], row_nb(topology, c),
             row_nb(ranks, c), row_nb(prefix_cache, c), row_nb(timing, c), row_nb(out, c),
             row_nb(receipts, c), row_nb(logs, c), row_nb(router, c),
-        )
+        ))
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+
+
+def engine_address(batch_args: tuple, engine=simulate_engine_nb) -> int:
+    """The address of ``simulate_engine_nb`` compiled for one row of ``simulate_batch_nb``'s arguments.
+
+    Compiles it (or loads it from numba's cache) for the row types first.
+
+    Parameters
+    ----------
+    batch_args : tuple
+        ``simulate_batch_nb``'s stacked arguments before ``status``.
+    engine : numba dispatcher
+        ``simulate_engine_nb`` itself, bound here: ``bench/bench_capacity.py``
+        replaces the module's name by a timing wrapper.
+
+    Returns
+    -------
+    int
+    """
+    signature = tuple(batch_row_type(typeof(arg)) for arg in batch_args)
+    engine.compile(signature)
+    compiled = engine.overloads[signature]
+    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+
+
+@intrinsic
+def call_engine_nb(typingctx, address, args):
+    """``simulate_engine_nb(*args)`` through its address (:func:`engine_address` of the same types).
+
+    A call by name links the callee's code into the caller's module, where LLVM
+    optimises and compiles it again: the whole engine, twice for a ``prange``
+    loop (its body is a function of its own).  Through the address the batch
+    kernel compiles in seconds; the engine compiled for one configuration runs.
+
+    Parameters
+    ----------
+    address : int
+        Of ``simulate_engine_nb`` compiled for ``args``' types.
+    args : tuple
+        Its arguments.
+
+    Returns
+    -------
+    tuple
+        Its result.
+    """
+    engine_type = typingctx.resolve_value_type(simulate_engine_nb)
+    result_type = typingctx.resolve_function_type(engine_type, args.types, {}).return_type
+
+    def codegen(context, builder, signature, values):
+        function_type = context.call_conv.get_function_type(result_type, args.types)
+        function = builder.inttoptr(values[0], function_type.as_pointer())
+        arguments = [builder.extract_value(values[1], i) for i in range(len(args.types))]
+        status, result = context.call_conv.call_function(builder, function, result_type, args.types, arguments)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return result
+
+    return result_type(address, args), codegen
+
+
+def batch_row_type(batch_type):
+    """The numba type of one configuration's row of a batch member (an array) or state (a tuple of them).
+
+    An array of shape (C,) gives its dtype, one of shape (C, ...) an array of one
+    dimension less (C-contiguous if it is, as numba types ``array[c]``); a tuple
+    or NamedTuple gives the tuple of its members' rows, built as numba's
+    ``typeof`` builds the single-configuration state's type (a NamedTuple whose
+    members share one type is a ``NamedUniTuple``): another type for the same
+    state would compile a second ``simulate_engine_nb``, the whole engine again.
+
+    Parameters
+    ----------
+    batch_type : numba.types.Array or numba.types.BaseTuple
+        With a leading configuration axis.
+
+    Returns
+    -------
+    numba.types.Type
+    """
+    if isinstance(batch_type, types.Array):
+        if batch_type.ndim == 1:
+            return batch_type.dtype
+        return types.Array(batch_type.dtype, batch_type.ndim - 1, "C" if batch_type.layout == "C" else "A")
+    members = [batch_row_type(member) for member in batch_type.types]
+    return types.BaseTuple.from_types(members, getattr(batch_type, "instance_class", tuple))
 
 
 @intrinsic
 def row_nb(typingctx, state, c):
     """Row ``c`` of every member of a tuple (or NamedTuple) of arrays: the batch's per-configuration view.
 
-    A member of shape (C,) gives its scalar, one of shape (C, ...) a C-contiguous
-    view of its row; a NamedTuple keeps its class, so the result has the type
-    of the single-configuration state (one compiled ``simulate_engine_nb``).
+    A member of shape (C,) gives its scalar, one of shape (C, ...) a view of its
+    row; the result's type is :func:`batch_row_type`'s, the single-configuration
+    state's.
 
     Parameters
     ----------
@@ -464,14 +553,8 @@ def row_nb(typingctx, state, c):
     tuple or NamedTuple
         Row ``c`` of each member.
     """
-    row_types = [
-        member.dtype if member.ndim == 1 else types.Array(member.dtype, member.ndim - 1, member.layout)
-        for member in state.types
-    ]
-    if isinstance(state, types.BaseNamedTuple):
-        row_type = types.NamedTuple(row_types, state.instance_class)
-    else:
-        row_type = types.Tuple(row_types)
+    row_types = [batch_row_type(member) for member in state.types]
+    row_type = batch_row_type(state)
 
     def codegen(context, builder, signature, args):
         value, index = args
