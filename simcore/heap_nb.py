@@ -8,7 +8,7 @@ simulator.
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 
 @njit(cache=True, inline="always")

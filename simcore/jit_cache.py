@@ -33,7 +33,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def kernel_modules(root: Path = PACKAGE_DIR) -> list[Path]:
-    """The modules that hold numba kernels (``nb.py``, ``*_nb.py``), constants they freeze (``enums.py``), the state tuples they build (``state.py``) or how they are typed (``jit.py``), in a fixed order.
+    """The modules that hold numba kernels (``nb.py``, ``*_nb.py``), constants they freeze (``enums.py``) or the state tuples they build (``state.py``), in a fixed order.
 
     Parameters
     ----------
@@ -44,7 +44,7 @@ def kernel_modules(root: Path = PACKAGE_DIR) -> list[Path]:
     -------
     list of Path
     """
-    return sorted([*root.rglob("*nb.py"), *root.rglob("state.py"), root / "enums.py", root / "jit.py"])
+    return sorted([*root.rglob("*nb.py"), *root.rglob("state.py"), root / "enums.py"])
 
 
 def fingerprint(root: Path = PACKAGE_DIR) -> str:

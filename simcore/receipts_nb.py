@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from simcore.jit import njit
+from numba import njit
 
 #: Per-request receipt statistics, in the order of the ``receipts`` state tuple:
 #: tokens received, first and last receipt (ns, -1: none), the sum of squared

@@ -11,7 +11,7 @@ and the detokenizer modes are in ``simcore.enums``, below both stages.
 from __future__ import annotations
 
 import numpy as np
-from simcore.jit import njit
+from numba import njit
 
 from simcore.enums import OUT_FINAL, OUT_FIRST
 from simcore.heap_nb import heap_push_nb

@@ -53,8 +53,7 @@ builder; it writes exactly what the general loop would.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, typeof, types
-from simcore.jit import njit
+from numba import njit, prange, typeof, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 

@@ -16,7 +16,7 @@ in ``Loop.counts``.  The status codes (``OK``, ``PASS_LOG_FULL``,
 from __future__ import annotations
 
 import numpy as np
-from simcore.jit import njit
+from numba import njit
 
 from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb

@@ -26,7 +26,7 @@ that starts at the decision's sequence number modulo the candidates.
 from __future__ import annotations
 
 import numpy as np
-from simcore.jit import njit
+from numba import njit
 
 from simcore.enums import (
     RANK_ROUND_ROBIN, ROUTE_LEAST_OUTSTANDING, ROUTE_POWER_OF_TWO, ROUTE_PREFIX_AWARE, ROUTE_RANDOM,

@@ -20,7 +20,7 @@ Contract
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 from simcore.enums import OUT_FINAL
 from simcore.heap_nb import heap_pop_nb, heap_push_nb

@@ -14,7 +14,7 @@ are re-exported here.
 from __future__ import annotations
 
 import numpy as np
-from simcore.jit import njit
+from numba import njit
 
 from simcore.receipts_nb import (  # noqa: F401  re-exported for the metrics stage
     RECEIPT_FIELDS,

@@ -14,7 +14,7 @@ their registration at scheduling (``simcore.scheduler.nb``).
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 from simcore.scheduler.kv_tree_nb import prefix_register_nb
 

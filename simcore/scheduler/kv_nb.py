@@ -37,7 +37,7 @@ evicted, LRU head first, only when an allocation finds no truly free block.
 from __future__ import annotations
 
 import numpy as np
-from simcore.jit import njit
+from numba import njit
 
 # Header: the free-stack height, the map's probe mask and hash shift, the last
 # memo generation, then the offset of each part.

@@ -41,7 +41,7 @@ memo, which follows evictions block by block, does more).
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 from simcore.scheduler.kv_nb import (
     HDR_OFFSET,

@@ -10,7 +10,7 @@ request; ``batch_summary_nb`` then reads the SPEC §8 batch summary off it.
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
 from simcore.scheduler.kv_nb import kv_allocate_nb

@@ -28,7 +28,7 @@ CPU map (``identity x num_ranks + rank`` -> CPU slot) reuses them.  Parts:
 from __future__ import annotations
 
 import numpy as np
-from simcore.jit import njit
+from numba import njit
 
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
 from simcore.scheduler.kv_nb import (

@@ -22,7 +22,7 @@ at a time; an unhashed block equals only itself.
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 # Header of the computed form.
 I_MARK = 0  # -1: computed (a materialised identity is >= 0)

@@ -28,7 +28,7 @@ without identities (prefix caching off) takes the block path and has no tree.
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 from simcore.scheduler.kv_nb import (
     HDR_BLOCK_SLOT,

@@ -38,7 +38,7 @@ node of the path, an eviction one step per node it empties.
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 from simcore.scheduler.kv_nb import (
     HDR_BLOCK_SLOT,

@@ -21,7 +21,7 @@ stays at the last knot's (``lerp_rising_nb``; docs/timing.md).
 
 from __future__ import annotations
 
-from simcore.jit import njit
+from numba import njit
 
 TIMING_FIXED = 0
 TIMING_LINEAR = 1
