@@ -524,10 +524,8 @@ def _replays(configs: list[dict], measured) -> list[tuple[object, dict[str, np.n
     in the measured order."""
     from runners import calibrate as cal
 
-    rows_of = None
-    if "source" in configs[0].get("workload", {}):
-        rows_of = cal.trace_rows(load_config(configs[0]), measured)
-    results = simcore.run_batch(configs, requests=_requests(configs[0], measured.requests_table()))
+    requests, rows_of = cal.replay_inputs(configs[0], measured)
+    results = simcore.run_batch(configs, requests=requests)
     return [(r, cal.predicted_latency(r, rows_of)) for r in results]
 
 

@@ -376,6 +376,15 @@ def predicted_latency(result, rows_of: np.ndarray | None = None) -> dict[str, np
     return latency if rows_of is None else {column: values[rows_of] for column, values in latency.items()}
 
 
+def replay_inputs(cfg: dict, measured: Measured) -> tuple[pa.Table | None, np.ndarray | None]:
+    """What replays ``measured`` under ``cfg``: its lengths-only request table, or (``cfg``
+    naming a workload: a trace of the run that also gives the prompts' blocks) None and the
+    trace's row of each measured request (:func:`trace_rows`)."""
+    if cfg.get("workload", {}).get("source") is None:
+        return measured.requests_table(), None
+    return None, trace_rows(load_config(cfg), measured)
+
+
 def trace_rows(cfg, measured: Measured) -> np.ndarray:
     """The row of each measured request in the configured trace (``workload.source`` and
     ``workload.path`` among the overrides: a trace of the measured run whose ``hash_ids``
@@ -519,10 +528,7 @@ def calibrate(
     base.setdefault("load", {})["type"] = "trace"
     workload = base.setdefault("workload", {})
     workload.setdefault("num_requests", n)
-    # the measured workload, or a trace of it that also gives the prompts' blocks
-    requests, rows_of = measured.requests_table(), None
-    if workload.get("source") is not None:
-        requests, rows_of = None, trace_rows(load_config(base), measured)
+    requests, rows_of = replay_inputs(base, measured)
     load_config(base)  # a bad deployment fails before any fitting
     for key, low, high in fit:
         for value in (low, high):
