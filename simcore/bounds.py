@@ -33,8 +33,8 @@ import numpy as np
 from simcore.errors import ConfigError
 from simcore.units import INT64_MAX, MAX_INSTANT_MS, MAX_INSTANT_NS
 
-if TYPE_CHECKING:  # annotations only: simcore.config imports this module
-    from simcore.config import SimConfig
+if TYPE_CHECKING:  # annotations only
+    from simcore.settings import SimConfig
 
 #: Bytes held per request over the kernel's inputs, state and outputs, the
 #: request table and the result tables (about 60 eight-byte columns, rounded up).
@@ -439,7 +439,7 @@ def _linear_pass_terms_ms(cfg: SimConfig, tokens: float) -> float:
     The pass overhead and the TP all-reduce of the kernel's own
     ``pass_terms_ms_nb``, run as plain Python (no compilation in ``load_config``).
     """
-    from simcore.timing.api import timing_arrays  # lazy: simcore.timing imports simcore.config
+    from simcore.timing.api import timing_arrays  # lazy: aic needs the optional extra
     from simcore.timing.nb import LINEAR_NUM_PARAMS, pass_terms_ms_nb
 
     _, params, table = timing_arrays(cfg.timing)

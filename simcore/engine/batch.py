@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from simcore.config import SimConfig
+from simcore.settings import SimConfig
 from simcore.engine import nb
 from simcore.engine.api import (
     EngineRun,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simcore.config import SimConfig
+from simcore.settings import SimConfig
 from simcore.engine.state import Router, Topology
 from simcore.enums import RANK_POLICIES, ROUTE_POWER_OF_TWO, ROUTE_RANDOM, ROUTER_POLICIES
 

@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from simcore import enums
 from simcore.arrow_np import to_arrow
-from simcore.config import EngineConfig, GoodputConfig, MetricsConfig
+from simcore.engine.settings import EngineConfig
+from simcore.metrics.settings import GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import (

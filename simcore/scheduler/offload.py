@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simcore.config import PoolConfig
+from simcore.scheduler.settings import PoolConfig
 from simcore.scheduler.offload_nb import (
     O_LOADED,
     O_REQUESTS,

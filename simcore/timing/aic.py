@@ -51,8 +51,8 @@ import numpy as np
 from simcore.errors import ConfigError
 from simcore.timing import nb
 
-if TYPE_CHECKING:  # annotations only: simcore.config imports this module
-    from simcore.config import TimingConfig
+if TYPE_CHECKING:  # annotations only
+    from simcore.timing.settings import TimingConfig
 
 PACKAGE = "aiconfigurator-core"
 EXTRA_HINT = "pip install 'replaysim[aic]' (aiconfigurator-core>=0.12,<0.13)"

@@ -30,8 +30,8 @@ import numpy as np
 from simcore.errors import ConfigError
 from simcore.timing import nb
 
-if TYPE_CHECKING:  # annotations only: simcore.config imports the timing models
-    from simcore.config import TimingConfig
+if TYPE_CHECKING:  # annotations only
+    from simcore.timing.settings import TimingConfig
 
 VIDUR_TIME = "time_stats.all_reduce.median"
 VIDUR_ELEMENT_BYTES = 2  # float16 elements

@@ -9,8 +9,8 @@ import numpy as np
 from simcore.timing.allreduce import pass_terms_block
 from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_TABLE
 
-if TYPE_CHECKING:  # annotations only: simcore.config imports the timing models
-    from simcore.config import TimingConfig
+if TYPE_CHECKING:  # annotations only
+    from simcore.timing.settings import TimingConfig
 
 
 NO_TABLE = np.zeros(0, dtype=np.float64)

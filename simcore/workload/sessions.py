@@ -26,7 +26,8 @@ from simcore.units import ms_to_ns
 from simcore.workload.table import RequestTable, default_ids
 
 if TYPE_CHECKING:
-    from simcore.config import SessionsConfig, SimConfig
+    from simcore.settings import SimConfig
+    from simcore.workload.settings import SessionsConfig
 
 SESSION_COLUMNS = ("session_id", "turn")
 

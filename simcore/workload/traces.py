@@ -47,7 +47,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from simcore.config import ConfigError, WorkloadConfig
+from simcore.errors import ConfigError
+from simcore.workload.settings import WorkloadConfig
 from simcore.units import MAX_INSTANT_MS, NS_PER_MS, ms_to_ns
 from simcore.values import integral
 from simcore.workload.table import RequestTable, default_ids, first_duplicate, utf8_text

@@ -1,0 +1,171 @@
+"""Derived settings: what the checked keys imply, computed in one step after parsing.
+
+:func:`derive` takes a :class:`~simcore.settings.SimConfig` whose keys are
+checked (:func:`simcore.config.load_config`) and fills in what files, the timing
+models and the pools determine:
+
+1. the model dimensions: a table profile's ``num_layers`` (and, for the TP
+   all-reduce, ``hidden_size``) from its ``meta.yaml``, an aic model's from its
+   config;
+2. ``num_blocks: auto`` of each active pool, from aiconfigurator-core's memory model;
+3. the aic tables' ranges (the largest pass of the active pools) and vLLM's
+   default CUDA-graph capture sizes;
+4. the worst-case instants and buffer sizes (:func:`simcore.bounds.check_run`).
+
+This is the only settings module that imports the timing models, so that they
+(and :mod:`simcore.bounds`) can import the settings without a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simcore import bounds
+from simcore.engine.settings import POOLS
+from simcore.errors import ConfigError
+from simcore.scheduler.settings import AUTO_BLOCKS, TOKEN_BUDGETS, PoolConfig, checked_num_blocks
+from simcore.settings import SimConfig
+from simcore.timing import aic
+from simcore.timing.profile import read_meta_count, read_num_layers
+from simcore.timing.settings import VLLM_DEFAULT_GRAPHS, TimingConfig
+
+
+def derive(cfg: SimConfig) -> SimConfig:
+    """Fill in the derived settings of a checked configuration, then check its bounds.
+
+    Parameters
+    ----------
+    cfg : SimConfig
+        Keys checked, derived values not yet set (an active pool's
+        ``num_blocks`` may be ``"auto"``, ``timing.cuda_graph_sizes`` may be
+        ``"vllm_default"``).
+
+    Returns
+    -------
+    SimConfig
+        The configuration the stages run.
+
+    Raises
+    ------
+    ConfigError
+        A file or the aic database does not give a needed value, the pools
+        disagree on vLLM's graph sizes, or the run's worst case overflows.
+    """
+    timing = model_dimensions(cfg.timing)
+    engine = cfg.engine
+    for name in POOLS[engine.mode]:
+        pool = getattr(engine, name)
+        if isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS:
+            engine = replace(engine, **{name: _auto_num_blocks(f"engine.{name}", pool, timing)})
+    pools = list(engine.pools)
+    if timing.type == "aic":
+        timing = replace(timing, **_aic_limits(pools))
+    if timing.cuda_graph_sizes == VLLM_DEFAULT_GRAPHS:
+        timing = replace(timing, cuda_graph_sizes=vllm_graph_sizes(pools))
+    cfg = replace(cfg, engine=engine, timing=timing)
+    bounds.check_run(cfg, bounds.configured_size(cfg))
+    return cfg
+
+
+def model_dimensions(timing: TimingConfig) -> TimingConfig:
+    """A table profile's layer count, and the dimensions the TP all-reduce needs (docs/timing.md).
+
+    Parameters
+    ----------
+    timing : TimingConfig
+        The checked timing settings.
+
+    Returns
+    -------
+    TimingConfig
+        ``num_layers`` (table; and with timing.allreduce) and ``hidden_size``
+        (with timing.allreduce) set.
+
+    Raises
+    ------
+    ConfigError
+        Neither the keys nor the profile (or model config) give a dimension.
+    """
+    kind, num_layers, hidden = timing.type, timing.num_layers, timing.hidden_size
+    if kind == "table" and num_layers is None:
+        num_layers = read_num_layers(timing.profile)
+        if num_layers is None:
+            raise ConfigError(
+                f"timing.num_layers must be set: {timing.profile} has no meta.yaml with a top-level "
+                "num_layers (profiles are per layer; meta.yaml's hf_overrides.num_hidden_layers is "
+                "the profiled count, not the model's)"
+            )
+    if timing.allreduce:
+        if kind == "table" and hidden is None:
+            hidden = read_meta_count(timing.profile, "hidden_size")
+        if kind == "aic" and (hidden is None or num_layers is None):
+            layers_cfg, hidden_cfg = aic.model_dimensions(timing.model)
+            num_layers = num_layers or layers_cfg
+            hidden = hidden or hidden_cfg
+        for name, value in (("num_layers", num_layers), ("hidden_size", hidden)):
+            if value is None:
+                raise ConfigError(f"timing.{name} must be set for timing.allreduce with timing.type={kind}")
+    return replace(timing, num_layers=num_layers, hidden_size=hidden)
+
+
+def _auto_num_blocks(path: str, pool: PoolConfig, timing: TimingConfig) -> PoolConfig:
+    """``num_blocks: auto``: the KV blocks aiconfigurator-core's memory model gives one rank."""
+    budgets = [getattr(pool, name) for name in TOKEN_BUDGETS]
+    max_tokens = max([b for b in budgets if b is not None], default=pool.max_sequences)
+    field = f"{path}.num_blocks"
+    num_blocks = aic.auto_num_blocks(timing, pool.block_size, max_tokens, pool.max_sequences, field=field)
+    return replace(pool, num_blocks=checked_num_blocks(path, num_blocks, pool.block_size))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
+    """The largest pass of the active pools, rounded up to powers of two (table ranges)."""
+    tokens = max(
+        max(p.max_batched_tokens or 0, p.chunked_prefill_size or 0, p.max_prefill_tokens or 0) + p.max_sequences
+        for p in pools
+    )
+    return dict(
+        pass_tokens_limit=_next_pow2(tokens),
+        pass_sequences_limit=_next_pow2(max(p.max_sequences for p in pools)),
+        context_limit=_next_pow2(max(p.sequence_limit for p in pools)),
+    )
+
+
+def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes for the active pools (docs/timing.md).
+
+    vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``, no speculative decoding):
+    the largest size is ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``;
+    the sizes are 1, 2, 4, then every multiple of 8 below 256, then every
+    multiple of 16 from 256, up to the largest.
+
+    Parameters
+    ----------
+    pools : list of PoolConfig
+        The active engine pools (vllm policy: ``max_batched_tokens`` set).
+
+    Returns
+    -------
+    tuple of int
+        Ascending capture sizes.
+
+    Raises
+    ------
+    ConfigError
+        The pools give different sizes.
+    """
+    found = set()
+    for pool in pools:
+        largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+        sizes = [s for s in (1, 2, 4) if s <= largest]
+        sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
+        found.add(tuple(sizes))
+    if len(found) > 1:
+        raise ConfigError(
+            f"timing.cuda_graph_sizes={VLLM_DEFAULT_GRAPHS} differs between the engine pools "
+            "(max_sequences, max_batched_tokens); give the sizes as a list"
+        )
+    return found.pop()

@@ -1,0 +1,144 @@
+"""The engine's settings: its mode, policy, pools, KV hand-off and routers.
+
+Each key is declared once, as a field of a frozen dataclass
+(:func:`simcore.checks.key`); the pools' keys and the policy defaults are in
+:mod:`simcore.scheduler.settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from simcore import checks
+from simcore.checks import Later, choice, key, number, optional_number, parse_keys, section
+from simcore.enums import ROUTER_POLICIES
+from simcore.scheduler.settings import POLICIES, PoolConfig, parse_pool
+
+ENGINE_MODES = ("aggregated", "disaggregated")
+POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
+#: The decode pool has no prefix cache: load-based and oblivious choices only.
+DECODE_ROUTER_POLICIES = tuple(p for p in ROUTER_POLICIES if p != "prefix_aware")
+ROUTER_WEIGHTS = ("prefix", "queue", "kv_cache")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    bandwidth_gb_per_second: float | None = key(None, optional_number, strict=True)
+    bytes_per_token: float | None = key(None, optional_number)
+
+    def transfer_ms(self, input_tokens: np.ndarray) -> np.ndarray:
+        """SPEC §6: ``input x bytes_per_token / (bandwidth x 1e9) x 1e3`` ms (0 when off)."""
+        if self.bandwidth_gb_per_second is None:
+            return np.zeros(input_tokens.shape[0], dtype=np.float64)
+        return (
+            input_tokens.astype(np.float64)
+            * self.bytes_per_token
+            / (self.bandwidth_gb_per_second * 1e9)
+            * 1e3
+        )
+
+
+def _weights(path: str, value: Mapping[str, Any]) -> tuple[float, ...]:
+    return tuple(number(f"{path}.{name}", value[name]) for name in ROUTER_WEIGHTS)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Routing over workers (docs/routing.md): names in ``simcore.enums.ROUTER_POLICIES``.
+
+    Its keys sit in two engine sections: ``engine.router`` routes to the
+    receiving pool (aggregated or P/D prefill), ``engine.decode_router`` to the
+    P/D decode pool; the weights are prefix_aware's scorers (llm-d's no-config
+    default: prefix 3, queue 2, kv-cache 2).
+    """
+
+    policy: str = key("round_robin", choice, at=("router", "policy"), allowed=ROUTER_POLICIES)
+    decode_policy: str = key(
+        "round_robin", choice, at=("decode_router", "policy"), allowed=DECODE_ROUTER_POLICIES
+    )
+    # prefix_aware: prefix, queue, kv_cache
+    weights: tuple[float, float, float] = key(
+        {"prefix": 3.0, "queue": 2.0, "kv_cache": 2.0}, _weights, at=("router", "weights")
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str = key("aggregated", choice, allowed=ENGINE_MODES)
+    policy: str = key("vllm", choice, allowed=POLICIES)
+    aggregated: PoolConfig = section(PoolConfig)
+    prefill: PoolConfig = section(PoolConfig)
+    decode: PoolConfig = section(PoolConfig)
+    kv_transfer: KVTransferConfig = section(KVTransferConfig)
+    router: RouterConfig = field()  # keys in engine.router and engine.decode_router (see defaults)
+
+    @property
+    def pools(self) -> tuple[PoolConfig, ...]:
+        """The pools in worker-index order (aggregated; or prefill, then decode)."""
+        return tuple(getattr(self, name) for name in POOLS[self.mode])
+
+
+def defaults() -> dict[str, Any]:
+    """The ``engine`` section's default tree (a fresh copy).
+
+    Returns
+    -------
+    dict[str, Any]
+        The engine keys, then the routers' sections.
+    """
+    return {**checks.defaults(EngineConfig), **checks.defaults(RouterConfig)}
+
+
+def parse_policy(raw: Mapping[str, Any], path: str = "engine") -> str:
+    """Check engine.mode and engine.policy, which the timing settings read.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``engine`` tree.
+    path : str
+        Its dotted path, for messages.
+
+    Returns
+    -------
+    str
+        engine.policy.
+    """
+    choice(f"{path}.mode", raw["mode"], ENGINE_MODES)
+    return choice(f"{path}.policy", raw["policy"], POLICIES)
+
+
+def parse(raw: Mapping[str, Any], path: str, timing_type: str) -> EngineConfig:
+    """Check the ``engine`` section (after :func:`parse_policy` and the timing settings).
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``engine`` tree.
+    path : str
+        Its dotted path, for messages.
+    timing_type : str
+        timing.type (``num_blocks: auto`` needs ``aic``).
+
+    Returns
+    -------
+    EngineConfig
+        An active pool's ``num_blocks: auto`` is still ``"auto"`` (see
+        :func:`simcore.derive.derive`).
+
+    Raises
+    ------
+    ConfigError
+        A key's value is refused (its dotted path named).
+    """
+    policy = parse_policy(raw, path)
+    pools = {
+        name: Later(lambda name=name: parse_pool(
+            raw[name], f"{path}.{name}", policy, timing_type, active=name in POOLS[raw["mode"]]
+        ))
+        for name in ("aggregated", "prefill", "decode")
+    }
+    return parse_keys(EngineConfig, raw, path, **pools, router=Later(lambda: parse_keys(RouterConfig, raw, path)))

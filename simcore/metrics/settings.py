@@ -1,0 +1,89 @@
+"""Metric and output settings: percentiles, goodput thresholds and what a run writes.
+
+Each key is declared once, as a field of a frozen dataclass
+(:func:`simcore.checks.key`): its default and its check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from simcore.checks import choice, flag, key, number, optional_number, optional_str, parse_keys, section
+from simcore.errors import ConfigError
+
+OUTPUT_MODES = ("detailed", "bounded")
+
+
+def _percentiles(path: str, value: Any) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"{path} must be a list of numbers in [0, 100], got {value!r}")
+    out = []
+    for item in value:
+        p = number(path, item)
+        if p > 100:
+            raise ConfigError(f"{path} values must be in [0, 100], got {item!r}")
+        out.append(p)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{path} must not repeat a value, got {list(value)!r}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    ttft_ms: float | None = key(None, optional_number, strict=True)
+    tpot_ms: float | None = key(None, optional_number, strict=True)
+    e2el_ms: float | None = key(None, optional_number, strict=True)
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    percentiles: tuple[float, ...] = key([50, 90, 95, 99], _percentiles)
+    goodput: GoodputConfig = section(GoodputConfig)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: str | None = key(None, optional_str)
+    passes: bool = key(False, flag)
+    tokens: bool = key(False, flag)
+    # detailed: per-token arrays; bounded: O(requests) memory, ITL percentiles sketched
+    mode: str = key("detailed", choice, allowed=OUTPUT_MODES)
+
+
+def parse(raw: Mapping[str, Any], path: str = "metrics") -> MetricsConfig:
+    """Check the ``metrics`` section.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``metrics`` tree.
+    path : str
+        Its dotted path, for messages.
+
+    Returns
+    -------
+    MetricsConfig
+    """
+    return parse_keys(MetricsConfig, raw, path)
+
+
+def parse_output(raw: Mapping[str, Any], path: str = "output") -> OutputConfig:
+    """Check the ``output`` section.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``output`` tree.
+    path : str
+        Its dotted path, for messages.
+
+    Returns
+    -------
+    OutputConfig
+    """
+    return parse_keys(OutputConfig, raw, path)

@@ -1,0 +1,310 @@
+"""A pool's scheduler settings, and every default that depends on the scheduling policy.
+
+:data:`POLICY_DEFAULTS` holds each policy's own values of the pool keys, and
+:class:`PoolConfig` declares each pool key once (:func:`simcore.checks.key`);
+the pool keys left null take the policy's default.  :func:`parse_pool` checks
+one pool.  ``num_blocks: auto`` is left as :data:`AUTO_BLOCKS` on an active
+pool here and resolved by :func:`simcore.derive.derive` from the timing model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from simcore.checks import (
+    choice,
+    count,
+    flag,
+    is_int,
+    key,
+    number,
+    optional_count,
+    section,
+)
+from simcore.enums import RANK_POLICIES
+from simcore.errors import ConfigError
+from simcore.units import INT64_MAX, MAX_INSTANT_MS
+
+#: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
+#: an 80 GB GPU at 0.9 memory utilisation, (80 x 0.9 - 16) GB / 128 KiB per token.
+DEFAULT_KV_TOKENS = 416_000
+
+#: Per-policy defaults of the pool keys, from each engine's own defaults:
+#: vLLM (V1 engine, 0.11: block_size 16, max_num_seqs 256, max_num_batched_tokens
+#: 8192 for the API server); SGLang (0.5: page_size 1, chunked_prefill_size 8192,
+#: max_prefill_tokens 16384, schedule_conservativeness 1.0; max_running_requests
+#: is derived from memory there, 4096 here); TensorRT-LLM (1.0: tokens_per_block
+#: 32, max_num_tokens 8192, max_batch_size 2048).  None: the key is not used.
+POLICY_DEFAULTS = {
+    "vllm": {
+        "max_batched_tokens": 8192,
+        "max_sequences": 256,
+        "block_size": 16,
+        "chunked_prefill_size": None,
+        "max_prefill_tokens": None,
+        "schedule_conservativeness": None,
+    },
+    "sglang": {
+        "max_batched_tokens": None,
+        "max_sequences": 4096,
+        "block_size": 1,
+        "chunked_prefill_size": 8192,
+        "max_prefill_tokens": 16384,
+        "schedule_conservativeness": 1.0,
+    },
+    "trtllm": {
+        "max_batched_tokens": 8192,
+        "max_sequences": 2048,
+        "block_size": 32,
+        "chunked_prefill_size": None,
+        "max_prefill_tokens": None,
+        "schedule_conservativeness": None,
+    },
+}
+POLICIES = tuple(POLICY_DEFAULTS)
+#: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic.
+AUTO_BLOCKS = "auto"
+#: The pool budgets a pass's token count is bounded by (whichever the policy uses).
+TOKEN_BUDGETS = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
+
+
+@dataclass(frozen=True)
+class KVOffloadConfig:
+    """A rank's CPU tier of KV blocks (vLLM's OffloadingConnector, docs/prefix-caching.md)."""
+
+    num_blocks: int = key(None)  # CPU blocks per rank, at the pool's block_size
+    bandwidth_gb_per_second: float = key(None)  # each direction, GB/s
+    bytes_per_token: float = key(None)  # KV bytes per token
+
+    def block_ns(self, block_size: int) -> int:
+        """One block's copy, ns: rint(block_size x bytes_per_token / (bandwidth x 1e9) x 1e9)."""
+        return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool of identical workers: the aggregated pool, or prefill or decode.
+
+    Keys left null take the policy's own default (:data:`POLICY_DEFAULTS`).
+    """
+
+    replicas: int = key(1)
+    attention_dp: int = key(1)
+    max_batched_tokens: int | None = key(None)  # vllm, trtllm: the per-pass token budget
+    max_sequences: int = key(None)
+    num_blocks: int = key(None)  # null: DEFAULT_KV_TOKENS // block_size; aic: auto
+    block_size: int = key(None)
+    context_length: int | None = key(None)
+    chunked_prefill_size: int | None = key(None)  # sglang
+    max_prefill_tokens: int | None = key(None)  # sglang
+    schedule_conservativeness: float | None = key(None)  # sglang
+    prefix_caching: bool = key(False)  # aggregated or prefill pool (docs/prefix-caching.md)
+    # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md); aggregated or decode pool
+    async_scheduling: bool = key(False)
+    # how a worker spreads its requests over its attention-DP ranks (docs/routing.md)
+    rank_policy: str = key("round_robin")
+    # vllm policy with prefix_caching: a CPU tier of KV blocks (docs/prefix-caching.md); None: none
+    kv_offload: KVOffloadConfig | None = section(KVOffloadConfig)
+    # vllm policy: admit a waiting request only if its whole sequence fits (docs/semantics.md)
+    reserve_full_isl: bool = key(False)
+    # vllm policy with prefix_caching: hash the full blocks of generated tokens too (docs/prefix-caching.md)
+    cache_generated_blocks: bool = key(False)
+
+    @property
+    def num_ranks(self) -> int:
+        return self.replicas * self.attention_dp
+
+    @property
+    def sequence_limit(self) -> int:
+        """SPEC §5: ``L = min(context_length, num_blocks x block_size)``."""
+        capacity = self.num_blocks * self.block_size
+        return capacity if self.context_length is None else min(self.context_length, capacity)
+
+
+def parse_pool(
+    raw: Mapping[str, Any], path: str, policy: str, timing_type: str, *, active: bool = True
+) -> PoolConfig:
+    """Check one pool's keys, resolving the nulls from the policy's defaults.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged tree of the pool.
+    path : str
+        Its dotted path (``engine.prefill``), for messages.
+    policy : str
+        engine.policy (already checked).
+    timing_type : str
+        timing.type (already checked): ``num_blocks: auto`` needs ``aic``.
+    active : bool
+        Whether engine.mode uses the pool; an inactive pool's ``auto`` becomes 1
+        (its keys are refused by the key scopes of :mod:`simcore.config`).
+
+    Returns
+    -------
+    PoolConfig
+        ``num_blocks`` is :data:`AUTO_BLOCKS` for an active ``auto`` pool, until
+        :func:`simcore.derive.derive` sets it.
+
+    Raises
+    ------
+    ConfigError
+        A key's value is refused (its dotted path named).
+    """
+    defaults = POLICY_DEFAULTS.get(policy, POLICY_DEFAULTS["vllm"])
+    for name, default in defaults.items():
+        if default is None and raw[name] is not None:
+            raise ConfigError(f"{path}.{name} is not used by engine.policy={policy}, got {raw[name]!r}")
+
+    def pick(name: str) -> Any:
+        return defaults[name] if raw[name] is None else raw[name]
+
+    block_size = count(f"{path}.block_size", pick("block_size"))
+    num_blocks = raw["num_blocks"]
+    if num_blocks is None:
+        if block_size > DEFAULT_KV_TOKENS:
+            raise ConfigError(
+                f"{path}.block_size={block_size} exceeds the default KV capacity of "
+                f"{DEFAULT_KV_TOKENS} tokens per rank; set {path}.num_blocks too"
+            )
+        num_blocks = DEFAULT_KV_TOKENS // block_size
+    elif isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS:
+        if timing_type != "aic":
+            raise ConfigError(
+                f"{path}.num_blocks=auto derives the KV capacity from the aiconfigurator-core "
+                f"database and needs timing.type=aic, got timing.type={timing_type}"
+            )
+        num_blocks = AUTO_BLOCKS if active else 1
+    conservativeness = pick("schedule_conservativeness")
+    chunk = pick("chunked_prefill_size")
+    if chunk is not None and is_int(chunk) and is_int(raw["attention_dp"]) and raw["attention_dp"] >= 1:
+        if chunk // raw["attention_dp"] < block_size:
+            raise ConfigError(
+                f"{path}.chunked_prefill_size must give every attention-DP rank at least one "
+                f"page (chunked_prefill_size // attention_dp >= block_size = {block_size}), got {chunk}"
+            )
+    if not (isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS):
+        num_blocks = checked_num_blocks(path, num_blocks, block_size)
+    return PoolConfig(
+        replicas=count(f"{path}.replicas", raw["replicas"]),
+        attention_dp=count(f"{path}.attention_dp", raw["attention_dp"]),
+        max_sequences=count(f"{path}.max_sequences", pick("max_sequences")),
+        num_blocks=num_blocks,
+        block_size=block_size,
+        context_length=optional_count(f"{path}.context_length", raw["context_length"]),
+        **{name: optional_count(f"{path}.{name}", pick(name)) for name in TOKEN_BUDGETS},
+        prefix_caching=_prefix_caching(path, raw["prefix_caching"]),
+        async_scheduling=_async_scheduling(path, raw["async_scheduling"], policy),
+        rank_policy=choice(f"{path}.rank_policy", raw["rank_policy"], RANK_POLICIES),
+        kv_offload=_kv_offload(path, raw, block_size, policy),
+        reserve_full_isl=_reserve_full_isl(path, raw["reserve_full_isl"], policy),
+        cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
+        schedule_conservativeness=None
+        if conservativeness is None
+        else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
+    )
+
+
+def checked_num_blocks(path: str, num_blocks: Any, block_size: int) -> int:
+    """A pool's KV blocks per rank: a count whose capacity in tokens an int64 holds.
+
+    Parameters
+    ----------
+    path : str
+        The pool's dotted path, for messages.
+    num_blocks : Any
+        The configured (or derived) block count.
+    block_size : int
+        Tokens per block.
+
+    Returns
+    -------
+    int
+    """
+    num_blocks = count(f"{path}.num_blocks", num_blocks)
+    if num_blocks > INT64_MAX // block_size:  # the KV capacity in tokens is an int64
+        raise ConfigError(
+            f"{path}.num_blocks={num_blocks} x block_size={block_size} tokens exceeds int64 ({INT64_MAX})"
+        )
+    return num_blocks
+
+
+def _vllm_pool_flag(path: str, name: str, value: Any, policy: str, refused_pool: str, why: str) -> bool:
+    """A pool flag modelled for the vllm policy only and refused on one pool (``why`` says why)."""
+    enabled = flag(f"{path}.{name}", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{path}.{name} is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and path.endswith(f".{refused_pool}"):
+        raise ConfigError(f"{path}.{name}: {why}")
+    return enabled
+
+
+def _async_scheduling(path: str, value: Any, policy: str) -> bool:
+    return _vllm_pool_flag(
+        path, "async_scheduling", value, policy, "prefill",
+        "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
+        "set it on engine.decode or engine.aggregated",
+    )
+
+
+def _reserve_full_isl(path: str, value: Any, policy: str) -> bool:
+    enabled = flag(f"{path}.reserve_full_isl", value)
+    if enabled and policy != "vllm":
+        raise ConfigError(f"{path}.reserve_full_isl is modelled for engine.policy=vllm only, got {policy}")
+    return enabled
+
+
+def _prefix_caching(path: str, value: Any) -> bool:
+    """Every policy caches prefixes (docs/prefix-caching.md), on any pool but a P/D decode pool."""
+    enabled = flag(f"{path}.prefix_caching", value)
+    if enabled and path.endswith(".decode"):
+        raise ConfigError(f"{path}.prefix_caching: a decode pool receives its KV by transfer; enable it on engine.prefill")
+    return enabled
+
+
+def _cache_generated_blocks(path: str, raw: Mapping[str, Any], policy: str) -> bool:
+    """vLLM's prefix cache also keeps the full blocks of generated tokens (docs/prefix-caching.md):
+    vllm policy (SGLang's radix cache holds them already), with prefix caching, without a CPU tier."""
+    name = f"{path}.cache_generated_blocks"
+    enabled = flag(name, raw["cache_generated_blocks"])
+    if not enabled:
+        return False
+    if policy != "vllm":
+        raise ConfigError(f"{name} is modelled for engine.policy=vllm only, got {policy}")
+    if not raw["prefix_caching"]:
+        raise ConfigError(f"{name} needs {path}.prefix_caching=true")
+    if any(value is not None for value in raw["kv_offload"].values()):
+        raise ConfigError(f"{name} is not modelled with {path}.kv_offload (its CPU tier stores prompt blocks only)")
+    return True
+
+
+def _kv_offload(path: str, raw: Mapping[str, Any], block_size: int, policy: str) -> KVOffloadConfig | None:
+    """All three keys set (a CPU tier) or all null (none); only beside prefix caching."""
+    path = f"{path}.kv_offload"
+    prefix = path.rsplit(".", 1)[0]
+    keys = raw["kv_offload"]
+    if all(value is None for value in keys.values()):
+        return None
+    for name, value in keys.items():
+        if value is None:
+            raise ConfigError(f"{path}.{name} must be set with the other {path} keys (all null: no CPU tier)")
+    if policy != "vllm":
+        raise ConfigError(f"{path} is modelled for engine.policy=vllm only (vLLM's OffloadingConnector), got {policy}")
+    if not raw["prefix_caching"]:
+        raise ConfigError(f"{path} needs {prefix}.prefix_caching=true (the CPU tier holds prefix-cache blocks)")
+    if raw["async_scheduling"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
+    if raw["reserve_full_isl"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.reserve_full_isl=true")
+    offload = KVOffloadConfig(
+        num_blocks=count(f"{path}.num_blocks", keys["num_blocks"]),
+        bandwidth_gb_per_second=number(f"{path}.bandwidth_gb_per_second", keys["bandwidth_gb_per_second"], strict=True),
+        bytes_per_token=number(f"{path}.bytes_per_token", keys["bytes_per_token"], strict=True),
+    )
+    if not block_size * offload.bytes_per_token / (offload.bandwidth_gb_per_second * 1e9) * 1e3 < MAX_INSTANT_MS:
+        raise ConfigError(f"{path}.bytes_per_token={offload.bytes_per_token!r} at bandwidth_gb_per_second="
+                          f"{offload.bandwidth_gb_per_second!r}: one block's copy exceeds {MAX_INSTANT_MS:.4g} ms")
+    return offload

@@ -1,0 +1,249 @@
+"""The timing model's settings (docs/timing.md).
+
+Each key is declared once, as a field of :class:`TimingConfig`
+(:func:`simcore.checks.key`).  :func:`parse` checks the keys without reading
+any profile or database: the model dimensions a profile's ``meta.yaml`` or the
+aic model config gives, the aic table ranges and vLLM's default CUDA-graph
+sizes are filled in by :func:`simcore.derive.derive`.  This module imports no
+timing model, so that the models can import it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from simcore.checks import choice, count, default_of, is_number, key, number, optional_count, optional_number, optional_str, shown
+from simcore.errors import ConfigError
+
+TIMING_TYPES = ("fixed", "linear", "aic", "table")
+#: The timing keys of each table-driven model (set with another timing.type: an error).
+AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
+TABLE_KEYS = ("profile",)
+#: Timing types that can add a TP all-reduce term (timing.allreduce; for aic it
+#: replaces the database's own per-layer all-reduces).
+ALLREDUCE_TYPES = ("linear", "table", "aic")
+#: The coefficients of the two closed-form timing models.
+FIXED_KEYS = ("prefill_ms", "decode_ms")
+LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_token_ns")
+#: Fraction of GPU memory given to weights plus KV cache for ``num_blocks: auto``
+#: when timing.memory_fraction is null: vLLM's gpu_memory_utilization and
+#: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
+#: mem_fraction_static from the GPU; 0.9 stands in for it).
+AIC_MEMORY_FRACTION = 0.9
+#: timing.cuda_graph_sizes value that asks for vLLM's own default capture sizes.
+VLLM_DEFAULT_GRAPHS = "vllm_default"
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """The timing model: its type and the keys each type reads (docs/timing.md).
+
+    The linear coefficients are for an H100-class GPU serving an 8B dense model:
+    a pass reads the 16 GB of weights (~5 ms at 3.35 TB/s), a prompt token costs
+    ~2 x 8e9 FLOP (~30 us at ~550 dense TFLOP/s), a KV token read of 128 KiB
+    costs ~40 ns, and each decoding sequence adds sampling/bookkeeping overhead.
+    """
+
+    type: str = key("linear")
+    prefill_ms: float = key(30.0)
+    decode_ms: float = key(8.0)
+    base_ms: float = key(5.0)
+    per_prefill_token_us: float = key(30.0)
+    per_decode_seq_us: float = key(20.0)
+    per_kv_token_ns: float = key(40.0)
+    # aic (aiconfigurator-core database): resolved (backend from engine.policy, tp 1,
+    # memory_fraction 0.9); None otherwise.
+    model: str | None = key(None, optional=True)  # bundled HF id or a local directory holding config.json
+    gpu: str | None = key(None, optional=True)  # AIC system name, e.g. h200_sxm
+    backend: str | None = key(None, optional=True)  # vllm | sglang | trtllm; null: engine.policy
+    backend_version: str | None = key(None, optional=True)  # null: the database's current version
+    tp: int | None = key(None, optional=True)  # one rank's tensor parallelism (all-reduce); null: 1
+    memory_fraction: float | None = key(None, optional=True)  # num_blocks: auto; null: AIC_MEMORY_FRACTION
+    # table (per-operator profile): a directory with dense.csv, attention.csv, per_sequence.csv
+    profile: str | None = key(None, optional=True)
+    num_layers: int | None = key(None, optional=True)  # null: num_layers of the profile's meta.yaml
+    # TP all-reduce (linear, table, aic): ring (latency + 2(n-1)/n x bytes / bandwidth)
+    # or a measured curve; both None: none added (aic: the database's own).
+    hidden_size: int | None = key(None, optional=True)  # null: meta.yaml (table), the model config (aic)
+    dtype_bytes: int = key(2, optional=True)  # bytes per activation element (bf16)
+    allreduce_latency_us: float | None = key(None, at=("allreduce", "latency_us"), optional=True)
+    allreduce_bandwidth_gb_per_second: float | None = key(None, at=("allreduce", "bandwidth_gb_per_second"), optional=True)
+    allreduce_curve: str | None = key(None, at=("allreduce", "curve"), optional=True)
+    # linear, table, aic: model time x scale (prefill passes / decode-only passes) + overhead
+    prefill_scale: float = key(1.0, optional=True)
+    decode_scale: float = key(1.0, optional=True)
+    pass_overhead_us: float = key(0.0, optional=True)
+    # linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their
+    # tokens (ascending, unique; None: no padding; VLLM_DEFAULT_GRAPHS until the pools resolve it)
+    cuda_graph_sizes: tuple[int, ...] | str | None = key(None, optional=True)
+    # linear, table: decode attention + alpha x (at the longest context - at the mean)
+    attention_skew_alpha: float = key(0.0, optional=True)
+
+    @property
+    def allreduce(self) -> bool:
+        """Whether timing.allreduce adds (or, for aic, replaces) the TP all-reduce time."""
+        return self.allreduce_bandwidth_gb_per_second is not None or self.allreduce_curve is not None
+    # aic: the largest pass the tables must cover, from the engine pools (not user keys):
+    # tokens per pass (budget + sequences), sequences per pass, tokens per sequence.
+    pass_tokens_limit: int | None = field(default=None)
+    pass_sequences_limit: int | None = field(default=None)
+    context_limit: int | None = field(default=None)
+
+
+def parse(raw: Mapping[str, Any], path: str, policy: str, policies: tuple[str, ...]) -> TimingConfig:
+    """Check the ``timing`` section; the model dimensions stay None where a file gives them.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``timing`` tree.
+    path : str
+        Its dotted path (``timing``), for messages.
+    policy : str
+        engine.policy (already checked): aic's default backend, and vLLM's graph sizes.
+    policies : tuple of str
+        The policy names, which are also the aic backends.
+
+    Returns
+    -------
+    TimingConfig
+        Before :func:`simcore.derive.derive`: ``num_layers`` None for a table
+        profile that leaves it to ``meta.yaml``, ``hidden_size``/``num_layers`` None
+        where the all-reduce reads them from a file, no aic table ranges, and
+        ``cuda_graph_sizes`` possibly :data:`VLLM_DEFAULT_GRAPHS`.
+
+    Raises
+    ------
+    ConfigError
+        A key's value is refused (its dotted path named).
+    """
+    kind = choice(f"{path}.type", raw["type"], TIMING_TYPES)
+    extra: dict[str, Any] = {}
+    if kind == "aic":
+        for name, example in (("model", "meta-llama/Meta-Llama-3.1-8B"), ("gpu", "h200_sxm")):
+            if raw[name] is None:
+                raise ConfigError(
+                    f"{path}.{name} must be set for {path}.type=aic (e.g. {path}.{name}={example}; "
+                    "see docs/timing.md)"
+                )
+        version = raw["backend_version"]
+        if version is not None and not isinstance(version, str):
+            if not is_number(version):
+                raise ConfigError(f"{path}.backend_version must be a version string, got {version!r}")
+            version = str(version)
+        fraction = raw["memory_fraction"]
+        fraction = AIC_MEMORY_FRACTION if fraction is None else number(f"{path}.memory_fraction", fraction, strict=True)
+        if fraction > 1:
+            raise ConfigError(f"{path}.memory_fraction must be in (0, 1], got {raw['memory_fraction']!r}")
+        extra = dict(
+            model=optional_str(f"{path}.model", raw["model"]),
+            gpu=optional_str(f"{path}.gpu", raw["gpu"]),
+            backend=choice(f"{path}.backend", policy if raw["backend"] is None else raw["backend"], policies),
+            backend_version=optional_str(f"{path}.backend_version", version),
+            memory_fraction=fraction,
+        )
+    if kind == "table":
+        if raw["profile"] is None:
+            raise ConfigError(
+                f"{path}.profile must be set for {path}.type=table (a directory holding dense.csv, "
+                "attention.csv and per_sequence.csv; see docs/timing.md)"
+            )
+        profile = optional_str(f"{path}.profile", raw["profile"])
+        if not os.path.isdir(profile):
+            raise ConfigError(f"{path}.profile must be an existing directory, got {profile!r}")
+        # None: meta.yaml's num_layers (simcore.derive)
+        extra = dict(profile=profile, num_layers=optional_count(f"{path}.num_layers", raw["num_layers"]))
+    extra.update(_pass_terms(raw, path, kind, extra, policy))
+    return TimingConfig(
+        type=kind,
+        **{name: number(f"{path}.{name}", raw[name]) for name in FIXED_KEYS + LINEAR_KEYS},
+        **extra,
+    )
+
+
+def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str, Any], policy: str) -> dict[str, Any]:
+    """timing.tp, scales, overhead, CUDA-graph sizes, the model dimensions and timing.allreduce.*
+    (docs/timing.md)."""
+    for name in ("tp", "num_layers", "hidden_size"):
+        optional_count(f"{path}.{name}", raw[name])  # the type first, whichever rule reads it
+        if raw[name] is not None and kind not in ALLREDUCE_TYPES:
+            raise ConfigError(
+                f"{path}.{name} is only used by {path}.type=linear, table or aic, got {raw[name]!r} "
+                f"with {path}.type={kind}"
+            )
+    ar = raw["allreduce"]
+    latency = optional_number(f"{path}.allreduce.latency_us", ar["latency_us"])
+    bandwidth = optional_number(f"{path}.allreduce.bandwidth_gb_per_second", ar["bandwidth_gb_per_second"], strict=True)
+    curve = optional_str(f"{path}.allreduce.curve", ar["curve"])
+    out: dict[str, Any] = dict(
+        tp=1 if raw["tp"] is None else count(f"{path}.tp", raw["tp"]),
+        dtype_bytes=count(f"{path}.dtype_bytes", raw["dtype_bytes"]),
+        prefill_scale=number(f"{path}.prefill_scale", raw["prefill_scale"], strict=True),
+        decode_scale=number(f"{path}.decode_scale", raw["decode_scale"], strict=True),
+        pass_overhead_us=number(f"{path}.pass_overhead_us", raw["pass_overhead_us"]),
+        attention_skew_alpha=number(f"{path}.attention_skew_alpha", raw["attention_skew_alpha"]),
+    )
+    if out["attention_skew_alpha"] != 0.0 and kind not in ("linear", "table"):
+        raise ConfigError(
+            f"{path}.attention_skew_alpha is only used by {path}.type=linear or table, got "
+            f"{shown(raw['attention_skew_alpha'])} with {path}.type={kind}"
+        )
+    out["cuda_graph_sizes"] = _graph_sizes(f"{path}.cuda_graph_sizes", raw["cuda_graph_sizes"], policy)
+    for name in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
+        if raw[name] != default_of(TimingConfig, name) and kind == "fixed":
+            raise ConfigError(f"{path}.{name} is only used by {path}.type=linear, table or aic, got {raw[name]!r}")
+    if bandwidth is None and curve is None:
+        if latency is not None:
+            raise ConfigError(
+                f"{path}.allreduce.latency_us needs {path}.allreduce.bandwidth_gb_per_second (ring model)"
+            )
+        if kind == "linear" and raw["num_layers"] is not None:
+            raise ConfigError(f"{path}.num_layers is only used by {path}.type=linear with {path}.allreduce set")
+        if raw["hidden_size"] is not None:
+            raise ConfigError(
+                f"{path}.hidden_size is only used with {path}.allreduce set (the TP all-reduce's message size), "
+                f"got {shown(raw['hidden_size'])}"
+            )
+        return out
+    if curve is not None and (bandwidth is not None or latency is not None):
+        raise ConfigError(
+            f"{path}.allreduce.curve replaces the ring model: set it or "
+            f"{path}.allreduce.{{latency_us,bandwidth_gb_per_second}}, not both"
+        )
+    if kind not in ALLREDUCE_TYPES:
+        raise ConfigError(f"{path}.allreduce is only used by {path}.type=linear, table or aic, got {kind}")
+    if out["tp"] < 2:
+        raise ConfigError(f"{path}.allreduce needs {path}.tp >= 2 (one GPU does no all-reduce), got {path}.tp=1")
+    if curve is not None and not os.path.isfile(curve):
+        raise ConfigError(f"{path}.allreduce.curve must be an existing CSV file, got {curve!r}")
+    out.update(
+        # None: read by simcore.derive (table: meta.yaml; aic: the model config), else an error there
+        num_layers=extra.get("num_layers") or optional_count(f"{path}.num_layers", raw["num_layers"]),
+        hidden_size=optional_count(f"{path}.hidden_size", raw["hidden_size"]),
+        allreduce_latency_us=0.0 if latency is None and curve is None else latency,
+        allreduce_bandwidth_gb_per_second=bandwidth,
+        allreduce_curve=curve,
+    )
+    return out
+
+
+def _graph_sizes(path: str, value: Any, policy: str) -> tuple[int, ...] | str | None:
+    """timing.cuda_graph_sizes: None, VLLM_DEFAULT_GRAPHS (resolved from the pools) or sorted unique sizes."""
+    if value is None:
+        return None
+    if value == VLLM_DEFAULT_GRAPHS:
+        if policy != "vllm":
+            raise ConfigError(
+                f"{path}={VLLM_DEFAULT_GRAPHS} is vLLM's rule (engine.policy=vllm); "
+                f"give a list of sizes with engine.policy={policy}"
+            )
+        return VLLM_DEFAULT_GRAPHS
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__") or len(value) == 0:
+        raise ConfigError(
+            f"{path} must be null, {VLLM_DEFAULT_GRAPHS} or a non-empty list of token "
+            f"counts, got {shown(value)}"
+        )
+    # vLLM de-duplicates and sorts the capture sizes it is given (VllmConfig._set_cudagraph_sizes)
+    return tuple(sorted({count(path, size) for size in value}))

@@ -1,0 +1,202 @@
+"""The workload's and the load's settings: which requests exist and when they are sent.
+
+Each key is declared once, as a field of a frozen dataclass (:func:`simcore.checks.key`):
+its default and its check.  :func:`parse` and :func:`parse_load` turn the
+merged ``workload`` and ``load`` trees into those dataclasses; the rules that
+relate keys of several sections live in :mod:`simcore.config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from simcore.checks import (
+    Later,
+    choice,
+    count,
+    flag,
+    key,
+    number,
+    optional_count,
+    optional_number,
+    optional_str,
+    parse_keys,
+    section,
+)
+from simcore.errors import ConfigError
+from simcore.units import INT64_MAX, MAX_INSTANT_MS
+
+WORKLOAD_SOURCES = ("synthetic", "table", "mooncake", "azure", "shared_prefix", "sessions")
+#: Sources whose requests are drawn from keys (sized by them before anything is drawn).
+GENERATED_SOURCES = ("synthetic", "shared_prefix")
+FILE_SOURCES = ("table", "mooncake", "azure")
+TRACE_SOURCES = ("mooncake", "azure")
+#: Tokens per ``hash_ids`` block of a Mooncake trace when workload.block_size is null.
+MOONCAKE_BLOCK_SIZE = 512
+#: The trace-only workload keys and their defaults (set with another source: an error).
+TRACE_KEYS = ("block_size", "drop_invalid", "max_requests", "time_window_ms")
+LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
+#: The workload keys only synthetic lengths read (prefix_tokens is checked on its own).
+SYNTHETIC_KEYS = (
+    "input_tokens", "output_tokens", "input_dist", "output_dist", "range_ratio", "input_std", "output_std"
+)
+SESSION_TURNS_DISTS = ("fixed", "uniform", "geometric")
+LOAD_TYPES = ("closed_loop", "constant_rate", "poisson", "gamma", "trace")
+OPEN_LOOP_GENERATED = ("constant_rate", "poisson", "gamma")
+
+
+def _range_ratio(path: str, value: Any) -> float:
+    ratio = number(path, value, strict=True)
+    if ratio > 1:
+        raise ConfigError(f"{path} must be in (0, 1], got {value!r}")
+    return ratio
+
+
+@dataclass(frozen=True)
+class SharedPrefixConfig:
+    """inference-perf's ``shared_prefix`` workload: G groups of P prompts, each a
+    group's system prompt followed by its own question (docs/semantics.md).
+    Its names and defaults are inference-perf's (simcore/workload/shared_prefix.py)."""
+
+    num_groups: int = key(10, count)
+    num_prompts_per_group: int = key(10, count)
+    system_prompt_len: int = key(100, count, minimum=0)  # tokens shared by the prompts of a group (0: none)
+    question_len: int = key(50, count)  # tokens of each prompt's own question
+    output_len: int = key(50, count)
+    seed: int | None = key(None, optional_count, minimum=0)  # None: the run's generator (seed)
+
+    @property
+    def num_prompts(self) -> int:
+        return self.num_groups * self.num_prompts_per_group
+
+    @property
+    def input_tokens(self) -> int:
+        return self.system_prompt_len + self.question_len
+
+    @property
+    def hash_block_tokens(self) -> int:
+        """Tokens per ``hash_ids`` entry: the system prompt is one entry, so that
+        every engine block inside it is shared by the group, whatever its size."""
+        return self.system_prompt_len or self.question_len
+
+    @property
+    def hash_blocks(self) -> int:
+        """``hash_ids`` entries per prompt."""
+        return -(-self.input_tokens // self.hash_block_tokens)
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """Multi-turn sessions (docs/semantics.md, Sessions): each turn's prompt is the
+    previous turn's prompt and answer plus ``new_input_tokens``.
+
+    workload.source=sessions generates them; think_time_ms also paces a table's
+    session_id/turn rows.  Defaults: AISimulate's synthetic-session source (4 turns
+    of 1024 new input and 128 output tokens, no delay), 160 sessions = the default
+    640 requests.
+    """
+
+    num_sessions: int = key(160, count)
+    turns: int = key(4, count)  # turns per session (fixed), the most (uniform) or the mean (geometric)
+    turns_dist: str = key("fixed", choice, allowed=SESSION_TURNS_DISTS)
+    new_input_tokens: int = key(1024, count)
+    output_tokens: int = key(128, count)
+    # the client's pause between a turn's last receipt and the next turn
+    think_time_ms: float = key(0.0, number, maximum=MAX_INSTANT_MS)
+    system_prompt_tokens: int = key(0, count, minimum=0)  # shared by every session's first prompt
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    source: str = key("synthetic", choice, allowed=WORKLOAD_SOURCES)
+    path: str | None = key(None, optional_str)
+    num_requests: int | None = key(640, optional_count)
+    input_tokens: int = key(1024, count)
+    output_tokens: int = key(128, count)
+    input_dist: str = key("fixed", choice, allowed=LENGTH_DISTS)
+    output_dist: str = key("fixed", choice, allowed=LENGTH_DISTS)
+    range_ratio: float = key(1.0, _range_ratio)
+    input_std: float = key(0.0, number)
+    output_std: float = key(0.0, number)
+    # Trace sources (mooncake, azure) only; see simcore/workload/traces.py.
+    block_size: int | None = key(None)  # mooncake: tokens per hash_ids block (512 when left null)
+    drop_invalid: bool = key(False, flag)
+    max_requests: int | None = key(None, optional_count)
+    time_window_ms: float | None = key(None, optional_number, strict=True, maximum=MAX_INSTANT_MS)
+    # Synthetic only: every prompt starts with this many identical tokens.
+    prefix_tokens: int = key(0, count, minimum=0)
+    shared_prefix: SharedPrefixConfig = section(SharedPrefixConfig)
+    sessions: SessionsConfig = section(SessionsConfig)
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    type: str = key("closed_loop", choice, allowed=LOAD_TYPES)
+    concurrency: int = key(64, count)
+    request_rate: float | None = key(None, optional_number, strict=True)
+    burstiness: float = key(1.0, number, strict=True)
+    think_time_ms: float = key(0.0, number)
+    speedup: float = key(1.0, number, strict=True)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.type == "closed_loop"
+
+
+def _trace_block_size(raw: Mapping[str, Any], path: str, shared_prefix: SharedPrefixConfig) -> int | None:
+    """Tokens per ``hash_ids`` entry: workload.block_size, with the Mooncake default when
+    null; the generated entries' size for shared_prefix (None for other sources)."""
+    value = raw["block_size"]
+    if raw["source"] == "shared_prefix":  # a set workload.block_size is refused by KEY_SCOPES
+        return shared_prefix.hash_block_tokens
+    if value is None:
+        return MOONCAKE_BLOCK_SIZE if raw["source"] == "mooncake" else None
+    return count(f"{path}.block_size", value)
+
+
+def parse(raw: Mapping[str, Any], path: str = "workload") -> WorkloadConfig:
+    """Check the ``workload`` section.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``workload`` tree.
+    path : str
+        Its dotted path, for messages.
+
+    Returns
+    -------
+    WorkloadConfig
+
+    Raises
+    ------
+    ConfigError
+        A key's value is refused (its dotted path named).
+    """
+    shared_prefix = parse_keys(SharedPrefixConfig, raw["shared_prefix"], f"{path}.shared_prefix")
+    if shared_prefix.input_tokens > INT64_MAX:  # the prompt length is an int64
+        raise ConfigError(
+            f"{path}.shared_prefix.question_len: system_prompt_len + question_len = "
+            f"{shared_prefix.input_tokens} tokens exceeds int64"
+        )
+    # block_size is checked at its turn, between output_std and drop_invalid
+    block_size = Later(lambda: _trace_block_size(raw, path, shared_prefix))
+    return parse_keys(WorkloadConfig, raw, path, shared_prefix=shared_prefix, block_size=block_size)
+
+
+def parse_load(raw: Mapping[str, Any], path: str = "load") -> LoadConfig:
+    """Check the ``load`` section.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The merged ``load`` tree.
+    path : str
+        Its dotted path, for messages.
+
+    Returns
+    -------
+    LoadConfig
+    """
+    return parse_keys(LoadConfig, raw, path)
