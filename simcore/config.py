@@ -20,6 +20,7 @@ import numpy as np
 from simcore import bounds
 from simcore.enums import RANK_POLICIES, ROUTER_POLICIES
 from simcore.errors import ConfigError, InstantOverflow  # noqa: F401  raised and caught as simcore.config.*
+from simcore.metrics.registry import slo_metrics
 from simcore.timing import aic
 from simcore.timing.profile import read_num_layers
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
@@ -202,7 +203,7 @@ DEFAULTS: dict[str, Any] = {
     "max_time_ms": None,
     "metrics": {
         "percentiles": [50, 90, 95, 99],
-        "goodput": {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None},
+        "goodput": {metric.column: None for metric in slo_metrics()},
     },
     "output": {"dir": None, "passes": False, "tokens": False, "mode": "detailed"},
 }
@@ -628,13 +629,16 @@ class DetokenizationConfig:
 
 @dataclass(frozen=True)
 class GoodputConfig:
-    ttft_ms: float | None
-    tpot_ms: float | None
-    e2el_ms: float | None
+    """Per-request targets, ms (None: none), by the column of each ``registry.slo_metrics()`` metric."""
+
+    targets: tuple[tuple[str, float | None], ...]
+
+    def target(self, column: str) -> float | None:
+        return dict(self.targets)[column]
 
     @property
     def enabled(self) -> bool:
-        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
+        return any(v is not None for _, v in self.targets)
 
 
 @dataclass(frozen=True)
@@ -772,12 +776,10 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
         max_time_ms=_optional_number("max_time_ms", raw["max_time_ms"], maximum=MAX_INSTANT_MS),
         metrics=MetricsConfig(
             percentiles=_percentiles(m["percentiles"]),
-            goodput=GoodputConfig(
-                **{
-                    key: _optional_number(f"metrics.goodput.{key}", m["goodput"][key], strict=True)
-                    for key in ("ttft_ms", "tpot_ms", "e2el_ms")
-                }
-            ),
+            goodput=GoodputConfig(tuple(
+                (key, _optional_number(f"metrics.goodput.{key}", m["goodput"][key], strict=True))
+                for key in (metric.column for metric in slo_metrics())
+            )),
         ),
         output=OutputConfig(
             dir=_optional_str("output.dir", raw["output"]["dir"]),
