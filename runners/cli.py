@@ -64,12 +64,12 @@ from hydra.core.override_parser.types import Glob, IntervalSweep, Override, Over
 from hydra.errors import CompactHydraException, HydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import to_absolute_path  # noqa: E402
-from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E402  the one module using hydra._internal
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import callbacks, params  # noqa: E402
+from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E402  the one module using hydra._internal
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402

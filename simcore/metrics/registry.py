@@ -88,22 +88,17 @@ DISTRIBUTIONS = (TTFT, TPOT, ITL, E2EL)
 BY_NAME = {metric.name: metric for metric in DISTRIBUTIONS}
 
 
-def slo_metrics(distributions=None) -> tuple[Distribution, ...]:
+def slo_metrics() -> tuple[Distribution, ...]:
     """The per-request metrics a goodput target can be set on, in registry order.
-
-    Parameters
-    ----------
-    distributions : sequence of Distribution, optional
-        Default :data:`DISTRIBUTIONS`.
 
     Returns
     -------
     tuple of Distribution
-        Those with ``slo`` and a request-table column; the goodput keys are
-        ``metrics.goodput.<column>``.
+        Those of :data:`DISTRIBUTIONS` with ``slo`` and a request-table
+        column; the goodput keys are ``metrics.goodput.<column>``.
     """
-    chosen = DISTRIBUTIONS if distributions is None else distributions
-    return tuple(metric for metric in chosen if metric.slo and metric.column)
+    return tuple(metric for metric in DISTRIBUTIONS if metric.slo and metric.column)
+
 
 @dataclass(frozen=True)
 class CacheTierMetric:
