@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_loader import ConfigLoader
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
+
+from runners.hydra_private import basic_sweeper  # the one module using hydra._internal
 
 #: Composed configs kept at most (about 0.2 MB each): jobs past it are composed twice, as by Hydra.
 MAX_KEPT = 256
@@ -63,7 +64,7 @@ def _same(loader: ConfigLoader) -> ConfigLoader:
     return loader
 
 
-class ComposeOnceSweeper(BasicSweeper):
+class ComposeOnceSweeper(basic_sweeper()):
     """The basic sweeper (same keys, same job order) whose launcher reuses the check's compositions."""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

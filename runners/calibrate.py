@@ -96,9 +96,11 @@ import pyarrow as pa
 
 import simcore
 from simcore.config import ConfigError, dotted_keys, load_config
+from simcore.metrics.registry import DISTRIBUTIONS
 
-#: Metrics compared (requests-table column, label).
-METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E"))
+#: Metrics compared (requests-table column, label): the registry's per-request metrics with a
+#: calibration label.  :func:`_latencies` gives each from a measured run's TTFT and E2E latency.
+METRICS = tuple((m.column, m.calibration) for m in DISTRIBUTIONS if m.column and m.calibration)
 #: Statistics of each metric reported (``p50``: the median, ``vllm bench serve``'s own).
 STATS = ("mean", "p50", "p90")
 #: The losses (``--loss``): the statistics each compares, None for all values (request by

@@ -22,15 +22,15 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from runners import reaper
+from runners.hydra_private import BASIC_LAUNCHER, BASIC_SWEEPER
 from runners.progress import SweepWatcher, announce_compile
 from runners.sweep import POINT_FILE, split_options, write_summary
 
 #: Failed points of the last multirun of this process (:meth:`SweepCallback.on_multirun_end`);
 #: :func:`runners.cli.main` exits non-zero when there are any.
 failed_points: list[str] = []
-BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 #: Sweepers that launch the cartesian product of the overrides (Hydra's and replaysim's).
-BASIC_SWEEPERS = ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "hydra_plugins.replaysim_sweeper.ComposeOnceSweeper")
+BASIC_SWEEPERS = (BASIC_SWEEPER, "hydra_plugins.replaysim_sweeper.ComposeOnceSweeper")
 WARMUP_REQUESTS = 4
 #: Allocations between young collections in a sweep (Python's default: 700).
 YOUNG_GC_THRESHOLD = 20_000

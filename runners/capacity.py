@@ -23,13 +23,12 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import hydra
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hydra._internal.utils import get_args_parser
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
@@ -48,6 +47,7 @@ from runners.capacity_search import (
     pareto_mask,
     parse_slo,
 )
+from runners.hydra_private import args_parser
 from runners.progress import interactive
 from runners.rundir import remove_new_run_dir
 from runners.sweep import Point, RunnerOptions, job_points, split_options
@@ -184,7 +184,7 @@ def check_overrides(argv: Sequence[str]) -> None:
     validated); the others as ``replaysim`` checks them.  A multirun (``-m``)
     is refused: the configurations are given as batch axes.
     """
-    args = get_args_parser().parse_args(list(argv))
+    args = args_parser().parse_args(list(argv))
     if args.multirun and not args.shell_completion:
         fail("-m: replaysim-capacity searches in one process; give the grid as sweep.batch.<key>=[values]")
     problem = cli.override_problem(argv, own_keys={"capacity": _capacity_key_message})

@@ -18,10 +18,20 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from simcore.config import ConfigError, SimConfig
+from simcore.metrics.registry import DISTRIBUTIONS, slo_metrics
 
 AXES = ("load.request_rate", "load.concurrency")
 GOODPUT_FRACTION = "goodput_fraction"
-_LATENCY_SLO = re.compile(r"^(mean|median|max|p(\d+))_(ttft|tpot|itl|e2el)_ms$")
+#: The latency SLO keys: a statistic of any registered distribution (``<stat>_<name>_<unit>``).
+_LATENCY_SLO = re.compile(
+    r"^(mean|median|max|p(\d+))_(" + "|".join(re.escape(f"{m.name}_{m.unit}") for m in DISTRIBUTIONS) + ")$"
+)
+_UNITS = {m.unit for m in DISTRIBUTIONS}
+#: Those keys as the error message spells them: ``<ttft|tpot|itl|e2el>_ms``.
+_KNOWN_METRICS = (
+    "<" + "|".join(m.name for m in DISTRIBUTIONS) + f">_{next(iter(_UNITS))}" if len(_UNITS) == 1
+    else "<" + "|".join(f"{m.name}_{m.unit}" for m in DISTRIBUTIONS) + ">"
+)
 
 #: Why a bisection ended (the ``status`` column of ``capacity.parquet``).
 STATUS_BRACKETED = "ok"  # the SLO holds at capacity and fails within the tolerance above it
@@ -52,11 +62,11 @@ class Slo:
         """Raise ConfigError if ``config``'s summary will not carry a key the SLO reads."""
         for key in self.limits:
             if key == GOODPUT_FRACTION:
-                goodput = config.metrics.goodput
-                if all(getattr(goodput, name) is None for name in ("ttft_ms", "tpot_ms", "e2el_ms")):
+                if not config.metrics.goodput.enabled:
+                    first, *others = [metric.column for metric in slo_metrics()]
+                    choices = f"{', '.join([first, *others[:-1]])} or {others[-1]}" if others else first
                     raise ConfigError(
-                        f"capacity.slo.{key} needs a per-request target: set metrics.goodput.ttft_ms, "
-                        f"tpot_ms or e2el_ms ({where})"
+                        f"capacity.slo.{key} needs a per-request target: set metrics.goodput.{choices} ({where})"
                     )
                 continue
             percentile = _LATENCY_SLO.match(key).group(2)
@@ -122,7 +132,7 @@ def parse_slo(raw: Mapping[str, Any] | None, quantile: Any) -> Slo:
     for key, value in raw.items():
         if key != GOODPUT_FRACTION and not _LATENCY_SLO.match(str(key)):
             raise ConfigError(
-                f"capacity.slo.{key} is not an SLO key (known: <mean|median|max|p<P>>_<ttft|tpot|itl|e2el>_ms, "
+                f"capacity.slo.{key} is not an SLO key (known: <mean|median|max|p<P>>_{_KNOWN_METRICS}, "
                 f"{GOODPUT_FRACTION})"
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

@@ -56,9 +56,8 @@ from pathlib import Path  # noqa: E402
 from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
 
 import hydra  # noqa: E402
-from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
-from hydra._internal.hydra import Hydra  # noqa: E402
-from hydra._internal.utils import create_config_search_path, get_args_parser  # noqa: E402
+from hydra.core.config_loader import ConfigLoader  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
 from hydra.core.override_parser.types import Glob, IntervalSweep, Override, OverrideType, RangeSweep  # noqa: E402
@@ -70,6 +69,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydra composes)
 from runners import callbacks, params  # noqa: E402
+from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E402  the one module using hydra._internal
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
@@ -226,14 +226,17 @@ def group_options(group: str) -> list[str] | None:
     groups (joblib, submitit) are included.
     """
     loader = _config_loader()
-    if not loader.repository.group_exists(group):
+    parent, _, name = group.rpartition("/")
+    if name not in loader.list_groups(parent):
         return None
     return loader.get_group_options(group)
 
 
 @functools.cache
-def _config_loader() -> ConfigLoaderImpl:
-    return ConfigLoaderImpl(config_search_path=create_config_search_path(f"pkg://{__package__}.{CONFIG_PATH}"))
+def _config_loader() -> ConfigLoader:
+    """Hydra's config loader on replaysim's search path (``pkg://runners.conf`` and the plugins'), through the public API."""
+    with hydra.initialize_config_module(config_module=f"{__package__}.{CONFIG_PATH}", version_base="1.3"):
+        return GlobalHydra.instance().config_loader()
 
 
 def group_choice_message(override: Override, text: str) -> str | None:
@@ -295,7 +298,7 @@ def override_problem(argv: Sequence[str], own_keys: Mapping[str, Callable[[str],
     other ``hydra.*`` keys are left to Hydra.  With ``--shell-completion`` the
     arguments (``install=bash``, ``query=bash``) are Hydra's own.
     """
-    parser = get_args_parser()
+    parser = args_parser()
     parser.error = _refuse_arguments  # argparse would print its usage, many lines, and exit
     try:
         args = parser.parse_args(list(argv))
@@ -646,11 +649,11 @@ def main() -> None:
         os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         check_overrides(argv)
-        args = get_args_parser().parse_args(argv)
+        args = args_parser().parse_args(argv)
         if not args.multirun:
             gc.disable()
         if mode_only_from_command_line(args):
-            Hydra.get_mode = _no_mode_from_configs
+            skip_mode_composition()
         task()
     except HydraException as exc:  # composition errors, and a sweeper refusing a sweep type (interval(1,2))
         if not own_report:
@@ -684,11 +687,6 @@ def mode_only_from_command_line(args) -> bool:
     if args.config_dir is not None or args.config_path is not None or args.config_name is not None:
         return False
     return not any("hydra.mode" in text or "hydra.searchpath" in text for text in args.overrides)
-
-
-def _no_mode_from_configs(self: Hydra, config_name: str | None, overrides: list[str]) -> None:
-    """``Hydra.get_mode`` when no config sets ``hydra.mode``: what it would return, without composing."""
-    return None
 
 
 def stopped(exc: KeyboardInterrupt) -> NoReturn:

@@ -191,6 +191,8 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
         )
     percentiles = percentile_names(summary)
     for metric in DISTRIBUTIONS:
+        if metric.vllm is None:  # no such metric in vLLM's result JSON
+            continue
         for stat in ("mean", "median", "std", *percentiles):
             document[f"{stat}_{metric.vllm}_{metric.unit}"] = summary.get(summary_key(stat, metric))
     return document
@@ -202,8 +204,11 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
 AIPERF_PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 #: Its CSV column order (``STAT_KEYS``).
 AIPERF_CSV_STATS = ("avg", "min", "max", *(f"p{p}" for p in AIPERF_PERCENTILES), "std")
-_DISTRIBUTION_TAGS = {metric.aiperf: (metric.aiperf_header, metric.unit) for metric in DISTRIBUTIONS}
-#: tag -> (header, display unit), in the order of aiperf's ``JsonExportData`` fields.
+#: The distributions aiperf has a tag for (the others are left out of its export).
+_AIPERF_DISTRIBUTIONS = tuple(metric for metric in DISTRIBUTIONS if metric.aiperf is not None)
+_DISTRIBUTION_TAGS = {metric.aiperf: (metric.aiperf_header, metric.unit) for metric in _AIPERF_DISTRIBUTIONS}
+#: tag -> (header, display unit), in the order of aiperf's ``JsonExportData`` fields, then
+#: the tags of registered distributions that are not among those fields.
 AIPERF_METRICS = {
     "request_throughput": ("Request Throughput", "requests/sec"),
     "request_latency": _DISTRIBUTION_TAGS["request_latency"],
@@ -226,6 +231,7 @@ AIPERF_METRICS = {
     "total_osl": ("Total Output Sequence Length", "tokens"),
     "error_request_count": ("Error Request Count", "requests"),
 }
+AIPERF_METRICS |= {tag: header for tag, header in _DISTRIBUTION_TAGS.items() if tag not in AIPERF_METRICS}
 
 
 def _record_block(unit: str, values: np.ndarray) -> dict[str, Any]:
@@ -301,7 +307,7 @@ def aiperf_document(result: simcore.Result, tokens: pa.Table | None) -> dict[str
     blocks: dict[str, dict[str, Any]] = {
         metric.aiperf: _record_block(metric.unit, column(metric.column)) if metric.column
         else _itl_block(summary, requests, tokens)
-        for metric in DISTRIBUTIONS
+        for metric in _AIPERF_DISTRIBUTIONS
     }
     tpot = column(TPOT.column)
     blocks |= {

@@ -6,6 +6,8 @@ them.  numba freezes these globals into the compiled kernels, so this module
 is part of the kernel cache's fingerprint (``simcore.jit_cache``).
 """
 
+from typing import NamedTuple
+
 # Worker roles (``worker_role``), and the pool names they index.
 ROLE_AGGREGATED = 0
 ROLE_PREFILL = 1
@@ -37,14 +39,36 @@ OUT_FINAL = 2  # the token that finished the request
 
 # Routing (docs/routing.md): the policy that picks a request's worker
 # (``engine.router.policy``, ``engine.decode_router.policy``) and its rank
-# inside the worker (``engine.<pool>.rank_policy``), by index in these tuples.
-ROUTE_ROUND_ROBIN = 0
-ROUTE_RANDOM = 1
-ROUTE_LEAST_OUTSTANDING = 2
-ROUTE_LEAST_TOKENS = 3
-ROUTE_POWER_OF_TWO = 4
-ROUTE_PREFIX_AWARE = 5
-ROUTER_POLICIES = ("round_robin", "random", "least_outstanding", "least_tokens", "power_of_two", "prefix_aware")
-RANK_ROUND_ROBIN = 0
-RANK_LEAST_LOADED = 1
-RANK_POLICIES = ("round_robin", "least_loaded")
+# inside the worker (``engine.<pool>.rank_policy``).  Each policy is declared
+# once, as a field: its name is the field's name and its code the field's
+# position (vectorbt-style enum), so names and codes cannot drift apart.  The
+# kernels read the codes as constants (``RouterPolicy.least_tokens``) and raise
+# on a code that is not declared here.
+
+
+class RouterPolicyT(NamedTuple):
+    """Codes of the worker routing policies, by name."""
+
+    round_robin: int
+    random: int
+    least_outstanding: int
+    least_tokens: int
+    power_of_two: int
+    prefix_aware: int
+
+
+class RankPolicyT(NamedTuple):
+    """Codes of the rank policies inside a worker, by name."""
+
+    round_robin: int
+    least_loaded: int
+
+
+RouterPolicy = RouterPolicyT(*range(len(RouterPolicyT._fields)))
+RankPolicy = RankPolicyT(*range(len(RankPolicyT._fields)))
+#: Policy names in code order: ``ROUTER_POLICIES.index(name)`` is the code.
+ROUTER_POLICIES = RouterPolicyT._fields
+RANK_POLICIES = RankPolicyT._fields
+# The round-robin codes under their former names, for ``simcore.engine.nb``.
+ROUTE_ROUND_ROBIN = RouterPolicy.round_robin
+RANK_ROUND_ROBIN = RankPolicy.round_robin

@@ -259,3 +259,67 @@ def test_a_bad_policy_on_the_command_line_exits_2_naming_the_key(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "engine.router.policy" in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- policy codes
+
+
+def test_policy_names_and_codes_are_declared_together():
+    from simcore.enums import RANK_POLICIES, ROUTER_POLICIES, RankPolicy, RouterPolicy
+
+    assert ROUTER_POLICIES == RouterPolicy._fields and RANK_POLICIES == RankPolicy._fields
+    assert [getattr(RouterPolicy, name) for name in ROUTER_POLICIES] == list(range(len(ROUTER_POLICIES)))
+    assert [getattr(RankPolicy, name) for name in RANK_POLICIES] == list(range(len(RANK_POLICIES)))
+
+
+def _route_call(policy, rank_policy):
+    """Arguments of route_send_nb / route_handoff_nb for one worker of one rank and one request."""
+    import numpy as np
+
+    from simcore.engine.router_nb import allocate_route_nb
+
+    one = np.ones(1, dtype=np.int64)
+    zero = np.zeros(1, dtype=np.int64)
+    return dict(
+        route=allocate_route_nb(1, 1, 1), policy=policy, rank_policy=np.array([rank_policy], dtype=np.int64),
+        first=0, count=1, draws=np.zeros(2, dtype=np.int64), weights=np.zeros(3), worker_first_rank=zero,
+        worker_num_ranks=one, run_len=zero.copy(), blocks_used=zero.copy(), rank_num_blocks=one * 8,
+        rank_block_size=one * 16, prefix_cache=(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)),
+    )
+
+
+def test_an_unknown_policy_code_is_an_error_in_the_kernel():
+    """An undeclared code raises in the kernel instead of falling through to another policy."""
+    import numpy as np
+
+    from simcore.engine.router_nb import route_handoff_nb, route_send_nb
+    from simcore.enums import RANK_POLICIES, ROUTER_POLICIES, RankPolicy, RouterPolicy
+
+    def send(policy, rank_policy):
+        a = _route_call(policy, rank_policy)
+        placed = np.full(1, -1, dtype=np.int64)
+        return route_send_nb(a["route"], 0, 0, a["policy"], a["rank_policy"], a["first"], a["count"], a["draws"],
+                             a["weights"], np.array([8], dtype=np.int64), a["worker_first_rank"],
+                             a["worker_num_ranks"], a["run_len"], a["blocks_used"], a["rank_num_blocks"],
+                             a["rank_block_size"], a["prefix_cache"], placed), placed[0]
+
+    def handoff(policy, rank_policy):
+        a = _route_call(policy, rank_policy)
+        return route_handoff_nb(a["route"], 0, 0, a["policy"], a["rank_policy"], a["first"], a["count"],
+                                a["draws"], a["weights"], 8, a["worker_first_rank"], a["worker_num_ranks"],
+                                a["run_len"], a["blocks_used"], a["rank_num_blocks"], a["rank_block_size"],
+                                a["prefix_cache"])
+
+    assert send(RouterPolicy.least_tokens, RankPolicy.round_robin) == (0, 0)
+    assert send(RouterPolicy.least_outstanding, RankPolicy.least_loaded) == (0, -1)  # its rank at the arrival
+    assert handoff(RouterPolicy.least_tokens, RankPolicy.least_loaded) == 0
+    for bad in (len(ROUTER_POLICIES), -1):
+        with pytest.raises(ValueError, match="unknown router policy code"):
+            send(bad, RankPolicy.round_robin)
+        with pytest.raises(ValueError, match="unknown router policy code"):
+            handoff(bad, RankPolicy.round_robin)
+    for bad in (len(RANK_POLICIES), -1):
+        with pytest.raises(ValueError, match="unknown rank policy code"):
+            send(RouterPolicy.round_robin, bad)
+        with pytest.raises(ValueError, match="unknown rank policy code"):
+            handoff(RouterPolicy.round_robin, bad)

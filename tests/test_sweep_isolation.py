@@ -117,13 +117,13 @@ def test_exit_reasons_name_the_signal():
 
 def test_hydra_mode_is_read_from_configs_only_when_one_may_set_it():
     """runners.cli skips Hydra's extra composition for hydra.mode only when no config can set it."""
-    from hydra._internal.utils import get_args_parser
     from omegaconf import OmegaConf
 
     from runners.cli import CONFIG_DIR, mode_only_from_command_line
+    from runners.hydra_private import args_parser
 
     def skips(*argv: str) -> bool:
-        return mode_only_from_command_line(get_args_parser().parse_args(list(argv)))
+        return mode_only_from_command_line(args_parser().parse_args(list(argv)))
 
     assert skips("load.concurrency=4") and skips("-m", "load.concurrency=1,2", "hydra/launcher=local")
     assert not skips("hydra.mode=MULTIRUN", "load.concurrency=1,2")

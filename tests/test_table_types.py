@@ -5,7 +5,6 @@ from __future__ import annotations
 import decimal
 import re
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

@@ -11,7 +11,7 @@ import numpy as np
 
 from simcore.settings import SimConfig
 from simcore.engine.state import Router, Topology
-from simcore.enums import RANK_POLICIES, ROUTE_POWER_OF_TWO, ROUTE_RANDOM, ROUTER_POLICIES
+from simcore.enums import RANK_POLICIES, ROUTER_POLICIES, RouterPolicy
 
 #: Spawn keys of the two draw streams under the run seed: the receiving pool's
 #: decisions (one per send), the decode pool's (one per handoff).
@@ -72,7 +72,7 @@ def router_inputs(cfg: SimConfig, n: int, topology: Topology, tok_index: np.ndar
     router = cfg.engine.router
     policy = ROUTER_POLICIES.index(router.policy)
     decode_policy = ROUTER_POLICIES.index(router.decode_policy)
-    seeded = (ROUTE_RANDOM, ROUTE_POWER_OF_TWO)
+    seeded = (RouterPolicy.random, RouterPolicy.power_of_two)
     no_draws = np.zeros(0, dtype=np.int64)
     return Router(
         policy=policy,

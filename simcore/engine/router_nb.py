@@ -28,10 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from simcore.enums import (
-    RANK_ROUND_ROBIN, ROUTE_LEAST_OUTSTANDING, ROUTE_POWER_OF_TWO, ROUTE_PREFIX_AWARE, ROUTE_RANDOM,
-    ROUTE_ROUND_ROBIN,
-)
+from simcore.enums import RankPolicy, RouterPolicy
 from simcore.scheduler.kv_nb import HDR_OFFSET, _map_find_nb
 
 # Header of the state array: the counts that place its parts.
@@ -177,24 +174,27 @@ def _prefix_aware(route, k, start, first, count, weights, worker_first_rank, wor
 def _pick_worker(route, policy, seq, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
                  run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache):
     """The worker (global index) among ``first .. first + count - 1`` for decision ``seq`` (request k)."""
-    if policy == ROUTE_ROUND_ROBIN:
+    if policy == RouterPolicy.round_robin:
         return first + seq % count
-    if policy == ROUTE_RANDOM:
+    if policy == RouterPolicy.random:
         return first + draws[2 * seq]
     outstanding = _outstanding(route)
-    if policy == ROUTE_POWER_OF_TWO:  # the first draw unless the second has fewer outstanding
+    if policy == RouterPolicy.power_of_two:  # the first draw unless the second has fewer outstanding
         a = first + draws[2 * seq]
         b = first + draws[2 * seq + 1]
         return b if route[outstanding + b] < route[outstanding + a] else a
     start = seq % count
-    if policy == ROUTE_PREFIX_AWARE:
+    if policy == RouterPolicy.prefix_aware:
         return _prefix_aware(route, k, start, first, count, weights, worker_first_rank, worker_num_ranks,
                              run_len, blocks_used, rank_num_blocks, prefix_cache)
+    if policy != RouterPolicy.least_outstanding and policy != RouterPolicy.least_tokens:
+        # An undeclared code is an error, never another policy.
+        raise ValueError("unknown router policy code (not in simcore.enums.RouterPolicy)")
     best = -1
     best_load = np.int64(0)
     for i in range(count):
         w = first + (start + i) % count
-        if policy == ROUTE_LEAST_OUTSTANDING:
+        if policy == RouterPolicy.least_outstanding:
             load = route[outstanding + w]
         else:
             load = _token_load(route, w, worker_first_rank, worker_num_ranks, blocks_used, rank_block_size)
@@ -268,9 +268,9 @@ def route_send_nb(route, seq, k, policy, rank_policy, first, count, draws, weigh
     k : int
         The request row.
     policy : int
-        ``ROUTE_*`` of the receiving pool.
+        ``RouterPolicy`` code (``simcore.enums``) of the receiving pool.
     rank_policy : ndarray(int64, ndim=1)
-        ``RANK_*`` per worker.
+        ``RankPolicy`` code per worker.
     first, count : int
         The receiving pool's workers: ``first .. first + count - 1``.
     draws : ndarray(int64, ndim=1)
@@ -296,8 +296,10 @@ def route_send_nb(route, seq, k, policy, rank_policy, first, count, draws, weigh
     w = _pick_worker(route, policy, seq, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
                      run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
     _enter_worker(route, k, w, input_tokens[k])
-    if rank_policy[w] == RANK_ROUND_ROBIN:
+    if rank_policy[w] == RankPolicy.round_robin:
         placed_rank[k] = _round_robin_rank(route, w, worker_first_rank, worker_num_ranks)
+    elif rank_policy[w] != RankPolicy.least_loaded:  # least_loaded picks at the arrival
+        raise ValueError("unknown rank policy code (not in simcore.enums.RankPolicy)")
     return w
 
 
@@ -345,9 +347,9 @@ def route_handoff_nb(route, h, k, policy, rank_policy, first, count, draws, weig
     h, k : int
         The handoff number and its request.
     policy : int
-        ``ROUTE_*`` of the decode pool.
+        ``RouterPolicy`` code of the decode pool.
     rank_policy : ndarray(int64, ndim=1)
-        ``RANK_*`` per worker.
+        ``RankPolicy`` code per worker.
     first, count : int
         The decode pool's workers: ``first .. first + count - 1``.
     draws : ndarray(int64, ndim=1)
@@ -367,11 +369,13 @@ def route_handoff_nb(route, h, k, policy, rank_policy, first, count, draws, weig
     w = _pick_worker(route, policy, h, k, first, count, draws, weights, worker_first_rank, worker_num_ranks,
                      run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache)
     _enter_worker(route, k, w, tokens)
-    if rank_policy[w] == RANK_ROUND_ROBIN:
+    if rank_policy[w] == RankPolicy.round_robin:
         g = _round_robin_rank(route, w, worker_first_rank, worker_num_ranks)
-    else:
+    elif rank_policy[w] == RankPolicy.least_loaded:
         g = _assign_rank(route, _least_loaded_rank(route, w, worker_first_rank, worker_num_ranks, run_len,
                                                    blocks_used, rank_num_blocks))
+    else:
+        raise ValueError("unknown rank policy code (not in simcore.enums.RankPolicy)")
     route[_handoff_rank(route) + h] = g
     return g
 

@@ -18,7 +18,8 @@ from simcore.metrics.settings import GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import (
-    CACHE_TIERS, DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, summary_key,
+    CACHE_TIERS, DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, slo_metrics,
+    summary_key,
 )
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
 from simcore.schema import PASSES_SCHEMA, REQUESTS_SCHEMA, TOKENS_SCHEMA, TTFT_STAGES, conform, string_array
@@ -84,6 +85,10 @@ class RequestColumns:
             "decode_wait_ms": decode_wait,
             "detokenization_ms": _span_ms(self.first_recv_ns, run.first_emit_ns),
         }
+        # Registered metrics beyond the built-ins above, in registry order (one may read another).
+        for metric in DISTRIBUTIONS:
+            if metric.compute is not None:
+                setattr(self, metric.column, np.asarray(metric.compute(self), dtype=np.float64))
 
 
 def requests_table(
@@ -414,12 +419,13 @@ def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | No
     if not slo.enabled:
         return None
     good = cols.completed.copy()
-    if slo.ttft_ms is not None:
-        good &= cols.ttft_ms <= slo.ttft_ms
-    if slo.tpot_ms is not None:  # does not apply below 2 tokens (tpot is NaN there)
-        good &= np.isnan(cols.tpot_ms) | (cols.tpot_ms <= slo.tpot_ms)
-    if slo.e2el_ms is not None:
-        good &= cols.e2el_ms <= slo.e2el_ms
+    for metric in slo_metrics():
+        target = slo.target(metric.column)
+        if target is not None:
+            # NaN: the metric does not apply (TPOT below 2 tokens); a completed
+            # request always has a TTFT and an E2E latency.
+            values = getattr(cols, metric.column)
+            good &= np.isnan(values) | (values <= target)
     return per_second(int(good.sum()))
 
 

@@ -1,8 +1,11 @@
 """The latency distributions of a run, each declared once (SPEC §10, ``docs/metrics.md``).
 
 The summary keys (``<stat>_<name>_<unit>``), the request-table fields of the
-per-request metrics, the terminal report and the ``vllm bench serve`` and
-aiperf exports all read this table.  The module imports nothing of the
+per-request metrics and their values, the goodput targets
+(``metrics.goodput``), the capacity search's SLO keys, the calibration's
+metrics, the terminal report and the ``vllm bench serve`` and aiperf exports
+all read this table.  A metric's vLLM and aiperf names are optional: an export
+leaves out a metric it has no name for.  The module imports nothing of the
 simulator, so every stage and runner may use it.
 """
 
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,17 @@ class Distribution:
 
     ``column`` is the request-table field holding one value per request, or
     None for a metric pooled over token gaps (ITL).  ``depends`` names the
-    request-table instants the formula reads.
+    request-table instants the formula reads.  ``compute`` derives the
+    per-request values (float64, NaN where the metric does not apply) from
+    ``simcore.metrics.api.RequestColumns``; None for the built-in metrics,
+    which ``RequestColumns`` computes itself.  ``vllm`` / ``aiperf`` (with
+    ``aiperf_header``): the metric's name in ``vllm bench serve``'s result
+    JSON and its tag in aiperf's export, None where those tools have none (the
+    export leaves the metric out).  ``slo``: ``metrics.goodput.<column>`` sets
+    a per-request target (a request where the metric is NaN meets it).
+    ``calibration``: the metric's label in ``replaysim-calibrate``'s fit, None
+    when it is not fitted (a measured run gives TTFT and E2E latency, so only
+    metrics derived from those can be).
     """
 
     name: str
@@ -28,9 +41,12 @@ class Distribution:
     formula: str
     depends: tuple[str, ...]
     column: str | None
-    vllm: str
-    aiperf: str
-    aiperf_header: str
+    vllm: str | None = None
+    aiperf: str | None = None
+    aiperf_header: str | None = None
+    compute: Callable[[Any], Any] | None = None
+    slo: bool = False
+    calibration: str | None = None
 
 
 TTFT = Distribution(
@@ -39,6 +55,7 @@ TTFT = Distribution(
     depends=("send_ms", "first_token_ms"),
     column="ttft_ms", vllm="ttft",
     aiperf="time_to_first_token", aiperf_header="Time to First Token",
+    slo=True, calibration="TTFT",
 )
 TPOT = Distribution(
     name="tpot", label="TPOT", unit="ms",
@@ -47,6 +64,7 @@ TPOT = Distribution(
     column="tpot_ms", vllm="tpot",
     # aiperf's inter-token latency is the per-request average: replaysim's TPOT.
     aiperf="inter_token_latency", aiperf_header="Inter Token Latency",
+    slo=True, calibration="TPOT",
 )
 ITL = Distribution(
     name="itl", label="ITL", unit="ms",
@@ -62,11 +80,25 @@ E2EL = Distribution(
     depends=("send_ms", "last_token_ms"),
     column="e2el_ms", vllm="e2el",
     aiperf="request_latency", aiperf_header="Request Latency",
+    slo=True, calibration="E2E",
 )
 
 #: In ``vllm bench serve``'s order (``--percentile-metrics ttft,tpot,itl,e2el``).
 DISTRIBUTIONS = (TTFT, TPOT, ITL, E2EL)
 BY_NAME = {metric.name: metric for metric in DISTRIBUTIONS}
+
+
+def slo_metrics() -> tuple[Distribution, ...]:
+    """The per-request metrics a goodput target can be set on, in registry order.
+
+    Returns
+    -------
+    tuple of Distribution
+        Those of :data:`DISTRIBUTIONS` with ``slo`` and a request-table
+        column; the goodput keys are ``metrics.goodput.<column>``.
+    """
+    return tuple(metric for metric in DISTRIBUTIONS if metric.slo and metric.column)
+
 
 @dataclass(frozen=True)
 class CacheTierMetric:

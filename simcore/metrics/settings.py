@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from simcore.checks import choice, flag, key, number, optional_number, optional_str, parse_keys, section
+from simcore.checks import Later, choice, flag, key, number, optional_number, optional_str, parse_keys, section
 from simcore.errors import ConfigError
+from simcore.metrics.registry import slo_metrics
 
 OUTPUT_MODES = ("detailed", "bounded")
 
@@ -31,19 +32,33 @@ def _percentiles(path: str, value: Any) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class GoodputConfig:
-    ttft_ms: float | None = key(None, optional_number, strict=True)
-    tpot_ms: float | None = key(None, optional_number, strict=True)
-    e2el_ms: float | None = key(None, optional_number, strict=True)
+    """Per-request targets, ms (None: none), by the column of each ``registry.slo_metrics()`` metric."""
+
+    targets: tuple[tuple[str, float | None], ...]
+
+    def target(self, column: str) -> float | None:
+        return dict(self.targets)[column]
 
     @property
     def enabled(self) -> bool:
-        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2el_ms))
+        return any(v is not None for _, v in self.targets)
+
+
+def _goodput_tree() -> dict[str, Any]:
+    # One key per metric that takes a target: its request-table column.
+    return {metric.column: None for metric in slo_metrics()}
+
+
+def _goodput(path: str, raw: Mapping[str, Any]) -> GoodputConfig:
+    return GoodputConfig(tuple(
+        (column, optional_number(f"{path}.{column}", raw[column], strict=True)) for column in _goodput_tree()
+    ))
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
     percentiles: tuple[float, ...] = key([50, 90, 95, 99], _percentiles)
-    goodput: GoodputConfig = section(GoodputConfig)
+    goodput: GoodputConfig = section(GoodputConfig, tree=_goodput_tree)
 
 
 @dataclass(frozen=True)
@@ -69,7 +84,9 @@ def parse(raw: Mapping[str, Any], path: str = "metrics") -> MetricsConfig:
     -------
     MetricsConfig
     """
-    return parse_keys(MetricsConfig, raw, path)
+    return parse_keys(
+        MetricsConfig, raw, path, goodput=Later(lambda: _goodput(f"{path}.goodput", raw["goodput"]))
+    )
 
 
 def parse_output(raw: Mapping[str, Any], path: str = "output") -> OutputConfig:

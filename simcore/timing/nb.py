@@ -906,7 +906,6 @@ def aic_pass_ms_nb(
     float
         The rank's time, ms.
     """
-    na_n = int(params[A_NA_N])
     if num_prefill > 0:
         s = prefill_tokens // num_prefill
         p = (prefill_kv_tokens - prefill_tokens) // num_prefill
