@@ -23,7 +23,10 @@ the open-loop cases and ``poisson``.
 Output: CSV ``case,tree,output_tokens,median_s,us_per_output_token,ratio``
 (ratio: this tree's median over the baseline's), headline on the last line.
 
-Usage: python bench/bench_trace.py [--runs 7] [--baseline REV] [--paths]
+``--baseline-env NAME=VALUE`` makes the baseline this tree run with that
+environment instead (``NUMBA_CPU_NAME=generic``: a portable CPU target).
+
+Usage: python bench/bench_trace.py [--runs 7] [--baseline REV] [--baseline-env NAME=VALUE] [--paths]
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ def worker() -> None:
         print(json.dumps([seconds, tokens]), flush=True)
 
 
-def start_worker(tree: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def start_worker(tree: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(tree), **(extra_env or {}))
     return subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "--worker"],
         cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -127,6 +130,9 @@ def main() -> None:
     parser.add_argument("--baseline", default="HEAD~1")
     parser.add_argument("--paths", action="store_true", help="also time the kernel path's two detokenization paths")
     parser.add_argument("--cases", default="trace_x1,trace_x4,reference")
+    parser.add_argument("--baseline-env", metavar="NAME=VALUE", action="append", default=[],
+                        help="instead of a commit, the baseline is this tree with these environment variables "
+                             "(e.g. NUMBA_CPU_NAME=generic: kernels compiled for a portable CPU target)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -140,8 +146,12 @@ def main() -> None:
     if args.paths:
         configs.setdefault("poisson", all_configs["poisson"])
     with tempfile.TemporaryDirectory() as tmp:
-        base = export_tree(args.baseline, Path(tmp))
-        procs = {"head": start_worker(ROOT), "base": start_worker(base)}
+        if args.baseline_env:
+            base_env = dict(item.split("=", 1) for item in args.baseline_env)
+            args.baseline = " ".join(args.baseline_env)
+            procs = {"head": start_worker(ROOT), "base": start_worker(ROOT, base_env)}
+        else:
+            procs = {"head": start_worker(ROOT), "base": start_worker(export_tree(args.baseline, Path(tmp)))}
         jobs = [(case, "run", tree) for case in configs if case != "poisson" for tree in procs]
         if args.paths:
             jobs += [(case, path, "head") for case in configs if case != "reference" for path in ("kernel", "after_run")]

@@ -71,6 +71,7 @@ import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydr
 from runners import callbacks, params  # noqa: E402
 from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E402  the one module using hydra._internal
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
+from runners.compile_watch import CompileWatch, load_timeline, timeline_case  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
 from runners.rundir import remove_new_run_dir  # noqa: E402
@@ -456,7 +457,9 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
         check_writable(out_dir)  # before a long simulation, not after
     except OSError as exc:
         fail_environment(exc, out_dir)
-    with RunProgress(cold=not engine_kernel_cached()) as progress:
+    cold = not engine_kernel_cached()
+    watch = CompileWatch(load_timeline(timeline_case(config))) if cold else None
+    with RunProgress(cold=cold, watch=watch) as progress:
         try:
             result, tokens = simulate(config, options, progress.update)
         except ConfigError as exc:  # a bad request table or trace

@@ -34,6 +34,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from runners.compile_watch import CompileWatch
 from simcore.jit_cache import engine_kernel_cached
 
 #: Seconds between redraws of the run bar by its background thread.
@@ -88,6 +89,9 @@ class RunProgress:
     ----------
     cold : bool
         numba has no compiled engine kernel cached: the first dispatch compiles.
+    watch : CompileWatch, optional
+        Counts the compilations (opened and closed here); while compiling, the
+        bar shows its :meth:`~runners.compile_watch.CompileWatch.describe`.
     enabled : bool, optional
         Draw the bar; default :func:`interactive` for stderr.
     bar_stream, line_stream : file, optional
@@ -96,7 +100,8 @@ class RunProgress:
     """
 
     def __init__(self, cold: bool, enabled: bool | None = None,
-                 bar_stream: TextIO | None = None, line_stream: TextIO | None = None):
+                 bar_stream: TextIO | None = None, line_stream: TextIO | None = None,
+                 watch: CompileWatch | None = None):
         self.bar_stream = sys.stderr if bar_stream is None else bar_stream
         self.line_stream = sys.stdout if line_stream is None else line_stream
         self.enabled = interactive(self.bar_stream) if enabled is None else enabled
@@ -105,6 +110,7 @@ class RunProgress:
         self.compiled_at: float | None = None
         self.total: int | None = None
         self.compiling = cold
+        self.watch = watch.__enter__() if watch is not None and cold else None
         self.bar: tqdm | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -122,6 +128,8 @@ class RunProgress:
 
     def _tick(self) -> None:
         while not self._stop.wait(REDRAW_S):
+            if self.compiling and self.watch is not None:
+                self.bar.set_description_str(self.watch.describe(), refresh=False)
             if time.monotonic() - self.start >= self.bar.delay:
                 self.bar.refresh()
 
@@ -134,6 +142,8 @@ class RunProgress:
         if started:  # the first request finished: the kernel runs
             self.compiling = False
             self.compiled_at = time.monotonic()
+            if self.watch is not None:
+                self.watch.__exit__(None, None, None)
         if self.bar is None:
             return
         # The kernel started, or a repeated run (bounded mode) counts from 0 again.
@@ -167,6 +177,8 @@ class RunProgress:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
+        if self.watch is not None:
+            self.watch.__exit__(None, None, None)
         if self.bar is not None:
             self.bar.close()
         if not ok:
@@ -174,7 +186,8 @@ class RunProgress:
         now = time.monotonic()
         simulated = (self.simulated_at or now) - self.start
         requests = "" if self.total is None else f"{self.total} requests "
-        compiled = "" if self.compiled_at is None else f" (kernels compiled in {self.compiled_at - self.start:.2f} s)"
+        kernels = "kernels" if self.watch is None else f"{self.watch.done} kernels"
+        compiled = "" if self.compiled_at is None else f" ({kernels} compiled in {self.compiled_at - self.start:.2f} s)"
         _say(f"replaysim: {requests}simulated in {simulated:.2f} s{compiled}, results written in "
              f"{now - (self.simulated_at or now):.2f} s", self.line_stream)
 

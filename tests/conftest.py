@@ -1,0 +1,38 @@
+"""The quick subset: ``python3 -m pytest -q -m "not slow"`` (README.md, "Tests").
+
+Marked ``slow`` here, so that the subset needs no edit when tests are added:
+
+- every test of :data:`SLOW_MODULES`: they run the installed commands in
+  subprocesses (Hydra, sweeps, launchers, the wheel, the README's commands);
+- the tests of :data:`SLOW_TESTS`, which each run a whole scenario family
+  to check what it covers;
+- the cases of a seeded scenario family (a ``seed`` parameter) from seed
+  :data:`QUICK_SEEDS` on: the subset keeps every family and every parameter
+  combination, on its first seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: Seeds of each scenario family that the quick subset keeps.
+QUICK_SEEDS = 4
+
+SLOW_MODULES = frozenset({
+    "test_aiperf_export", "test_analyze", "test_calibrate", "test_capacity", "test_cli", "test_fuzz",
+    "test_packaging", "test_readme", "test_result_sets", "test_slurm", "test_sweep", "test_sweep_isolation",
+})
+
+SLOW_TESTS = frozenset({
+    "test_prefix_pressure_scenarios_evict_and_block", "test_random_scenarios_hit_generated_blocks",
+    "test_routing_scenarios_leave_round_robin", "test_offload_scenarios_cover_the_features",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        seed = getattr(getattr(item, "callspec", None), "params", {}).get("seed")
+        if module in SLOW_MODULES or item.originalname in SLOW_TESTS or (isinstance(seed, int) and seed >= QUICK_SEEDS):
+            item.add_marker(slow)
