@@ -45,11 +45,11 @@ from simcore.metrics.settings import OUTPUT_MODES, GoodputConfig, MetricsConfig,
 from simcore.scheduler.settings import (
     AUTO_BLOCKS,
     DEFAULT_KV_TOKENS,
-    POLICIES,
     POLICY_DEFAULTS,
     KVOffloadConfig,
     PoolConfig,
 )
+from simcore.scheduler.policies import POLICIES
 from simcore.settings import SimConfig
 from simcore.timing import settings as timing_settings
 from simcore.timing.settings import (
@@ -198,7 +198,7 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
     load = workload_settings.parse_load(raw["load"], "load")
     # The timing settings read engine.policy, and the pools read timing.type.
     policy = engine_settings.parse_policy(raw["engine"], "engine")
-    timing = timing_settings.parse(raw["timing"], "timing", policy, POLICIES)
+    timing = timing_settings.parse(raw["timing"], "timing", policy)
     cfg = SimConfig(
         seed=seed,
         workload=workload,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import simcore
-import simcore.engine.api as engine_api
+import simcore.scheduler.api as scheduler_api  # where prepare asks whether a tree applies
 from simcore.config import load_config
 from simcore.scheduler import kv_nb
 from simcore.scheduler.kv_tree import kv_tree_applies, kv_tree_prefix_cache
@@ -32,7 +32,7 @@ def run(overrides: dict, tree: bool, monkeypatch):
         decided.append(tree_shaped(requests, router_policy) and tree)
         return decided[-1]
 
-    monkeypatch.setattr(engine_api, "tree_shaped", tree_shaped_noted)
+    monkeypatch.setattr(scheduler_api, "tree_shaped", tree_shaped_noted)
     result = simcore.run(overrides)
     assert decided == [tree]  # Mooncake's hash_ids are prefix-chained: the tree applies
     return result

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import simcore
-import simcore.engine.api as engine_api
+import simcore.scheduler.api as scheduler_api  # where prepare asks whether a tree applies
 from simcore.scheduler.radix import tree_shaped
 from simcore.workload.api import RequestTable
 
@@ -78,10 +78,10 @@ def test_tree_gives_the_block_models_results_on_the_mooncake_excerpt(monkeypatch
         decided.append(tree_shaped(requests, router_policy))
         return decided[-1]
 
-    monkeypatch.setattr(engine_api, "tree_shaped", tree_shaped_noted)
+    monkeypatch.setattr(scheduler_api, "tree_shaped", tree_shaped_noted)
     tree = mooncake_run(block_size, tokens // block_size, replicas)
     assert decided == [True]  # Mooncake's hash_ids are prefix-chained
-    monkeypatch.setattr(engine_api, "tree_shaped", lambda requests, router_policy: False)
+    monkeypatch.setattr(scheduler_api, "tree_shaped", lambda requests, router_policy: False)
     blocks = mooncake_run(block_size, tokens // block_size, replicas)
     requests = tree.requests
     assert tree.summary["prefix_cache_hit_rate"] > 0

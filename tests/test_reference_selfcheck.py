@@ -641,13 +641,25 @@ def policy_config(policy, pool=None, mode="aggregated", **sections):
     return make_config(engine=engine, **sections)
 
 
+#: Pool-key defaults per policy, copied from the table of docs/policies.md (the
+#: reference reads them off simcore's registry, which must agree with this copy).
+DOCS_POOL_DEFAULTS = {
+    "vllm": {"max_batched_tokens": 8192, "max_sequences": 256, "block_size": 16},
+    "sglang": {"max_sequences": 4096, "block_size": 1, "chunked_prefill_size": 8192,
+               "max_prefill_tokens": 16384, "schedule_conservativeness": 1.0},
+    "trtllm": {"max_batched_tokens": 8192, "max_sequences": 2048, "block_size": 32},
+}
+
+
 def test_policy_pool_defaults_match_simcore_config():
-    # The reference's table is copied from docs/policies.md; simcore.config must agree.
+    # The table is copied from docs/policies.md; simcore.config and the reference must agree.
     from simcore import config as simcfg
     assert DEFAULT_KV_TOKENS == simcfg.DEFAULT_KV_TOKENS == 416_000
     assert set(POLICY_POOL_DEFAULTS) == set(simcfg.POLICY_DEFAULTS) == {"vllm", "sglang", "trtllm"}
+    assert POLICY_POOL_DEFAULTS == DOCS_POOL_DEFAULTS
     for policy, defaults in simcfg.POLICY_DEFAULTS.items():
         assert POLICY_POOL_DEFAULTS[policy] == {k: v for k, v in defaults.items() if v is not None}
+        assert DOCS_POOL_DEFAULTS[policy] == {k: v for k, v in defaults.items() if v is not None}
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sglang", "trtllm"])

@@ -17,7 +17,64 @@ import pyarrow as pa
 from simcore.client import nb
 from simcore.client.nb import fnv1a64_mod_nb
 from simcore.config import DetokenizationConfig, TokenizationConfig
+from simcore.engine.state import Client
+from simcore.enums import DETOK_DEFERRED, DETOK_IN_KERNEL, DETOK_OFF
 from simcore.units import ms_array_to_ns
+
+
+def client_inputs(
+    tok: TokenizationConfig,
+    detok: DetokenizationConfig,
+    requests,
+    input_tokens: np.ndarray,
+    worker: np.ndarray,
+    num_workers: int,
+    *,
+    sessions: bool,
+    after_run: bool,
+) -> tuple[Client, np.ndarray]:
+    """The client stage's kernel inputs: tokenizer placement and service, detokenizer mode, servers and costs.
+
+    Parameters
+    ----------
+    tok, detok : TokenizationConfig, DetokenizationConfig
+    requests : RequestTable
+        Its ``request_id`` places each request on a server.
+    input_tokens : ndarray(int64, ndim=1)
+        Prompt length of each request, tokens.
+    worker : ndarray(int64, ndim=1)
+        Each request's receiving worker by row (unused with sessions).
+    num_workers : int
+        Receiving workers (each owns ``tok.workers`` tokenizer servers).
+    sessions : bool
+        Placement by send sequence number (the kernel adds the worker's first server).
+    after_run : bool
+        Detokenize after the run (``DETOK_DEFERRED``) rather than at each pass end.
+
+    Returns
+    -------
+    Client
+    tok_index : ndarray(int64, ndim=1)
+        Each request's tokenizer server within its worker (read by the router).
+    """
+    tok_index = server_index(requests.request_id, tok.workers)
+    if not detok.enabled:
+        mode = DETOK_OFF
+    elif not after_run:
+        mode = DETOK_IN_KERNEL
+    else:
+        mode = DETOK_DEFERRED
+    client = Client(
+        tok_server=tok_index if sessions else worker * tok.workers + tok_index,
+        tok_service_ns=tokenization_service_ns(tok, input_tokens),
+        num_tok_servers=num_workers * tok.workers,
+        detok_mode=mode,
+        detok_server=server_index(requests.request_id, detok.workers),
+        detok_workers=detok.workers,
+        detok_params=detokenization_params(detok),
+        chunk_size=detok.chunk_size or 0,
+    )
+    return client, tok_index
 
 
 def server_index(request_ids: pa.Array, workers: int) -> np.ndarray:

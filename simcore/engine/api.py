@@ -13,12 +13,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from simcore.client.api import (
-    detokenization_params,
-    receipts_after_run,
-    server_index,
-    tokenization_service_ns,
-)
+from simcore.client.api import client_inputs, receipts_after_run
 from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
@@ -28,11 +23,10 @@ from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, R
 from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
-from simcore.scheduler.nb import POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
-from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
-from simcore.scheduler.radix import radix_prefix_cache, tree_shaped
-from simcore.scheduler.kv_tree import kv_tree_applies, kv_tree_prefix_cache
-from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_shape, offload_state
+from simcore.scheduler.api import prefix_cache_inputs, rank_inputs
+from simcore.scheduler.radix import radix_prefix_cache
+from simcore.scheduler.kv_tree import kv_tree_prefix_cache
+from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_state
 from simcore.timing.api import timing_arrays
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
@@ -41,7 +35,6 @@ from simcore.workload.sessions import session_schedule
 DETOK_PATHS = ("auto", "kernel", "after_run")
 STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
 STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
-POLICY_CODES = {"vllm": POLICY_VLLM, "sglang": POLICY_SGLANG, "trtllm": POLICY_TRTLLM}
 PROGRESS_INTERVAL_S = 0.2
 #: Per-request outputs allocated as "did not happen" (-1) and as counts (0).
 NOT_YET_OUTPUTS = ("arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
@@ -393,7 +386,8 @@ def prepare(
     num_tokens = checked_total(output_tokens, "output_tokens")  # before the cumsum can wrap
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
-    topology, ranks, rank_worker = _topology(pools, cfg.engine.policy)
+    topology, rank_worker = _topology(pools)
+    ranks = rank_inputs(pools, cfg.engine.policy)
 
     # Placement by send sequence number k over the receiving pool (SPEC §3);
     # under another routing policy the kernel places each request (placed_rank).
@@ -404,34 +398,14 @@ def prepare(
     recv_rank = topology.worker_first_rank[worker] + rank
 
     tok = cfg.tokenization
-    tok_index = server_index(requests.request_id, tok.workers)
     schedule = session_schedule(requests, cfg, recv_rank.copy(), worker * tok.workers)  # recv_rank is rewritten at sends
     # Placement by row; with sessions by send sequence number, in the kernel.
-    tok_server = tok_index if sessions else worker * tok.workers + tok_index
-    tok_service = tokenization_service_ns(tok, input_tokens)
+    client, tok_index = client_inputs(tok, cfg.detokenization, requests, input_tokens, worker, receiving.replicas,
+                                      sessions=sessions, after_run=detok_path == "after_run")
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
-
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
-    radix_tree = bool(receiving.prefix_caching and cfg.engine.policy == "sglang"
-                      and tree_shaped(requests, cfg.engine.router.policy))
-    if receiving.prefix_caching:
-        generated_too = cfg.engine.policy == "sglang" or receiving.cache_generated_blocks
-        identities = radix_block_identities if generated_too else prompt_block_identities
-        identities = radix_tree_identities if radix_tree else identities
-        ident_offset, ident = identities(
-            requests, receiving.block_size, cfg.workload.block_size, cfg.workload.prefix_tokens
-        )
-        num_slots = receiving.num_blocks * receiving.num_ranks
-    else:
-        ident_offset, ident, num_slots = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), 1
-
-    detok = cfg.detokenization
-    if not detok.enabled:
-        mode = nb.DETOK_OFF
-    elif detok_path != "after_run":
-        mode = nb.DETOK_IN_KERNEL
-    else:
-        mode = nb.DETOK_DEFERRED
+    prefix_cache = prefix_cache_inputs(receiving, cfg.engine.policy, requests, cfg.workload, cfg.engine.router.policy,
+                                       len(ranks.policy))
     cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms, "max_time_ms")
 
     # A worker pass either emits a token or fills some rank's token budget with
@@ -460,16 +434,7 @@ def prepare(
             cap_ns=nb.NO_CAP if cap_ns is None else cap_ns,
             **schedule,
         ),
-        client=Client(
-            tok_server=tok_server,
-            tok_service_ns=tok_service,
-            num_tok_servers=receiving.replicas * tok.workers,
-            detok_mode=mode,
-            detok_server=server_index(requests.request_id, detok.workers),
-            detok_workers=detok.workers,
-            detok_params=detokenization_params(detok),
-            chunk_size=detok.chunk_size or 0,
-        ),
+        client=client,
         topology=topology,
         ranks=ranks,
         timing=Timing(*timing_arrays(cfg.timing)),
@@ -481,12 +446,8 @@ def prepare(
         record_passes=record_passes,
         bounded=bounded,
         rank_worker=rank_worker,
-        cache_shape=(num_slots, len(ranks.policy), ident_offset, ident),
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
-        offload_shape=offload_shape(receiving, len(ranks.policy), n),
-        radix_tree=radix_tree,
-        kv_tree=bool(receiving.prefix_caching and kv_tree_applies(receiving, cfg.engine.policy)
-                     and tree_shaped(requests, cfg.engine.router.policy)),
+        **prefix_cache._asdict(),
     )
 
 
@@ -597,37 +558,16 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
     )
 
 
-def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
-    """Workers and ranks of the deployment as flat per-worker and per-rank arrays, and each rank's worker."""
+def _topology(pools) -> tuple[Topology, np.ndarray]:
+    """Workers of the deployment as flat per-worker arrays, and each global rank's worker."""
     roles = [nb.ROLE_AGGREGATED] if len(pools) == 1 else [nb.ROLE_PREFILL, nb.ROLE_DECODE]
-    worker_role, worker_num_ranks, ranks, worker_async = [], [], [], []
+    worker_role, worker_num_ranks, worker_async = [], [], []
     for role, pool in zip(roles, pools):
         worker_role += [role] * pool.replicas
         worker_async += [pool.async_scheduling] * pool.replicas
         worker_num_ranks += [pool.attention_dp] * pool.replicas
-        ranks += [pool] * pool.num_ranks
     worker_num_ranks = np.array(worker_num_ranks, dtype=np.int64)
     first_rank = np.cumsum(worker_num_ranks) - worker_num_ranks
-
-    def per_rank(field):
-        return np.array([getattr(pool, field) or 0 for pool in ranks], dtype=np.int64)
-
-    # SGLang: chunked_prefill_size is split over the attention-DP ranks, and
-    # new_token_ratio starts at 0.7 x conservativeness (at most 1), floors at
-    # 0.14 of that and decays to the floor over 600 decode steps (SGLang 0.5
-    # defaults, Scheduler.__init__).
-    ratio = np.zeros((len(ranks), 3), dtype=np.float64)
-    chunk = np.zeros(len(ranks), dtype=np.int64)
-    for g, pool in enumerate(ranks):
-        if policy == "sglang":
-            init = min(0.7 * pool.schedule_conservativeness, 1.0)
-            floor = min(init * 0.14, 1.0)
-            ratio[g] = (init, floor, (init - floor) / 600)
-            chunk[g] = max(pool.chunked_prefill_size // pool.attention_dp, 1)
-    # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
-    prefix_caching = np.zeros(len(ranks), dtype=np.bool_)
-    prefix_caching[: pools[0].num_ranks] = pools[0].prefix_caching
-
     topology = Topology(
         worker_role=np.array(worker_role, dtype=np.int64),
         worker_first_rank=first_rank,
@@ -635,21 +575,7 @@ def _topology(pools, policy: str) -> tuple[Topology, Ranks, np.ndarray]:
         num_decode_workers=pools[-1].replicas if len(pools) == 2 else 0,
         worker_async=np.array(worker_async, dtype=np.bool_),
     )
-    rank_limits = Ranks(
-        max_batched_tokens=per_rank("max_batched_tokens"),
-        max_sequences=per_rank("max_sequences"),
-        num_blocks=per_rank("num_blocks"),
-        block_size=per_rank("block_size"),
-        seq_limit=per_rank("sequence_limit"),
-        policy=np.full(len(ranks), POLICY_CODES[policy], dtype=np.int64),
-        chunk_tokens=chunk,
-        max_prefill_tokens=per_rank("max_prefill_tokens"),
-        ratio_params=ratio,
-        prefix_caching=prefix_caching,
-        reserve_full_isl=np.array([pool.reserve_full_isl for pool in ranks], dtype=np.bool_),
-        cache_generated_blocks=np.array([pool.cache_generated_blocks for pool in ranks], dtype=np.bool_),
-    )
-    return topology, rank_limits, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
+    return topology, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
 
 
 def allocate_buffers(

@@ -15,7 +15,8 @@ import numpy as np
 from simcore import checks
 from simcore.checks import Later, choice, key, number, optional_number, parse_keys, section
 from simcore.enums import ROUTER_POLICIES
-from simcore.scheduler.settings import POLICIES, PoolConfig, parse_pool
+from simcore.scheduler.policies import POLICIES
+from simcore.scheduler.settings import PoolConfig, parse_pool
 
 ENGINE_MODES = ("aggregated", "disaggregated")
 POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.scheduler.kv_nb import HDR_BLOCK_SLOT
+from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.kv_tree_nb import P_COUNTS, P_RANKS, P_RUNS, V_MEMO_REQUEST, V_WIDTH
 from simcore.scheduler.radix import radix_prefix_cache
 from simcore.scheduler.radix_tree_nb import T_FREE
@@ -19,8 +20,9 @@ from simcore.scheduler.radix_tree_nb import T_FREE
 def kv_tree_applies(pool, policy: str) -> bool:
     """Whether the receiving pool's prefix cache may run on the tree (with tree-shaped identities).
 
-    The ``vllm`` and ``trtllm`` policies (TensorRT-LLM's reuse makes the same
-    calls at other moments: ``simcore.scheduler.nb._reusable_nb``), without
+    The policies whose prefix cache is hashed prompt blocks (the registry's
+    ``prefix_cache="blocks"``: vLLM's, and TensorRT-LLM's reuse, which makes the
+    same calls at other moments: ``simcore.scheduler.nb._reusable_nb``), without
     the CPU tier (``kv_offload``) or the caching of generated blocks, which
     read or extend the block model's slots.
 
@@ -35,7 +37,7 @@ def kv_tree_applies(pool, policy: str) -> bool:
     -------
     bool
     """
-    return policy in ("vllm", "trtllm") and pool.kv_offload is None and not pool.cache_generated_blocks
+    return policy_spec(policy).prefix_cache == "blocks" and pool.kv_offload is None and not pool.cache_generated_blocks
 
 
 def kv_tree_prefix_cache(num_slots: int, num_ranks: int, ident_offset: np.ndarray, ident: np.ndarray,

@@ -1,8 +1,9 @@
 """A pool's scheduler settings, and every default that depends on the scheduling policy.
 
-:data:`POLICY_DEFAULTS` holds each policy's own values of the pool keys, and
-:class:`PoolConfig` declares each pool key once (:func:`simcore.checks.key`);
-the pool keys left null take the policy's default.  :func:`parse_pool` checks
+:mod:`simcore.scheduler.policies` declares each policy's own values of the
+pool keys and the pool features it supports, and :class:`PoolConfig` declares
+each pool key once (:func:`simcore.checks.key`); the pool keys left null take
+the policy's default.  :func:`parse_pool` checks
 one pool.  ``num_blocks: auto`` is left as :data:`AUTO_BLOCKS` on an active
 pool here and resolved by :func:`simcore.derive.derive` from the timing model.
 """
@@ -26,45 +27,17 @@ from simcore.checks import (
 )
 from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
+from simcore.scheduler.policies import SCHEDULING_POLICIES, supporting, supports
+from simcore.scheduler.policies import policy as policy_spec
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
 #: an 80 GB GPU at 0.9 memory utilisation, (80 x 0.9 - 16) GB / 128 KiB per token.
 DEFAULT_KV_TOKENS = 416_000
 
-#: Per-policy defaults of the pool keys, from each engine's own defaults:
-#: vLLM (V1 engine, 0.11: block_size 16, max_num_seqs 256, max_num_batched_tokens
-#: 8192 for the API server); SGLang (0.5: page_size 1, chunked_prefill_size 8192,
-#: max_prefill_tokens 16384, schedule_conservativeness 1.0; max_running_requests
-#: is derived from memory there, 4096 here); TensorRT-LLM (1.0: tokens_per_block
-#: 32, max_num_tokens 8192, max_batch_size 2048).  None: the key is not used.
-POLICY_DEFAULTS = {
-    "vllm": {
-        "max_batched_tokens": 8192,
-        "max_sequences": 256,
-        "block_size": 16,
-        "chunked_prefill_size": None,
-        "max_prefill_tokens": None,
-        "schedule_conservativeness": None,
-    },
-    "sglang": {
-        "max_batched_tokens": None,
-        "max_sequences": 4096,
-        "block_size": 1,
-        "chunked_prefill_size": 8192,
-        "max_prefill_tokens": 16384,
-        "schedule_conservativeness": 1.0,
-    },
-    "trtllm": {
-        "max_batched_tokens": 8192,
-        "max_sequences": 2048,
-        "block_size": 32,
-        "chunked_prefill_size": None,
-        "max_prefill_tokens": None,
-        "schedule_conservativeness": None,
-    },
-}
-POLICIES = tuple(POLICY_DEFAULTS)
+#: Per-policy defaults of the pool keys (None: the key is not used), read off
+#: the registry (:data:`simcore.scheduler.policies.SCHEDULING_POLICIES`).
+POLICY_DEFAULTS = {name: dict(spec.defaults) for name, spec in SCHEDULING_POLICIES.items()}
 #: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic.
 AUTO_BLOCKS = "auto"
 #: The pool budgets a pass's token count is bounded by (whichever the policy uses).
@@ -88,7 +61,7 @@ class KVOffloadConfig:
 class PoolConfig:
     """One pool of identical workers: the aggregated pool, or prefill or decode.
 
-    Keys left null take the policy's own default (:data:`POLICY_DEFAULTS`).
+    Keys left null take the policy's own default (:mod:`simcore.scheduler.policies`).
     """
 
     replicas: int = key(1)
@@ -154,7 +127,7 @@ def parse_pool(
     ConfigError
         A key's value is refused (its dotted path named).
     """
-    defaults = POLICY_DEFAULTS.get(policy, POLICY_DEFAULTS["vllm"])
+    defaults = policy_spec(policy).defaults
     for name, default in defaults.items():
         if default is None and raw[name] is not None:
             raise ConfigError(f"{path}.{name} is not used by engine.policy={policy}, got {raw[name]!r}")
@@ -232,18 +205,23 @@ def checked_num_blocks(path: str, num_blocks: Any, block_size: int) -> int:
     return num_blocks
 
 
-def _vllm_pool_flag(path: str, name: str, value: Any, policy: str, refused_pool: str, why: str) -> bool:
-    """A pool flag modelled for the vllm policy only and refused on one pool (``why`` says why)."""
+def _unsupported(name: str, feature: str, policy: str, why: str = "") -> ConfigError:
+    """The error for a pool feature the policy does not support (the registry's flag ``feature``)."""
+    return ConfigError(f"{name} is modelled for engine.policy={supporting(feature)} only{why}, got {policy}")
+
+
+def _policy_pool_flag(path: str, name: str, value: Any, policy: str, refused_pool: str, why: str) -> bool:
+    """A pool flag modelled for the policies that support it and refused on one pool (``why`` says why)."""
     enabled = flag(f"{path}.{name}", value)
-    if enabled and policy != "vllm":
-        raise ConfigError(f"{path}.{name} is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and not supports(policy, name):
+        raise _unsupported(f"{path}.{name}", name, policy)
     if enabled and path.endswith(f".{refused_pool}"):
         raise ConfigError(f"{path}.{name}: {why}")
     return enabled
 
 
 def _async_scheduling(path: str, value: Any, policy: str) -> bool:
-    return _vllm_pool_flag(
+    return _policy_pool_flag(
         path, "async_scheduling", value, policy, "prefill",
         "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
         "set it on engine.decode or engine.aggregated",
@@ -252,8 +230,8 @@ def _async_scheduling(path: str, value: Any, policy: str) -> bool:
 
 def _reserve_full_isl(path: str, value: Any, policy: str) -> bool:
     enabled = flag(f"{path}.reserve_full_isl", value)
-    if enabled and policy != "vllm":
-        raise ConfigError(f"{path}.reserve_full_isl is modelled for engine.policy=vllm only, got {policy}")
+    if enabled and not supports(policy, "reserve_full_isl"):
+        raise _unsupported(f"{path}.reserve_full_isl", "reserve_full_isl", policy)
     return enabled
 
 
@@ -267,13 +245,13 @@ def _prefix_caching(path: str, value: Any) -> bool:
 
 def _cache_generated_blocks(path: str, raw: Mapping[str, Any], policy: str) -> bool:
     """vLLM's prefix cache also keeps the full blocks of generated tokens (docs/prefix-caching.md):
-    vllm policy (SGLang's radix cache holds them already), with prefix caching, without a CPU tier."""
+    the policies that support it (SGLang's radix cache holds them already), with prefix caching, without a CPU tier."""
     name = f"{path}.cache_generated_blocks"
     enabled = flag(name, raw["cache_generated_blocks"])
     if not enabled:
         return False
-    if policy != "vllm":
-        raise ConfigError(f"{name} is modelled for engine.policy=vllm only, got {policy}")
+    if not supports(policy, "cache_generated_blocks"):
+        raise _unsupported(name, "cache_generated_blocks", policy)
     if not raw["prefix_caching"]:
         raise ConfigError(f"{name} needs {path}.prefix_caching=true")
     if any(value is not None for value in raw["kv_offload"].values()):
@@ -291,8 +269,8 @@ def _kv_offload(path: str, raw: Mapping[str, Any], block_size: int, policy: str)
     for name, value in keys.items():
         if value is None:
             raise ConfigError(f"{path}.{name} must be set with the other {path} keys (all null: no CPU tier)")
-    if policy != "vllm":
-        raise ConfigError(f"{path} is modelled for engine.policy=vllm only (vLLM's OffloadingConnector), got {policy}")
+    if not supports(policy, "kv_offload"):
+        raise _unsupported(path, "kv_offload", policy, " (vLLM's OffloadingConnector)")
     if not raw["prefix_caching"]:
         raise ConfigError(f"{path} needs {prefix}.prefix_caching=true (the CPU tier holds prefix-cache blocks)")
     if raw["async_scheduling"]:

@@ -16,10 +16,14 @@ from typing import Any, Mapping
 
 from simcore.checks import choice, count, default_of, is_number, key, number, optional_count, optional_number, optional_str, shown
 from simcore.errors import ConfigError
+from simcore.scheduler.policies import policy as policy_spec
+from simcore.scheduler.policies import supporting, supports
 
 TIMING_TYPES = ("fixed", "linear", "aic", "table")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
 AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
+#: aiconfigurator-core's backends (timing.backend); null takes the policy's (``Policy.aic_backend``).
+AIC_BACKENDS = ("vllm", "sglang", "trtllm")
 TABLE_KEYS = ("profile",)
 #: Timing types that can add a TP all-reduce term (timing.allreduce; for aic it
 #: replaces the database's own per-layer all-reduces).
@@ -53,11 +57,11 @@ class TimingConfig:
     per_prefill_token_us: float = key(30.0)
     per_decode_seq_us: float = key(20.0)
     per_kv_token_ns: float = key(40.0)
-    # aic (aiconfigurator-core database): resolved (backend from engine.policy, tp 1,
+    # aic (aiconfigurator-core database): resolved (backend from engine.policy's registry entry, tp 1,
     # memory_fraction 0.9); None otherwise.
     model: str | None = key(None, optional=True)  # bundled HF id or a local directory holding config.json
     gpu: str | None = key(None, optional=True)  # AIC system name, e.g. h200_sxm
-    backend: str | None = key(None, optional=True)  # vllm | sglang | trtllm; null: engine.policy
+    backend: str | None = key(None, optional=True)  # AIC_BACKENDS; null: engine.policy's
     backend_version: str | None = key(None, optional=True)  # null: the database's current version
     tp: int | None = key(None, optional=True)  # one rank's tensor parallelism (all-reduce); null: 1
     memory_fraction: float | None = key(None, optional=True)  # num_blocks: auto; null: AIC_MEMORY_FRACTION
@@ -92,7 +96,7 @@ class TimingConfig:
     context_limit: int | None = field(default=None)
 
 
-def parse(raw: Mapping[str, Any], path: str, policy: str, policies: tuple[str, ...]) -> TimingConfig:
+def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
     """Check the ``timing`` section; the model dimensions stay None where a file gives them.
 
     Parameters
@@ -102,9 +106,8 @@ def parse(raw: Mapping[str, Any], path: str, policy: str, policies: tuple[str, .
     path : str
         Its dotted path (``timing``), for messages.
     policy : str
-        engine.policy (already checked): aic's default backend, and vLLM's graph sizes.
-    policies : tuple of str
-        The policy names, which are also the aic backends.
+        engine.policy (already checked): aic's default backend (the registry's
+        ``aic_backend``), and whether it takes vLLM's graph sizes.
 
     Returns
     -------
@@ -140,7 +143,8 @@ def parse(raw: Mapping[str, Any], path: str, policy: str, policies: tuple[str, .
         extra = dict(
             model=optional_str(f"{path}.model", raw["model"]),
             gpu=optional_str(f"{path}.gpu", raw["gpu"]),
-            backend=choice(f"{path}.backend", policy if raw["backend"] is None else raw["backend"], policies),
+            backend=choice(f"{path}.backend", policy_spec(policy).aic_backend if raw["backend"] is None else raw["backend"],
+                           AIC_BACKENDS),
             backend_version=optional_str(f"{path}.backend_version", version),
             memory_fraction=fraction,
         )
@@ -234,9 +238,9 @@ def _graph_sizes(path: str, value: Any, policy: str) -> tuple[int, ...] | str | 
     if value is None:
         return None
     if value == VLLM_DEFAULT_GRAPHS:
-        if policy != "vllm":
+        if not supports(policy, "vllm_graph_sizes"):
             raise ConfigError(
-                f"{path}={VLLM_DEFAULT_GRAPHS} is vLLM's rule (engine.policy=vllm); "
+                f"{path}={VLLM_DEFAULT_GRAPHS} is vLLM's rule (engine.policy={supporting('vllm_graph_sizes')}); "
                 f"give a list of sizes with engine.policy={policy}"
             )
         return VLLM_DEFAULT_GRAPHS

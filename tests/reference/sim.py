@@ -29,7 +29,9 @@ Wp..Wp+Wd-1 decode workers).  P/D decisions where SPEC is silent:
 
 Scheduling policies (``engine.policy``, docs/policies.md) change only batch building
 (``build_batch``); the policy applies to every pool.  Pool keys left None take the
-policy's defaults (``POLICY_POOL_DEFAULTS``, the table of docs/policies.md; num_blocks
+policy's defaults (``POLICY_POOL_DEFAULTS``, the table of docs/policies.md, read off
+simcore's registry ``simcore.scheduler.policies`` with the features each policy
+supports; a policy runs its entry's ``kernel`` behaviour: vllm, sglang or trtllm; num_blocks
 None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
 
 - Pass end processes each rank's scheduled requests in ``running`` order (in sglang
@@ -164,16 +166,16 @@ import heapq
 import math
 from collections import OrderedDict, deque
 
+from simcore.scheduler.policies import SCHEDULING_POLICIES
 from tests.reference.routing import ReferenceRouter
 from tests.reference.offload import OffloadMixin
 
-#: Pool-key defaults per policy, from the table of docs/policies.md.  A key with no
-#: entry for a policy is not used by it (and must be left None).
+#: Pool-key defaults per policy, read off simcore's policy registry (its table is
+#: docs/policies.md's, tests/test_reference_selfcheck.py).  A key with no entry for a
+#: policy is not used by it (and must be left None).
 POLICY_POOL_DEFAULTS = {
-    "vllm": {"max_batched_tokens": 8192, "max_sequences": 256, "block_size": 16},
-    "sglang": {"max_sequences": 4096, "block_size": 1, "chunked_prefill_size": 8192,
-               "max_prefill_tokens": 16384, "schedule_conservativeness": 1.0},
-    "trtllm": {"max_batched_tokens": 8192, "max_sequences": 2048, "block_size": 32},
+    name: {key: value for key, value in spec.defaults.items() if value is not None}
+    for name, spec in SCHEDULING_POLICIES.items()
 }
 POLICY_KEYS = ("max_batched_tokens", "max_sequences", "block_size", "chunked_prefill_size",
                "max_prefill_tokens", "schedule_conservativeness")
@@ -318,9 +320,11 @@ class Pool:
     scheduling policy (docs/policies.md); None pool keys take the policy's defaults."""
 
     def __init__(self, name, params, first_worker, policy):
-        if policy not in POLICY_POOL_DEFAULTS:
+        if policy not in SCHEDULING_POLICIES:
             raise NotImplementedError(f"reference has no scheduling policy {policy!r}")
-        defaults = POLICY_POOL_DEFAULTS[policy]
+        # Read at construction, so that a policy registered later (a test's variant) is known.
+        spec = SCHEDULING_POLICIES[policy]
+        defaults = {key: value for key, value in spec.defaults.items() if value is not None}
         resolved = {}
         for key in POLICY_KEYS:
             value = params.get(key)
@@ -333,7 +337,7 @@ class Pool:
                 resolved[key] = defaults[key] if value is None else value
         self.name = name
         self.params = params
-        self.policy = policy
+        self.policy = spec.kernel  # the behaviour it runs: vllm, sglang or trtllm (a variant: its base's)
         self.first_worker = first_worker  # global index of its worker 0
         replicas = params.get("replicas")
         attention_dp = params.get("attention_dp")
@@ -349,22 +353,22 @@ class Pool:
         self.L = capacity if ctx is None else min(int(ctx), capacity)  # SPEC §5
         self.prefix_caching = bool(params.get("prefix_caching") or False)
         self.async_scheduling = bool(params.get("async_scheduling") or False)
-        if self.async_scheduling and (policy != "vllm" or name == "prefill"):
+        if self.async_scheduling and (not spec.async_scheduling or name == "prefill"):
             raise ValueError(f"engine.{name}.async_scheduling: vllm policy, aggregated or decode pool only")
         self.reserve_full_isl = bool(params.get("reserve_full_isl") or False)
-        if self.reserve_full_isl and policy != "vllm":
+        if self.reserve_full_isl and not spec.reserve_full_isl:
             raise ValueError(f"engine.{name}.reserve_full_isl is modelled for policy vllm only")
         if self.prefix_caching and name == "decode":
             raise ValueError("engine.decode.prefix_caching: a decode pool receives its KV "
                              "by transfer")
         self.cache_generated_blocks = bool(params.get("cache_generated_blocks") or False)
-        if self.cache_generated_blocks and (policy != "vllm" or not self.prefix_caching):
+        if self.cache_generated_blocks and (not spec.cache_generated_blocks or not self.prefix_caching):
             raise ValueError(f"engine.{name}.cache_generated_blocks: vllm policy with prefix caching only")
         # vllm, trtllm
         mbt = resolved["max_batched_tokens"]
         self.max_batched_tokens = None if mbt is None else int(mbt)
         # sglang
-        if policy == "sglang":
+        if self.policy == "sglang":
             self.max_prefill_tokens = int(resolved["max_prefill_tokens"])
             self.rem_chunk_init = max(int(resolved["chunked_prefill_size"]) // self.R, 1)
             conservativeness = float(resolved["schedule_conservativeness"])
@@ -460,7 +464,7 @@ class ReferenceSim(OffloadMixin):
         self.think_ns = ms_to_ns(load["think_time_ms"])
 
         policy = engine.get("policy") or "vllm"
-        self.policy = policy
+        self.policy = SCHEDULING_POLICIES[policy].kernel if policy in SCHEDULING_POLICIES else policy
         self.mode = engine.get("mode", "aggregated")
         if self.mode == "aggregated":
             self.recv_pool = Pool("aggregated", engine["aggregated"], 0, policy)
@@ -565,7 +569,7 @@ class ReferenceSim(OffloadMixin):
                     req.input_tokens, rp.block_size,
                     None if hash_ids is None else hash_ids[req.row], trace_bs,
                     prefix_tokens if sessions is None else sessions["shared_prefix_tokens"])
-                if policy == "sglang" or rp.cache_generated_blocks:  # generated blocks too: their own identities
+                if self.policy == "sglang" or rp.cache_generated_blocks:  # generated blocks too: their own identities
                     owner = req.row if sessions is None or hash_ids is not None else ("session", sessions["session"][req.row])
                     req.idents += [("u", owner, j) for j in range(
                         len(req.idents), rp.blocks_for(req.input_tokens + req.output_tokens))]

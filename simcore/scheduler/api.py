@@ -1,0 +1,131 @@
+"""The scheduler stage's kernel inputs: the per-rank limits and policy (``Ranks``) and the prefix cache's shape.
+
+Everything that depends on the scheduling policy reads its registry entry
+(:mod:`simcore.scheduler.policies`), so ``simcore.engine.api.prepare`` only
+assembles what this module gives.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from simcore.engine.state import Ranks
+from simcore.scheduler.kv_tree import kv_tree_applies
+from simcore.scheduler.offload import OffloadShape, offload_shape
+from simcore.scheduler.policies import BUILDER_SGLANG
+from simcore.scheduler.policies import policy as policy_spec
+from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
+from simcore.scheduler.radix import tree_shaped
+from simcore.scheduler.settings import PoolConfig
+from simcore.workload.table import RequestTable
+
+# SGLang 0.5 defaults (Scheduler.__init__): new_token_ratio starts at 0.7 x
+# schedule_conservativeness (at most 1), floors at 0.14 of that and decays to
+# the floor over 600 decode steps.
+SGLANG_INIT_RATIO = 0.7
+SGLANG_MIN_RATIO_FACTOR = 0.14
+SGLANG_RATIO_DECAY_STEPS = 600
+
+
+class PrefixCacheInputs(NamedTuple):
+    """What the prefix-cache state of one configuration is built from (fields of ``engine.api.Prepared``)."""
+
+    cache_shape: tuple  # num_slots, num_ranks, ident_offset, ident
+    offload_shape: OffloadShape | None  # the CPU tier (simcore.scheduler.offload)
+    radix_tree: bool  # SGLang's radix cache as a node tree (simcore.scheduler.radix)
+    kv_tree: bool  # vLLM's prefix cache as a node tree (simcore.scheduler.kv_tree)
+
+
+def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
+    """Per global rank (the pools' ranks in worker order): the scheduler limits and the policy's kernel code.
+
+    Parameters
+    ----------
+    pools : sequence of PoolConfig
+        The active pools in worker-index order (aggregated; or prefill, then decode).
+    policy : str
+        ``engine.policy``.
+
+    Returns
+    -------
+    Ranks
+        ``chunk_tokens`` and ``ratio_params`` are 0 unless the policy runs
+        SGLang's builder (its chunk budget is split over the attention-DP ranks).
+    """
+    spec = policy_spec(policy)
+    ranks = [pool for pool in pools for _ in range(pool.num_ranks)]
+
+    def per_rank(field):
+        return np.array([getattr(pool, field) or 0 for pool in ranks], dtype=np.int64)
+
+    ratio = np.zeros((len(ranks), 3), dtype=np.float64)
+    chunk = np.zeros(len(ranks), dtype=np.int64)
+    if spec.builder == BUILDER_SGLANG:
+        for g, pool in enumerate(ranks):
+            init = min(SGLANG_INIT_RATIO * pool.schedule_conservativeness, 1.0)
+            floor = min(init * SGLANG_MIN_RATIO_FACTOR, 1.0)
+            ratio[g] = (init, floor, (init - floor) / SGLANG_RATIO_DECAY_STEPS)
+            chunk[g] = max(pool.chunked_prefill_size // pool.attention_dp, 1)
+    # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
+    prefix_caching = np.zeros(len(ranks), dtype=np.bool_)
+    prefix_caching[: pools[0].num_ranks] = pools[0].prefix_caching
+    return Ranks(
+        max_batched_tokens=per_rank("max_batched_tokens"),
+        max_sequences=per_rank("max_sequences"),
+        num_blocks=per_rank("num_blocks"),
+        block_size=per_rank("block_size"),
+        seq_limit=per_rank("sequence_limit"),
+        policy=np.full(len(ranks), spec.code, dtype=np.int64),
+        chunk_tokens=chunk,
+        max_prefill_tokens=per_rank("max_prefill_tokens"),
+        ratio_params=ratio,
+        prefix_caching=prefix_caching,
+        reserve_full_isl=np.array([pool.reserve_full_isl for pool in ranks], dtype=np.bool_),
+        cache_generated_blocks=np.array([pool.cache_generated_blocks for pool in ranks], dtype=np.bool_),
+    )
+
+
+def prefix_cache_inputs(
+    receiving: PoolConfig, policy: str, requests: RequestTable, workload, router_policy: str, num_ranks: int
+) -> PrefixCacheInputs:
+    """The prefix cache's block identities, its CPU tier and which representation runs it.
+
+    Parameters
+    ----------
+    receiving : PoolConfig
+        The pool that caches prefixes (aggregated, or P/D prefill).
+    policy : str
+        ``engine.policy``: its registry entry's ``prefix_cache`` (``radix``
+        caches generated tokens too, ``blocks`` may run on the node tree).
+    requests : RequestTable
+    workload : WorkloadConfig
+        Its ``block_size`` and ``prefix_tokens`` (the table's hash blocks).
+    router_policy : str
+        ``engine.router.policy`` (a node tree needs round-robin-like placement).
+    num_ranks : int
+        Global ranks of the deployment.
+
+    Returns
+    -------
+    PrefixCacheInputs
+    """
+    n = len(requests)
+    radix = policy_spec(policy).prefix_cache == "radix"
+    radix_tree = bool(receiving.prefix_caching and radix and tree_shaped(requests, router_policy))
+    if receiving.prefix_caching:
+        generated_too = radix or receiving.cache_generated_blocks
+        identities = radix_block_identities if generated_too else prompt_block_identities
+        identities = radix_tree_identities if radix_tree else identities
+        ident_offset, ident = identities(requests, receiving.block_size, workload.block_size, workload.prefix_tokens)
+        num_slots = receiving.num_blocks * receiving.num_ranks
+    else:
+        ident_offset, ident, num_slots = np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), 1
+    return PrefixCacheInputs(
+        cache_shape=(num_slots, num_ranks, ident_offset, ident),
+        offload_shape=offload_shape(receiving, num_ranks, n),
+        radix_tree=radix_tree,
+        kv_tree=bool(receiving.prefix_caching and kv_tree_applies(receiving, policy)
+                     and tree_shaped(requests, router_policy)),
+    )
