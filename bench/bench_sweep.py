@@ -30,7 +30,6 @@ Usage: python bench/bench_sweep.py [--runs 3] [--baseline REV] [--cases batch,mu
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess

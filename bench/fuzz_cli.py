@@ -386,7 +386,6 @@ def trace_cases(rng: random.Random) -> list[Case]:
     table_case("no suffix", "t.txt", VALID_TABLE, ("t.txt",))
     table_case("missing file", "t.csv", b"", ("nothere.csv",), extra=[("workload.path", "nothere.csv")])
     # Parquet: column types
-    n = 3
     ids = pa.array(["a", "b", "c"])
     ints = pa.array([8, 9, 7], pa.int64())
     bad_columns = {
