@@ -43,13 +43,17 @@ def timeline_case(cfg: SimConfig) -> str:
     Returns
     -------
     str
-        ``pd``, ``prefix``, the policy's name where a timeline has it, or ``default``.
+        ``pd``, ``prefix`` or the policy's name where the shipped timelines
+        have that case, else ``default``.
     """
+    cases = _timelines()
     if cfg.engine.mode == "disaggregated":
-        return "pd"
-    if cfg.engine.aggregated.prefix_caching:
-        return "prefix"
-    return cfg.engine.policy if cfg.engine.policy in _timelines() else "default"
+        case = "pd"
+    elif cfg.engine.aggregated.prefix_caching:
+        case = "prefix"
+    else:
+        case = cfg.engine.policy
+    return case if case in cases else "default"
 
 
 def _timelines() -> dict:
