@@ -86,30 +86,9 @@ def detokenization_service_ns_nb(params, k, n_first, n_final):
     return np.int64(np.rint(detokenization_job_ms_nb(params, k, n_first, n_final) * 1e6))
 
 
-@njit(cache=True)
-def detokenize_pass_nb(
-    t,
-    first_server,
-    num_out,
-    out_token,
-    out_server,
-    out_flags,
-    chunk_size,
-    detok_params,
-    detok_free,
-    recv_target,
-    job_count,
-    job_firsts,
-    job_finals,
-    job_ends,
-    job_tokens,
-    job_flags,
-    closed_loop,
-    think_ns,
-    send_key,
-    send_val,
-    send_size,
-):
+@njit(cache=True, inline="always")
+def detokenize_pass_nb(t, first_server, num_out, buffers, chunk_size, detok_params, closed_loop, think_ns, send_key,
+                       send_val, send_size):
     """Queue a worker's outputs of the pass ending at t as FIFO jobs (SPEC §7).
 
     A sweep over the outputs (rank, then running order) sorts them by server;
@@ -130,23 +109,19 @@ def detokenize_pass_nb(
         The worker's first global detokenizer server.
     num_out : int
         Outputs of the pass.
-    out_token, out_server, out_flags : ndarray(int64, ndim=1)
-        Per output: where its receipt goes in ``recv_target``, its server
-        within the worker, ``OUT_FIRST`` / ``OUT_FINAL`` flags.
+    buffers : DetokBuffers
+        ``simcore.engine.state.DetokBuffers``: per output ``out_token`` (where
+        its receipt goes in ``recv_target``), ``out_server`` (its server within
+        the worker) and ``out_flags`` (``OUT_FIRST`` / ``OUT_FINAL``);
+        ``detok_free`` (per global server, when it is free, ns; updated);
+        ``recv_target`` (out: receipt instants, ns); per server of the worker
+        ``job_count``, ``job_firsts``, ``job_finals`` (the unchunked job's
+        counts so far; reset) and ``job_ends`` (scratch); ``job_tokens``,
+        ``job_flags`` (scratch, (servers, outputs)).
     chunk_size : int
         Most outputs per job (0: no limit).
     detok_params : ndarray(float64, shape (4,))
         The job cost's coefficients (:func:`detokenization_job_ms_nb`).
-    detok_free : ndarray(int64, ndim=1)
-        Per global server, when it is free, ns; updated.
-    recv_target : ndarray(int64, ndim=1)
-        Out: receipt instants, ns.
-    job_count, job_firsts, job_finals : ndarray(int64, ndim=1)
-        Per server of the worker, the unchunked job's counts so far; reset.
-    job_ends : ndarray(int64, ndim=1)
-        Scratch, per server of the worker.
-    job_tokens, job_flags : ndarray(int64, ndim=2)
-        Scratch, (servers, outputs).
     closed_loop : bool
         Queue a send at ``receipt + think_ns`` for each request-final token.
     think_ns : int
@@ -161,6 +136,10 @@ def detokenize_pass_nb(
     int
         The send-heap size.
     """
+    out_token, out_server, out_flags = buffers.out_token, buffers.out_server, buffers.out_flags
+    detok_free, recv_target = buffers.detok_free, buffers.recv_target
+    job_count, job_firsts, job_finals = buffers.job_count, buffers.job_firsts, buffers.job_finals
+    job_ends, job_tokens, job_flags = buffers.job_ends, buffers.job_tokens, buffers.job_flags
     if chunk_size == 0:
         # One job per server, counted as the pass emitted: serve, then stamp.
         for s in range(job_count.shape[0]):

@@ -57,7 +57,6 @@ from numba import njit, prange, typeof, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from simcore.receipts_nb import stream_receipts_nb
 from simcore.scheduler.offload_nb import (
     offload_enabled_nb, offload_loads_end_nb, offload_loads_pending_nb, offload_next_event_nb,
 )
@@ -72,11 +71,11 @@ from simcore.enums import (  # noqa: F401  shared with the client and metrics st
 )
 from simcore.engine.state import (
     ARR_SIZE, NEXT_ROW, NUM_COUNTS, NUM_EMITTED, PASS_LOG_ROWS, SEND_SIZE, SESS_SIZE, XFER_SIZE, DetokBuffers, Loop,
-    PassState, RankState, RequestState,
+    LoopState, PassState, RankState, RequestState, Run,
 )
 from simcore.enums import RANK_ROUND_ROBIN, ROUTE_ROUND_ROBIN
 from simcore.engine.router_nb import allocate_route_nb
-from simcore.engine.phases_nb import (
+from simcore.engine.phases_nb import (  # noqa: F401  BAD_TIMING: the status codes, read by the wrapper
     BAD_TIMING, NO_CAP, OK, PASS_LOG_FULL, _arrivals_nb, _end_pass_nb, _session_sends_nb, _start_pass_nb,
     _steady_decode_nb, _table_sends_nb, _transfer_ends_nb,
 )
@@ -155,33 +154,42 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
     # which the loop reads and writes as the placement (recv_rank).
     if not _routing_nb(router.policy, router.decode_policy, router.rank_policy):
         out.placed_rank[:] = requests.recv_rank
-    rq, rk, ps, lp, dt = _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router)
-    return _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
-                      router, rq, rk, ps, lp, dt)
+    state = _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router)
+    run = Run(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, router)
+    return _replay_nb(run, state)
 
 
 @njit(cache=True)
-def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, router,
-               rq, rk, ps, lp, dt):
+def _replay_nb(run, state):
     """The event loop of ``simulate_engine_nb`` (its only caller, which allocates the loop's own state).
 
-    Each phase of the equal-time rule is a function of its own with one call
-    site, inlined here (``inline="always"``); each reads the members it uses
-    into locals once.  The loop's own state is ``rq, rk, ps, lp, dt``
-    (``RequestState``, ``RankState``, ``PassState``, ``Loop``,
-    ``DetokBuffers`` of ``simcore.engine.state``).  Returns as
-    ``simulate_engine_nb``.
+    Parameters
+    ----------
+    run : Run
+        ``simulate_engine_nb``'s parameters (``simcore.engine.state.Run``).
+    state : LoopState
+        The loop's own state: ``RequestState``, ``RankState``, ``PassState``,
+        ``Loop``, ``DetokBuffers`` of ``simcore.engine.state``.
 
-    The loop works on borrowed views of every array (``borrow_nb``), which
-    the caller owns for the whole run: numba would otherwise count a
-    reference to every member of every tuple at each phase call (measured:
-    twice the kernel time); on the views LLVM removes every count.
+    Returns
+    -------
+    tuple
+        As ``simulate_engine_nb``.
+
+    Notes
+    -----
+    Each phase of the equal-time rule is a function of its own with one call
+    site, inlined here (``inline="always"``), taking ``run`` and ``state``.
+    The loop works on borrowed views of every array (``borrow_nb``, through
+    the nested tuples), which the caller owns for the whole run: numba would
+    otherwise count a reference to every member of every tuple at each phase
+    call and member read (measured: twice the kernel time); on the views LLVM
+    removes every count.
     """
-    requests, load, client, send_ns = borrow_nb(requests), borrow_nb(load), borrow_nb(client), borrow_nb(send_ns)
-    topology, ranks, timing = borrow_nb(topology), borrow_nb(ranks), borrow_nb(timing)
-    prefix_cache, out, receipts, logs = borrow_nb(prefix_cache), borrow_nb(out), borrow_nb(receipts), borrow_nb(logs)
-    router = borrow_nb(router)
-    rq, rk, ps, lp, dt = borrow_nb(rq), borrow_nb(rk), borrow_nb(ps), borrow_nb(lp), borrow_nb(dt)
+    run, state = borrow_nb(run), borrow_nb(state)
+    requests, load, send_ns, topology, ranks = run.requests, run.load, run.send_ns, run.topology, run.ranks
+    prefix_cache, out, receipts = run.prefix_cache, run.out, run.receipts
+    ps, lp = state.ps, state.lp
     n = requests.input_tokens.shape[0]
     num_workers = topology.worker_role.shape[0]
     num_ranks = ranks.num_blocks.shape[0]
@@ -213,7 +221,7 @@ def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, t
 
     while True:
         if steady_path:
-            status = _steady_decode_nb(requests, load, client, send_ns, ranks, timing, out, logs, rq, rk, ps, lp, dt)
+            status = _steady_decode_nb(run, state)
             if status != OK:
                 return status, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
@@ -250,22 +258,19 @@ def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, t
             for w in range(num_workers):
                 if pass_end[w] == t:
                     progressed = True
-                    if _end_pass_nb(w, t, requests, load, client, topology, ranks, prefix_cache, out, receipts,
-                                    logs, router, rq, rk, ps, lp, dt) != OK:
+                    if _end_pass_nb(w, t, run, state) != OK:
                         return PASS_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
             if session_mode:  # (c) with sessions: releases, then sends, at t
-                if _session_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_cache, out,
-                                     router, rk, lp):
+                if _session_sends_nb(t, run, state):
                     progressed = True
             # (b)+(c) sends at t, in table order.
-            if _table_sends_nb(t, requests, load, client, send_ns, topology, ranks, prefix_cache, out, router,
-                               rk, lp):
+            if _table_sends_nb(t, run, state):
                 progressed = True
             # (d) engine arrivals at t, in send order; rejections end at once.
-            if _arrivals_nb(t, requests, load, topology, ranks, out, rq, rk, lp):
+            if _arrivals_nb(t, run, state):
                 progressed = True
             # (d) KV-transfer ends at t, in handoff order.
-            if _transfer_ends_nb(t, requests, load, topology, ranks, prefix_cache, out, rq, rk, lp):
+            if _transfer_ends_nb(t, run, state):
                 progressed = True
             # (d) CPU -> GPU KV loads ending at t (docs/prefix-caching.md).
             if offload_loads_pending_nb(prefix_cache) and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
@@ -280,8 +285,7 @@ def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, t
             if pass_end[w] >= 0 and not queue:
                 w += 1
                 continue
-            status = _start_pass_nb(w, t, queue, requests, topology, ranks, prefix_cache, timing, out, logs, rq, rk,
-                                    ps, lp)
+            status = _start_pass_nb(w, t, queue, run, state)
             if status != OK:
                 return status, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
             if queue or not (worker_async[w] and pass_end[w] >= 0):
@@ -294,8 +298,8 @@ def _replay_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, t
 def _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router):
     """The event loop's own state for one run, with the sends the load makes by itself queued.
 
-    Returns ``(RequestState, RankState, PassState, Loop, DetokBuffers)``
-    (``simcore.engine.state``); closed loop: ``send_ns`` set to -1 (filled at
+    Returns a ``LoopState`` (``RequestState``, ``RankState``, ``PassState``,
+    ``Loop``, ``DetokBuffers`` of ``simcore.engine.state``); closed loop: ``send_ns`` set to -1 (filled at
     each send).
     """
     n = requests.input_tokens.shape[0]
@@ -403,10 +407,8 @@ def _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, rec
         np.empty((detok_workers, max_outputs), dtype=np.int64),  # job_tokens
         np.zeros((detok_workers, max_outputs), dtype=np.int64),  # job_flags
     )
-    return request_state, rank_state, pass_state, loop, detok
+    return LoopState(request_state, rank_state, pass_state, loop, detok)
 
-
-        # Only preemptions happened: try again at once (SPEC §5 (e)).
 
 
 @njit(cache=True, parallel=True)
@@ -534,15 +536,15 @@ def batch_row_type(batch_type):
 
 @intrinsic
 def row_nb(typingctx, state, c):
-    """Row ``c`` of every member of a tuple (or NamedTuple) of arrays: the batch's per-configuration view.
+    """Row ``c`` of every array in a tuple (or NamedTuple), nested tuples included: the batch's per-configuration view.
 
     A member of shape (C,) gives its scalar, one of shape (C, ...) a view of its
-    row; the result's type is :func:`batch_row_type`'s, the single-configuration
-    state's.
+    row, a tuple member the tuple of its members' rows; the result's type is
+    :func:`batch_row_type`'s, the single-configuration state's.
 
     Parameters
     ----------
-    state : tuple or NamedTuple of ndarray
+    state : tuple or NamedTuple of ndarray (or of such tuples)
         Members with a leading configuration axis.
     c : int
         Configuration.
@@ -552,25 +554,25 @@ def row_nb(typingctx, state, c):
     tuple or NamedTuple
         Row ``c`` of each member.
     """
-    row_types = [batch_row_type(member) for member in state.types]
     row_type = batch_row_type(state)
+
+    def row(context, builder, typ, value, index):
+        if isinstance(typ, types.BaseTuple):
+            rows = [row(context, builder, member, builder.extract_value(value, m), index)
+                    for m, member in enumerate(typ.types)]
+            return context.make_tuple(builder, batch_row_type(typ), rows)
+        return context.compile_internal(builder, lambda array, i: array[i], batch_row_type(typ)(typ, c), (value, index))
 
     def codegen(context, builder, signature, args):
         value, index = args
-        rows = [
-            context.compile_internal(
-                builder, lambda array, i: array[i], row(member, c), (builder.extract_value(value, m), index)
-            )
-            for m, (member, row) in enumerate(zip(state.types, row_types))
-        ]
-        return context.make_tuple(builder, row_type, rows)
+        return row(context, builder, state, value, index)
 
     return row_type(state, c), codegen
 
 
 @intrinsic
 def borrow_nb(typingctx, state):
-    """A borrowed view of an array, or of every array member of a tuple (or NamedTuple): no reference count.
+    """A borrowed view of an array, or of every array in a tuple (or NamedTuple), nested: no reference count.
 
     The view's data, shape and strides are the array's; its memory-info
     pointer is null, so numba's reference-count updates on it (at every
@@ -582,7 +584,7 @@ def borrow_nb(typingctx, state):
 
     Parameters
     ----------
-    state : ndarray, or tuple or NamedTuple of ndarray and scalars
+    state : ndarray, or tuple or NamedTuple of ndarray, scalars and such tuples (borrowed throughout)
 
     Returns
     -------
@@ -590,6 +592,10 @@ def borrow_nb(typingctx, state):
     """
 
     def borrowed(context, builder, typ, value):
+        if isinstance(typ, types.BaseTuple):  # nested tuples: every array inside
+            members = [borrowed(context, builder, member, builder.extract_value(value, m))
+                       for m, member in enumerate(typ.types)]
+            return context.make_tuple(builder, typ, members)
         if not isinstance(typ, types.Array):
             return value
         array = context.make_array(typ)(context, builder, value=value)
@@ -598,12 +604,7 @@ def borrow_nb(typingctx, state):
 
     def codegen(context, builder, signature, args):
         (value,) = args
-        if isinstance(state, types.Array):
-            return borrowed(context, builder, state, value)
-        members = [
-            borrowed(context, builder, member, builder.extract_value(value, m)) for m, member in enumerate(state.types)
-        ]
-        return context.make_tuple(builder, state, members)
+        return borrowed(context, builder, state, value)
 
     return state(state), codegen
 

@@ -243,3 +243,38 @@ class DetokBuffers(NamedTuple):
     job_ends: I64
     job_tokens: I64_2D
     job_flags: I64_2D
+
+
+# ------------------------------------------------------------------ the groups the loop passes around
+# The event loop and its phases take two tuples rather than seventeen:
+# the run's (``simulate_engine_nb``'s parameters, in its order) and the loop's
+# own state.  Both are borrowed whole (``simcore.engine.nb.borrow_nb`` recurses
+# into nested tuples), so reading ``run.requests.input_tokens`` in a phase
+# costs what a local did.
+
+
+class Run(NamedTuple):
+    """``simulate_engine_nb``'s parameters, grouped in its order (the inputs, the send instants, the outputs)."""
+
+    requests: Requests
+    load: Load
+    client: Client
+    send_ns: I64
+    topology: Topology
+    ranks: Ranks
+    prefix_cache: tuple  # simcore.scheduler.kv_nb's state (opaque here)
+    timing: Timing
+    out: Outputs
+    receipts: tuple  # simcore.receipts_nb's bounded-mode state (opaque here)
+    logs: Logs
+    router: Router
+
+
+class LoopState(NamedTuple):
+    """The event loop's own state, allocated once per run (``simcore.engine.nb._allocate_loop_nb``)."""
+
+    rq: RequestState
+    rk: RankState
+    ps: PassState
+    lp: Loop
+    dt: DetokBuffers
