@@ -22,7 +22,7 @@ import simcore
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "simcore", "runners")
 PACKAGE_DATA = [p for d in ("runners/conf", "runners/samples") for p in (ROOT / d).rglob("*")
-                if p.is_file() and "__pycache__" not in p.parts]
+                if p.is_file() and "__pycache__" not in p.parts] + [ROOT / "runners" / "compile_timeline.json"]
 
 
 @pytest.fixture(scope="module")
