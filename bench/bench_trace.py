@@ -7,18 +7,13 @@ timing, detokenization {workers: 2, base_ms: 2.85, per_output_us: 61.6}:
   (``../shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv``) as recorded;
 - ``trace_x4``: the same with the gaps stretched x4 (``load.speedup=0.25``);
 - ``reference``: the reference workload of ``bench_scaling.py`` (closed loop,
-  1024/128 tokens, concurrency 256, 20,000 requests);
-- ``poisson``: the same requests sent open loop at 1,000 requests/s
-  (overloaded: large batches), for the detokenization paths only.
+  1024/128 tokens, concurrency 256, 20,000 requests).
 
 Both trees (this checkout and ``git archive`` of ``--baseline``, default
 ``HEAD~1``) run in their own long-lived worker process, each warmed up once per
 workload (JIT compile or numba cache load excluded); the parent then asks them
 for one timed run at a time, alternating, so load from other users of the
 machine falls on both alike.  Each figure is the median of ``--runs`` runs.
-``--paths`` also times the engine kernel path (``simulate_engine``) of this
-tree with open-loop detokenization inside the kernel and after the run, on
-the open-loop cases and ``poisson``.
 
 Output: CSV ``case,tree,output_tokens,median_s,us_per_output_token,ratio``
 (ratio: this tree's median over the baseline's), headline on the last line.
@@ -26,7 +21,7 @@ Output: CSV ``case,tree,output_tokens,median_s,us_per_output_token,ratio``
 ``--baseline-env NAME=VALUE`` makes the baseline this tree run with that
 environment instead (``NUMBA_CPU_NAME=generic``: a portable CPU target).
 
-Usage: python bench/bench_trace.py [--runs 7] [--baseline REV] [--baseline-env NAME=VALUE] [--paths]
+Usage: python bench/bench_trace.py [--runs 7] [--baseline REV] [--baseline-env NAME=VALUE]
 """
 
 from __future__ import annotations
@@ -65,39 +60,20 @@ def reference_config() -> dict:
     return workload_config(20_000)
 
 
-def poisson_config() -> dict:
-    """The reference workload sent open loop, overloaded (about 256 sequences per pass)."""
-    config = reference_config()
-    config["load"] = {"type": "poisson", "request_rate": 1000.0}
-    return config
-
-
 def worker() -> None:
-    """Serve timing requests on stdin: one JSON line ``[case, path, config]`` -> seconds."""
-    import numpy as np
-
+    """Serve timing requests on stdin: one JSON line ``[case, config]`` -> seconds."""
     import simcore
-    from simcore.api import _inputs
-    from simcore.engine.api import simulate_engine
 
     warmed = set()
     for line in sys.stdin:
-        case, path, config = json.loads(line)
-        if path == "run":
-            call = lambda: simcore.run(config)  # noqa: E731
-        else:
-            cfg, table, send_ns = _inputs(config, None)
-            call = lambda: simulate_engine(cfg, table, send_ns, detok_path=path)  # noqa: E731
-        if (case, path) not in warmed:
-            result = call()
-            warmed.add((case, path))
+        case, config = json.loads(line)
+        if case not in warmed:
+            simcore.run(config)
+            warmed.add(case)
         start = time.perf_counter()
-        result = call()
+        result = simcore.run(config)
         seconds = time.perf_counter() - start
-        tokens = (
-            result.summary["total_output_tokens"] if path == "run" else int(np.asarray(result.generated).sum())
-        )
-        print(json.dumps([seconds, tokens]), flush=True)
+        print(json.dumps([seconds, result.summary["total_output_tokens"]]), flush=True)
 
 
 def start_worker(tree: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -108,8 +84,8 @@ def start_worker(tree: Path, extra_env: dict[str, str] | None = None) -> subproc
     )
 
 
-def ask(proc: subprocess.Popen, case: str, path: str, config: dict) -> tuple[float, int]:
-    proc.stdin.write(json.dumps([case, path, config]) + "\n")
+def ask(proc: subprocess.Popen, case: str, config: dict) -> tuple[float, int]:
+    proc.stdin.write(json.dumps([case, config]) + "\n")
     proc.stdin.flush()
     seconds, tokens = json.loads(proc.stdout.readline())
     return seconds, tokens
@@ -128,7 +104,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--baseline", default="HEAD~1")
-    parser.add_argument("--paths", action="store_true", help="also time the kernel path's two detokenization paths")
     parser.add_argument("--cases", default="trace_x1,trace_x4,reference")
     parser.add_argument("--baseline-env", metavar="NAME=VALUE", action="append", default=[],
                         help="instead of a commit, the baseline is this tree with these environment variables "
@@ -138,13 +113,8 @@ def main() -> None:
     if args.worker:
         worker()
         return
-    all_configs = {
-        "trace_x1": trace_config(1.0), "trace_x4": trace_config(0.25),
-        "reference": reference_config(), "poisson": poisson_config(),
-    }
+    all_configs = {"trace_x1": trace_config(1.0), "trace_x4": trace_config(0.25), "reference": reference_config()}
     configs = {name: all_configs[name] for name in args.cases.split(",")}
-    if args.paths:
-        configs.setdefault("poisson", all_configs["poisson"])
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_env:
             base_env = dict(item.split("=", 1) for item in args.baseline_env)
@@ -152,15 +122,13 @@ def main() -> None:
             procs = {"head": start_worker(ROOT), "base": start_worker(ROOT, base_env)}
         else:
             procs = {"head": start_worker(ROOT), "base": start_worker(export_tree(args.baseline, Path(tmp)))}
-        jobs = [(case, "run", tree) for case in configs if case != "poisson" for tree in procs]
-        if args.paths:
-            jobs += [(case, path, "head") for case in configs if case != "reference" for path in ("kernel", "after_run")]
+        jobs = [(case, tree) for case in configs for tree in procs]
         samples: dict[tuple, list[float]] = {job: [] for job in jobs}
         tokens: dict[tuple, int] = {}
         for _ in range(args.runs):
             for job in jobs:  # interleaved: one run of each job per round
-                case, path, tree = job
-                seconds, tokens[job] = ask(procs[tree], case, path, configs[case])
+                case, tree = job
+                seconds, tokens[job] = ask(procs[tree], case, configs[case])
                 samples[job].append(seconds)
         for proc in procs.values():
             proc.stdin.close()
@@ -169,12 +137,11 @@ def main() -> None:
     medians = {job: statistics.median(s) for job, s in samples.items()}
     headline = []
     for job in jobs:
-        case, path, tree = job
-        name = f"{case}:{path}" if path != "run" else case
-        ratio = medians[job] / medians[(case, "run", "base")] if path == "run" else float("nan")
+        case, tree = job
+        ratio = medians[job] / medians[(case, "base")]
         us = medians[job] / tokens[job] * 1e6
-        print(f"{name},{tree if path == 'run' else 'head'},{tokens[job]},{medians[job]:.4f},{us:.4f},{ratio:.3f}")
-        if path == "run" and tree == "head":
+        print(f"{case},{tree},{tokens[job]},{medians[job]:.4f},{us:.4f},{ratio:.3f}")
+        if tree == "head":
             headline.append(f"{case} {us:.3f} us/token (target {TARGET_US[case]}, x{ratio:.2f} vs {args.baseline})")
     print("; ".join(headline))
 

@@ -31,7 +31,6 @@ PASS_LOG_COLUMNS = 10
 # in the engine kernel at every pass end, or after the run (simcore.client.api).
 DETOK_OFF = 0
 DETOK_IN_KERNEL = 1
-DETOK_DEFERRED = 2
 
 # Flags of a pass output, for the detokenizer's per-job costs.
 OUT_FIRST = 1  # the request's first token

@@ -325,7 +325,7 @@ def _prefix_chained_hash_ids(rnd: random.Random, inputs: list[int], trace_block:
     return out, trace_block
 
 
-def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = True):
+def run_fast(scenario: dict, record_passes: bool = True):
     """Run the numba path on a scenario; returns (EngineRun, RequestColumns, summary)."""
     cfg = load_config(scenario["config"])
     hash_ids = scenario.get("hash_ids")
@@ -336,7 +336,7 @@ def run_fast(scenario: dict, detok_path: str = "auto", record_passes: bool = Tru
         hash_ids=None if hash_ids is None else pa.array(hash_ids, type=pa.list_(pa.int64())),
     )
     send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
-    run = simulate_engine(cfg, table, send, record_passes=record_passes, detok_path=detok_path)
+    run = simulate_engine(cfg, table, send, record_passes=record_passes)
     cols = RequestColumns(run)
     return run, cols, summarize(cols, table.input_tokens, cfg.metrics)
 

@@ -127,7 +127,7 @@ def test_a_batch_row_has_the_types_of_one_configuration(monkeypatch):
         engine_batch.run_prepared_batch(preps)
     prep = preps[0]
     single = prep.kernel_args(
-        allocate_buffers(prep.n, prep.num_tokens, prep.mode, prep.pass_rows, bounded=prep.bounded), prep.prefix_cache()
+        allocate_buffers(prep.n, prep.num_tokens, prep.pass_rows, bounded=prep.bounded), prep.prefix_cache()
     )
     assert [nb.batch_row_type(numba.typeof(a)) for a in stacked] == [numba.typeof(a) for a in single]
 

@@ -67,11 +67,11 @@ def test_prepared_inputs_have_the_declared_members_and_types(case):
 
 @pytest.mark.parametrize("bounded", [False, True])
 def test_allocated_outputs_have_the_declared_types(bounded):
-    buffers = allocate_buffers(5, 12, nb.DETOK_DEFERRED, 7, bounded=bounded)
+    buffers = allocate_buffers(5, 12, 7, bounded=bounded)
     assert typed(numba.typeof(buffers.out)) == declared(Outputs)
     assert typed(numba.typeof(buffers.logs)) == declared(Logs)
     assert numba.typeof(buffers.send_ns) == types.int64[::1]
-    batch = allocate_buffers(5, 12, nb.DETOK_DEFERRED, 0, batch=3, bounded=bounded)
+    batch = allocate_buffers(5, 12, 0, batch=3, bounded=bounded)
     for state, cls in ((batch.out, Outputs), (batch.logs, Logs)):
         assert [numba.typeof(a) for a in state] == [stacked(t) for t in cls.__annotations__.values()]
         assert all(a.shape[0] == 3 for a in state)
@@ -88,7 +88,7 @@ def test_batch_inputs_are_the_declared_members_one_dimension_up():
 
 def test_the_kernel_compiles_for_the_declared_state():
     prep = _prepared(CASES["closed aggregated"])
-    buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, prep.pass_rows)
+    buffers = allocate_buffers(prep.n, prep.num_tokens, prep.pass_rows)
     args = prep.kernel_args(buffers, prep.prefix_cache())
     status, _, _ = nb.simulate_engine_nb(*args)
     assert status == nb.OK
@@ -103,7 +103,7 @@ def test_the_kernel_compiles_for_the_declared_state():
 def test_the_event_loop_state_has_the_declared_types(case):
     """The loop's own state, allocated inside the kernel per run, has the types declared beside the inputs."""
     prep = _prepared(CASES[case])
-    buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, prep.pass_rows, bounded=prep.bounded)
+    buffers = allocate_buffers(prep.n, prep.num_tokens, prep.pass_rows, bounded=prep.bounded)
     requests, load, client, send_ns, topology, ranks, _, _, out, receipts, _, router = prep.kernel_args(
         buffers, prep.prefix_cache()
     )

@@ -18,7 +18,7 @@ from simcore.client import nb
 from simcore.client.nb import fnv1a64_mod_nb
 from simcore.config import DetokenizationConfig, TokenizationConfig
 from simcore.engine.state import Client
-from simcore.enums import DETOK_DEFERRED, DETOK_IN_KERNEL, DETOK_OFF
+from simcore.enums import DETOK_IN_KERNEL, DETOK_OFF
 from simcore.units import ms_array_to_ns
 
 
@@ -31,7 +31,6 @@ def client_inputs(
     num_workers: int,
     *,
     sessions: bool,
-    after_run: bool,
 ) -> tuple[Client, np.ndarray]:
     """The client stage's kernel inputs: tokenizer placement and service, detokenizer mode, servers and costs.
 
@@ -48,8 +47,6 @@ def client_inputs(
         Receiving workers (each owns ``tok.workers`` tokenizer servers).
     sessions : bool
         Placement by send sequence number (the kernel adds the worker's first server).
-    after_run : bool
-        Detokenize after the run (``DETOK_DEFERRED``) rather than at each pass end.
 
     Returns
     -------
@@ -58,12 +55,7 @@ def client_inputs(
         Each request's tokenizer server within its worker (read by the router).
     """
     tok_index = server_index(requests.request_id, tok.workers)
-    if not detok.enabled:
-        mode = DETOK_OFF
-    elif not after_run:
-        mode = DETOK_IN_KERNEL
-    else:
-        mode = DETOK_DEFERRED
+    mode = DETOK_IN_KERNEL if detok.enabled else DETOK_OFF
     client = Client(
         tok_server=tok_index if sessions else worker * tok.workers + tok_index,
         tok_service_ns=tokenization_service_ns(tok, input_tokens),
@@ -168,117 +160,3 @@ def detokenization_service_ns(
         Service of each job, ns.
     """
     return ms_array_to_ns(nb.detokenization_job_ms_nb(params, k, n_first, n_final))
-
-
-def detokenize_after_run(
-    emit_log: np.ndarray,
-    token_emit_ns: np.ndarray,
-    token_server: np.ndarray,
-    token_is_first: np.ndarray,
-    token_is_final: np.ndarray,
-    cfg: DetokenizationConfig,
-) -> np.ndarray:
-    """Receipt instants of every emitted token, vectorised over the whole run.
-
-    Parameters
-    ----------
-    emit_log : ndarray(int64, ndim=1)
-        Token indices in emission order (pass ends by time then worker; within a
-        pass by rank, then running order).
-    token_emit_ns : ndarray(int64, ndim=1)
-        Emission instant of every token, ns (indexed by token).
-    token_server : ndarray(int64, ndim=1)
-        Global detokenizer server of every token (``worker x workers + server``).
-    token_is_first, token_is_final : ndarray(bool, ndim=1)
-        Whether the token is its request's first, or the one that finished it.
-    cfg : DetokenizationConfig
-
-    Returns
-    -------
-    ndarray(int64, ndim=1)
-        Receipt instant of every token, ns (-1 for tokens never emitted).
-    """
-    recv = np.full(token_emit_ns.shape[0], -1, dtype=np.int64)
-    if emit_log.shape[0] == 0:
-        return recv
-    # Stable sort by server keeps each server's outputs in emission order, which
-    # orders its jobs by pass end and a pass's outputs by rank, then running order.
-    server = token_server[emit_log]
-    order = np.argsort(server, kind="stable")
-    tokens = emit_log[order]
-    server = server[order]
-    t = token_emit_ns[tokens]
-    n = tokens.shape[0]
-
-    # A job is one server's outputs of one pass (same server, same emission
-    # instant: a worker's passes end at distinct instants), cut into chunks.
-    new_run = np.ones(n, dtype=bool)
-    new_run[1:] = (server[1:] != server[:-1]) | (t[1:] != t[:-1])
-    run_start = np.flatnonzero(new_run)
-    if cfg.chunk_size is None:
-        job_start = run_start
-    else:
-        run_id = np.cumsum(new_run) - 1
-        position = np.arange(n) - run_start[run_id]
-        job_start = np.flatnonzero(new_run | (position % cfg.chunk_size == 0))
-    k = np.diff(np.append(job_start, n))
-    n_first = np.add.reduceat(token_is_first[tokens].astype(np.int64), job_start)
-    n_final = np.add.reduceat(token_is_final[tokens].astype(np.int64), job_start)
-    service = detokenization_service_ns(detokenization_params(cfg), k, n_first, n_final)
-    release = t[job_start]
-
-    # FIFO per server: end_j = S_j + max_{i<=j}(t_i - S_{i-1}), in exact int64.
-    job_server = server[job_start]
-    bounds = np.flatnonzero(np.diff(job_server)) + 1
-    end = np.empty(job_start.shape[0], dtype=np.int64)
-    for lo, hi in zip(np.append(0, bounds), np.append(bounds, job_start.shape[0])):
-        s_after = np.cumsum(service[lo:hi])
-        s_before = s_after - service[lo:hi]
-        end[lo:hi] = s_after + np.maximum.accumulate(release[lo:hi] - s_before)
-    recv[tokens] = np.repeat(end, k)
-    return recv
-
-
-def receipts_after_run(
-    emit_log: np.ndarray,
-    token_emit_ns: np.ndarray,
-    token_offset: np.ndarray,
-    generated: np.ndarray,
-    finished: np.ndarray,
-    request_worker: np.ndarray,
-    request_server: np.ndarray,
-    cfg: DetokenizationConfig,
-) -> np.ndarray:
-    """The deferred detokenizer's receipts, from the engine's emissions (:func:`detokenize_after_run`).
-
-    Parameters
-    ----------
-    emit_log : ndarray(int64, ndim=1)
-        Token indices in emission order.
-    token_emit_ns : ndarray(int64, ndim=1)
-        Emission instant of every token, ns.
-    token_offset : ndarray(int64, ndim=1)
-        ``n + 1`` offsets of each request's tokens.
-    generated : ndarray(int64, ndim=1)
-        Tokens emitted per request.
-    finished : ndarray(bool, ndim=1)
-        Requests whose last emitted token finished them.
-    request_worker : ndarray(int64, ndim=1)
-        The token-emitting worker of each request (P/D: its decode worker).
-    request_server : ndarray(int64, ndim=1)
-        Its detokenizer server within that worker.
-    cfg : DetokenizationConfig
-
-    Returns
-    -------
-    ndarray(int64, ndim=1)
-        Receipt instant of every token, ns (-1 for tokens never emitted).
-    """
-    num_tokens = token_emit_ns.shape[0]
-    request_of_token = np.repeat(np.arange(token_offset.shape[0] - 1, dtype=np.int64), np.diff(token_offset))
-    is_final = np.zeros(num_tokens, dtype=bool)
-    is_final[(token_offset[:-1] + generated - 1)[finished]] = True
-    is_first = np.zeros(num_tokens, dtype=bool)
-    is_first[token_offset[:-1]] = True
-    token_server = (request_worker * cfg.workers + request_server)[request_of_token]
-    return detokenize_after_run(emit_log, token_emit_ns, token_server, is_first, is_final, cfg)

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from simcore.client.api import client_inputs, receipts_after_run
+from simcore.client.api import client_inputs
 from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
@@ -32,7 +32,6 @@ from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 from simcore.workload.sessions import session_schedule
 
-DETOK_PATHS = ("auto", "kernel", "after_run")
 STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
 STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
 PROGRESS_INTERVAL_S = 0.2
@@ -199,7 +198,6 @@ def simulate_engine(
     send_ns: np.ndarray | None,
     *,
     record_passes: bool = False,
-    detok_path: str = "auto",
     on_progress: ProgressCallback | None = None,
 ) -> EngineRun:
     """Replay ``requests`` through the configured deployment (aggregated or P/D, any policy).
@@ -212,12 +210,6 @@ def simulate_engine(
         Open-loop send instants, ns; None for a closed loop.
     record_passes : bool
         Keep the per-rank pass log.
-    detok_path : {"auto", "kernel", "after_run"}
-        Where detokenization is evaluated.  ``auto`` (= ``kernel``): inside
-        the kernel at every pass end; ``after_run``: an open loop's receipts
-        vectorised after the run (``bench/bench_trace.py --paths``: slower on
-        light and on overloaded load).  The two agree exactly; a closed loop
-        cannot use ``after_run``.
     on_progress : callable, optional
         ``on_progress(done, total)``, called from this thread about every
         0.2 s while the kernel runs (in a worker thread) and once at its end.
@@ -232,7 +224,7 @@ def simulate_engine(
     simcore.ConfigError
         The timing model gave a pass time that is not finite and >= 0.
     """
-    prep = prepare(cfg, requests, send_ns, record_passes=record_passes, detok_path=detok_path)
+    prep = prepare(cfg, requests, send_ns, record_passes=record_passes)
     return run_prepared(prep, on_progress=on_progress)
 
 
@@ -262,7 +254,7 @@ def run_prepared(
     """
     pass_rows = prep.pass_rows
     while True:
-        buffers = allocate_buffers(prep.n, prep.num_tokens, prep.mode, pass_rows, bounded=prep.bounded)
+        buffers = allocate_buffers(prep.n, prep.num_tokens, pass_rows, bounded=prep.bounded)
         if itl_include is not None:
             buffers.receipts[STREAM_INCLUDE][:] = itl_include
         if prep.send is not None:
@@ -341,7 +333,6 @@ def prepare(
     send_ns: np.ndarray | None,
     *,
     record_passes: bool = False,
-    detok_path: str = "auto",
 ) -> Prepared:
     """Validate and build the kernel inputs of one configuration (see :func:`simulate_engine`).
 
@@ -353,8 +344,6 @@ def prepare(
         Open-loop send instants, ns, one per request; None for a closed loop.
     record_passes : bool
         Size a pass log (rows estimated from outputs and prompt chunks).
-    detok_path : {"auto", "kernel", "after_run"}
-        As :func:`simulate_engine`.
 
     Returns
     -------
@@ -365,20 +354,13 @@ def prepare(
     Raises
     ------
     ValueError
-        Bad ``detok_path``, ``after_run`` in a closed loop, or open-loop
-        ``send_ns`` missing or of the wrong length.
+        Open-loop ``send_ns`` missing or of the wrong length.
     """
-    if detok_path not in DETOK_PATHS:
-        raise ValueError(f"detok_path must be one of {DETOK_PATHS}, got {detok_path!r}")
     closed = cfg.load.closed_loop
     sessions = requests.session is not None
-    if (closed or sessions) and detok_path == "after_run":
-        raise ValueError("a closed loop or sessions need receipts inside the kernel (detok_path='kernel')")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"
-    if bounded and detok_path == "after_run":
-        raise ValueError("the bounded output mode needs receipts inside the kernel (detok_path='kernel')")
     pools = cfg.engine.pools
     n = len(requests)
     input_tokens = np.ascontiguousarray(requests.input_tokens, dtype=np.int64)
@@ -401,7 +383,7 @@ def prepare(
     schedule = session_schedule(requests, cfg, recv_rank.copy(), worker * tok.workers)  # recv_rank is rewritten at sends
     # Placement by row; with sessions by send sequence number, in the kernel.
     client, tok_index = client_inputs(tok, cfg.detokenization, requests, input_tokens, worker, receiving.replicas,
-                                      sessions=sessions, after_run=detok_path == "after_run")
+                                      sessions=sessions)
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
     prefix_cache = prefix_cache_inputs(receiving, cfg.engine.policy, requests, cfg.workload, cfg.engine.router.policy,
@@ -502,17 +484,6 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
 
     token_recv = out.token_recv_ns
     receipts = Receipts.from_stream(buffers.receipts) if prep.bounded else None
-    if prep.mode == nb.DETOK_DEFERRED:
-        token_recv = receipts_after_run(
-            logs.emit_log[:num_emitted],
-            out.token_emit_ns,
-            token_offset,
-            out.generated,
-            out.finish_ns >= 0,
-            rank_worker[out.decode_rank] if cfg.engine.mode == "disaggregated" else worker,
-            prep.client.detok_server,
-            cfg.detokenization,
-        )
     if cap_ns is not None:  # nothing stamped after the cap happened (SPEC §9)
         token_recv[token_recv > cap_ns] = -1
         send_ns[send_ns > cap_ns] = -1
@@ -579,7 +550,7 @@ def _topology(pools) -> tuple[Topology, np.ndarray]:
 
 
 def allocate_buffers(
-    n: int, num_tokens: int, mode: int, pass_rows: int, batch: int | None = None, *, bounded: bool = False
+    n: int, num_tokens: int, pass_rows: int, batch: int | None = None, *, bounded: bool = False
 ) -> Buffers:
     """Caller-allocated kernel outputs, initialised to their "not yet" values.
 
@@ -591,8 +562,6 @@ def allocate_buffers(
     ----------
     n, num_tokens : int
         Requests and output tokens.
-    mode : int
-        The detokenizer mode (``DETOK_DEFERRED`` sizes the emission log).
     pass_rows : int
         Pass-log capacity, rows.
     batch : int, optional
@@ -619,7 +588,6 @@ def allocate_buffers(
         progress=np.zeros(lead + (1,), dtype=np.int64),
     )
     logs = Logs(
-        emit_log=np.empty(lead + (num_tokens if mode == nb.DETOK_DEFERRED else 0,), dtype=np.int64),
         pass_log=np.zeros(lead + (pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64),
         pass_ms=np.zeros(lead + (pass_rows,), dtype=np.float64),
         bad_batch=np.zeros(lead + (8,), dtype=np.float64),

@@ -180,7 +180,7 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     first = preps[0]
     count = len(preps)
     stacked = {name: _stack_state([getattr(prep, name) for prep in preps], name) for name in STACKED_INPUTS}
-    buffers = allocate_buffers(first.n, first.num_tokens, first.mode, 0, batch=count, bounded=first.bounded)
+    buffers = allocate_buffers(first.n, first.num_tokens, 0, batch=count, bounded=first.bounded)
     for c, prep in enumerate(preps):
         if prep.send is not None:
             buffers.send_ns[c] = prep.send

@@ -19,10 +19,8 @@ Contract
   pass's receipts are folded into per-request statistics
   (``simcore.receipts_nb.stream_receipts_nb``) at the pass end.
 * ``detok_mode``: ``DETOK_OFF`` (receipt = emission), ``DETOK_IN_KERNEL``
-  (per-server FIFO evaluated at every pass end; the default, and the only one
-  a closed loop, where receipts release sends, can use) or ``DETOK_DEFERRED``
-  (emission order is logged and ``simcore.client.api.receipts_after_run``
-  computes receipts afterwards).
+  (per-server FIFO evaluated at every pass end, :func:`simcore.client.nb.detokenize_pass_nb`:
+  the one place the recurrence is written).
 
 The equal-time rule of SPEC §5 is the loop in ``_replay_nb``: at an
 instant t it repeats (a) pass ends by worker, (b)+(c) receipts releasing sends
@@ -64,7 +62,7 @@ from simcore.scheduler.nb import POLICY_SGLANG
 from simcore.heap_nb import heap_push_nb
 from simcore.engine.sessions_nb import session_next_instant_nb, session_start_nb
 from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
-    DETOK_OFF, DETOK_IN_KERNEL, DETOK_DEFERRED, OUT_FIRST, OUT_FINAL,
+    DETOK_OFF, DETOK_IN_KERNEL, OUT_FIRST, OUT_FINAL,
     ROLE_AGGREGATED, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START, PASS_END,
     PASS_NUM_PREFILL, PASS_PREFILL_TOKENS, PASS_PREFILL_KV_TOKENS, PASS_NUM_DECODE,
     PASS_DECODE_KV_TOKENS, PASS_BLOCKS_IN_USE, PASS_LOG_COLUMNS,
@@ -126,8 +124,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
     out : Outputs
         Out, ``-1`` (instants) or zero (counts) initialised: per-request
         instants (ns) and counts, per-token emission and receipt instants (ns;
-        receipts left at -1 in ``DETOK_DEFERRED`` mode; empty in the bounded
-        output mode), and the progress counter (requests finished or rejected
+        empty in the bounded output mode), and the progress counter (requests finished or rejected
         so far: the kernel releases the GIL, so another thread can read it).
     receipts : tuple of ndarray(int64, ndim=1)
         The bounded output mode's state (``simcore.receipts_nb.STREAM_FIELDS``),
@@ -135,8 +132,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         length 0 in the detailed mode.  Bounded needs ``DETOK_OFF`` or
         ``DETOK_IN_KERNEL``.
     logs : Logs
-        Out: the emission log (``DETOK_DEFERRED`` only), the pass log (0 rows:
-        record nothing) with each row's rank time (ms), and on ``BAD_TIMING``
+        Out: the pass log (0 rows: record nothing) with each row's rank time (ms), and on ``BAD_TIMING``
         the batch whose time was not finite and >= 0.
     router : Router
         The routing policies and their seeded draws (``simcore.engine.router_nb``).
@@ -148,7 +144,7 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
     num_pass_rows : int
         Rows written to ``logs.pass_log``.
     num_emitted : int
-        Tokens emitted (rows written to ``logs.emit_log`` in deferred mode).
+        Tokens emitted.
     """
     # Round robin everywhere is the rows' placement, copied into placed_rank,
     # which the loop reads and writes as the placement (recv_rank).

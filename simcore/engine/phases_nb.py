@@ -140,8 +140,6 @@ def _steady_decode_nb(run, state):
                 dt.out_flags[num_out] = 0
                 num_out += 1
                 dt.job_count[srv] += 1
-            else:
-                logs.emit_log[num_emitted] = tok
             num_emitted += 1
         if num_out > 0:  # worker 0's servers; no request-final token among them: no send is queued
             send_size = detokenize_pass_nb(
@@ -307,10 +305,10 @@ def _hand_off_nb(k, g, t, xfer_size, num_handoffs, run, state):
 @njit(cache=True, inline="always")
 def _emit_nb(k, g, t, num_out, num_emitted, send_size, run, state):
     """(a) request k emits its next token on rank g at t (to the detokenizer's
-    job of its server, or received at once, or logged); a finished request leaves.
+    job of its server, or received at once); a finished request leaves.
     Returns whether it leaves, and the new ``num_out``, ``num_emitted`` and ``send_size``."""
     requests, load, client, ranks, prefix_cache = run.requests, run.load, run.client, run.ranks, run.prefix_cache
-    out, receipts, logs = run.out, run.receipts, run.logs
+    out, receipts = run.out, run.receipts
     rq, rk, lp, dt = state.rq, state.rk, state.lp, state.dt
     bounded = receipts[0].shape[0] > 0
     j = out.generated[k]
@@ -349,8 +347,6 @@ def _emit_nb(k, g, t, num_out, num_emitted, send_size, run, state):
         dt.job_count[srv] += 1
         dt.job_firsts[srv] += j == 0
         dt.job_finals[srv] += leaves
-    else:
-        logs.emit_log[num_emitted] = tok
     num_emitted += 1
     if leaves:
         out.finish_ns[k] = t

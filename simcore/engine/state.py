@@ -61,7 +61,7 @@ class Client(NamedTuple):
     tok_server: I64  # per request, global tokenizer server
     tok_service_ns: I64  # per request, tokenizer job service, ns
     num_tok_servers: types.int64  # over all receiving workers
-    detok_mode: types.int64  # DETOK_OFF, DETOK_IN_KERNEL or DETOK_DEFERRED (simcore.client.nb)
+    detok_mode: types.int64  # DETOK_OFF or DETOK_IN_KERNEL (simcore.enums)
     detok_server: I64  # per request, detokenizer server within its worker
     detok_workers: types.int64  # detokenizer servers per token-emitting worker
     detok_params: F64  # (4,) [base_ms, per_output_us, first_output_us, final_output_us]
@@ -118,7 +118,7 @@ class Outputs(NamedTuple):
     generated: I64  # tokens emitted
     num_preemptions: I64
     token_emit_ns: I64  # per token (empty in the bounded output mode)
-    token_recv_ns: I64  # per token (left -1 in DETOK_DEFERRED mode)
+    token_recv_ns: I64  # per token
     progress: I64  # (1,): requests finished or rejected so far, read by another thread
     placed_rank: I64  # global rank that received each request (-1: not placed by the cap; docs/routing.md)
     placed_worker: I64  # routing policies: the worker picked at the send (-1: round robin, or never sent)
@@ -128,7 +128,6 @@ class Outputs(NamedTuple):
 class Logs(NamedTuple):
     """Caller-allocated logs with explicit capacity."""
 
-    emit_log: I64  # token indices in emission order (DETOK_DEFERRED only)
     pass_log: I64_2D  # (rows, PASS_LOG_COLUMNS) one row per rank per pass; 0 rows: none
     pass_ms: F64  # each pass-log row's rank time, ms
     bad_batch: F64  # (8,) the batch whose pass time was not finite and >= 0
