@@ -23,7 +23,13 @@ from dataclasses import replace
 from simcore import bounds
 from simcore.engine.settings import POOLS
 from simcore.errors import ConfigError
-from simcore.scheduler.settings import AUTO_BLOCKS, TOKEN_BUDGETS, PoolConfig, checked_num_blocks
+from simcore.scheduler.settings import (
+    AUTO_BLOCKS,
+    TOKEN_BUDGETS,
+    PoolConfig,
+    check_whole_prompt_budget,
+    checked_num_blocks,
+)
 from simcore.settings import SimConfig
 from simcore.timing import aic
 from simcore.timing.profile import read_meta_count, read_num_layers
@@ -114,7 +120,9 @@ def _auto_num_blocks(path: str, pool: PoolConfig, timing: TimingConfig) -> PoolC
     max_tokens = max([b for b in budgets if b is not None], default=pool.max_sequences)
     field = f"{path}.num_blocks"
     num_blocks = aic.auto_num_blocks(timing, pool.block_size, max_tokens, pool.max_sequences, field=field)
-    return replace(pool, num_blocks=checked_num_blocks(path, num_blocks, pool.block_size))
+    pool = replace(pool, num_blocks=checked_num_blocks(path, num_blocks, pool.block_size))
+    check_whole_prompt_budget(path, pool)
+    return pool
 
 
 def _next_pow2(n: int) -> int:

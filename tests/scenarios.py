@@ -47,6 +47,7 @@ def random_scenario(
     prefix_pressure: bool = False,
     reserve_full_isl: bool = False,
     attention_skew: bool = False,
+    chunked_prefill_off: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -82,6 +83,9 @@ def random_scenario(
     everything else.
     ``attention_skew`` draws ``timing.attention_skew_alpha`` (a fixed timing
     becoming linear with a kv term); drawn after everything else.
+    ``chunked_prefill_off`` turns vLLM's chunked prefill off on every pool (vllm
+    policy), its token budget L or a few tokens more, L often just above the
+    longest prompt (so that prompts are passed over for want of budget); drawn last.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -263,6 +267,18 @@ def random_scenario(
         if config["timing"]["per_kv_token_ns"] == 0.0:
             config["timing"]["per_kv_token_ns"] = rnd.choice([40.0, 123.4, 1e4])
         config["timing"]["attention_skew_alpha"] = rnd.choice([0.0543, 0.5, 1.0, 3.7])
+    if chunked_prefill_off:
+        assert policy == "vllm", "chunked_prefill=false is a vllm rule"
+        for name in ("aggregated", "prefill", "decode"):
+            pool = config["engine"].get(name)
+            if isinstance(pool, dict):
+                pool["chunked_prefill"] = False
+                capacity = pool["num_blocks"] * pool["block_size"]
+                if rnd.random() < 0.9:  # prompts just inside L: whole prompts barely fit a pass
+                    pool["context_length"] = max(inputs) + rnd.randint(1, 4)
+                    pool["max_sequences"] = max(pool["max_sequences"], rnd.randint(2, 6))
+                limit = capacity if pool["context_length"] is None else min(pool["context_length"], capacity)
+                pool["max_batched_tokens"] = limit + rnd.choice([0, 0, 1, 3])
     ids = [f"req-{seed}-{k}" for k in range(n)]
     return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
 

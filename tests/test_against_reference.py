@@ -28,6 +28,7 @@ NUM_GRAPH_SCENARIOS = 300  # mixed with the other features
 NUM_PREFIX_PRESSURE_SCENARIOS = 150
 CACHING_POLICIES = ["sglang", "trtllm"]  # prefix caching beside vllm's (docs/prefix-caching.md)
 NUM_FULL_ISL_SCENARIOS = 300  # mixed with prefix caching, async scheduling and P/D
+NUM_CHUNK_OFF_SCENARIOS = 300  # mixed with prefix caching, async scheduling, whole-sequence admission and P/D
 NUM_SKEW_SCENARIOS = 300  # mixed with the policies, P/D, async scheduling, CUDA graphs, pass terms
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
@@ -315,6 +316,30 @@ def test_reserve_full_isl_matches_reference(seed):
         )
     )
 
+
+
+def chunk_off_scenario(seed):
+    return random_scenario(
+        seed, chunked_prefill_off=True, disaggregated=seed % 3 == 2, prefix_caching=seed % 4 == 1,
+        async_scheduling=seed % 2 == 1, long_outputs=seed % 7 == 3, reserve_full_isl=seed % 5 == 4,
+    )
+
+
+@pytest.mark.parametrize("seed", range(NUM_CHUNK_OFF_SCENARIOS))
+def test_chunked_prefill_off_matches_reference(seed):
+    compare_with_reference(chunk_off_scenario(seed))
+
+
+def test_chunked_prefill_off_scenarios_pass_prompts_over():
+    """The family decides: turning chunking back on changes many of its runs."""
+    differ = 0
+    for seed in range(NUM_CHUNK_OFF_SCENARIOS):
+        off = chunk_off_scenario(seed)
+        on = dict(off, config=merge_config(off["config"]))
+        for name in ("aggregated", "prefill", "decode"):
+            on["config"]["engine"][name]["chunked_prefill"] = True
+        differ += reference(on)[1]["passes"] != reference(off)[1]["passes"]
+    assert differ >= NUM_CHUNK_OFF_SCENARIOS // 6, differ
 
 
 @pytest.mark.parametrize("seed", range(NUM_SKEW_SCENARIOS))

@@ -644,10 +644,10 @@ def policy_config(policy, pool=None, mode="aggregated", **sections):
 #: Pool-key defaults per policy, copied from the table of docs/policies.md (the
 #: reference reads them off simcore's registry, which must agree with this copy).
 DOCS_POOL_DEFAULTS = {
-    "vllm": {"max_batched_tokens": 8192, "max_sequences": 256, "block_size": 16},
+    "vllm": {"max_batched_tokens": 8192, "max_sequences": 256, "block_size": 16, "chunked_prefill": True},
     "sglang": {"max_sequences": 4096, "block_size": 1, "chunked_prefill_size": 8192,
                "max_prefill_tokens": 16384, "schedule_conservativeness": 1.0},
-    "trtllm": {"max_batched_tokens": 8192, "max_sequences": 2048, "block_size": 32},
+    "trtllm": {"max_batched_tokens": 8192, "max_sequences": 2048, "block_size": 32, "chunked_prefill": True},
 }
 
 

@@ -93,6 +93,7 @@ class Ranks(NamedTuple):
     prefix_caching: BOOL
     reserve_full_isl: BOOL  # vLLM scheduler_reserve_full_isl admission (docs/semantics.md)
     cache_generated_blocks: BOOL  # vLLM caches generated blocks too (docs/prefix-caching.md)
+    chunked_prefill: BOOL  # false: a waiting request's whole need must fit the budget (docs/semantics.md)
 
 
 class Timing(NamedTuple):

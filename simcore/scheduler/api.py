@@ -52,7 +52,9 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
     -------
     Ranks
         ``chunk_tokens`` and ``ratio_params`` are 0 unless the policy runs
-        SGLang's builder (its chunk budget is split over the attention-DP ranks).
+        SGLang's builder (its chunk budget is split over the attention-DP ranks);
+        ``chunked_prefill`` is false only where the pool turned vLLM's chunked
+        prefill off.
     """
     spec = policy_spec(policy)
     ranks = [pool for pool in pools for _ in range(pool.num_ranks)]
@@ -84,6 +86,8 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
         prefix_caching=prefix_caching,
         reserve_full_isl=np.array([pool.reserve_full_isl for pool in ranks], dtype=np.bool_),
         cache_generated_blocks=np.array([pool.cache_generated_blocks for pool in ranks], dtype=np.bool_),
+        # a policy that does not use the key (None) chunks in its own way
+        chunked_prefill=np.array([pool.chunked_prefill is not False for pool in ranks], dtype=np.bool_),
     )
 
 

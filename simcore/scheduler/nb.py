@@ -140,7 +140,10 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         Prompt and output lengths (tokens); per rank the token budget, sequences,
         KV blocks, block size, sequence limit L, policy, prefix caching and
         ``reserve_full_isl`` (vLLM's ``scheduler_reserve_full_isl``: a waiting
-        request is admitted only if the blocks of all its known tokens fit).
+        request is admitted only if the blocks of all its known tokens fit) and
+        ``chunked_prefill`` (false: vLLM's ``--no-enable-chunked-prefill``, a
+        waiting request whose tokens to compute exceed the budget left is
+        passed over, keeping its place in the queue).
     pc : tuple of ndarray(int64, ndim=1)
         The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
     out : Outputs
@@ -167,6 +170,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
     no_evict = ranks.policy[g] == POLICY_TRTLLM
     caching = ranks.prefix_caching[g]
     reserve_full = ranks.reserve_full_isl[g]
+    chunking = ranks.chunked_prefill[g]
     first_admit_ns = out.first_admit_ns
     num_preemptions = out.num_preemptions
     cached_tokens = out.cached_tokens
@@ -236,7 +240,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             k = running[g, i]
             promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role) - held[k]
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
-    # With a CPU tier, requests loading their KV stay queued and are passed over.
+    # With a CPU tier, requests loading their KV stay queued and are passed over;
+    # with chunked prefill off, so are those whose whole need exceeds the budget left.
     k = wait_head[g]
     while k >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         known = input_tokens[k] + planned[k]
@@ -256,6 +261,9 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             hits, cached_hits = prefix_hits_nb(pc, g, num_ranks, k, known, block_size, blocks_used)
         fresh = computed[k] == 0  # else a P/D decode entrant (input - 1) or a loaded request
         start = hits * block_size if caching and fresh else computed[k]
+        if not chunking and known - start > budget:
+            k = wait_next[k]  # vLLM: skipped (put back at the head of waiting in order), no chunk
+            continue
         n_tok = min(known - start, budget)
         grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
         must_fit = grow

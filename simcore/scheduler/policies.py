@@ -36,7 +36,7 @@ KERNEL_BUILDERS = MappingProxyType({"vllm": BUILDER_VLLM, "sglang": BUILDER_SGLA
 PREFIX_CACHES = ("blocks", "radix")
 #: The pool keys whose defaults depend on the policy, in the order they are resolved.
 POOL_KEYS = ("max_batched_tokens", "max_sequences", "block_size", "chunked_prefill_size",
-             "max_prefill_tokens", "schedule_conservativeness")
+             "max_prefill_tokens", "schedule_conservativeness", "chunked_prefill")
 #: ``engine.policy``'s default, and the defaults read for a policy not (yet) checked.
 DEFAULT_POLICY = "vllm"
 
@@ -58,6 +58,8 @@ class Policy:
     reserve_full_isl: bool = False  # pool.reserve_full_isl (docs/semantics.md)
     cache_generated_blocks: bool = False  # pool.cache_generated_blocks (docs/prefix-caching.md)
     kv_offload: bool = False  # pool.kv_offload, a CPU tier (docs/prefix-caching.md)
+    # pool.chunked_prefill may be false (vLLM's --no-enable-chunked-prefill, docs/semantics.md)
+    chunked_prefill: bool = False
     vllm_graph_sizes: bool = False  # timing.cuda_graph_sizes=vllm_default (vLLM's capture sizes)
 
     def __post_init__(self):
@@ -65,6 +67,10 @@ class Policy:
             raise ValueError(f"policy {self.name!r}: unknown kernel {self.kernel!r} or prefix cache {self.prefix_cache!r}")
         if tuple(self.defaults) != POOL_KEYS:
             raise ValueError(f"policy {self.name!r}: defaults must give {POOL_KEYS} in order")
+        if self.defaults["chunked_prefill"] is False and not self.chunked_prefill:
+            raise ValueError(f"policy {self.name!r}: a chunked_prefill default of False needs the chunked_prefill feature")
+        if self.chunked_prefill and KERNEL_BUILDERS[self.kernel] != BUILDER_VLLM:
+            raise ValueError(f"policy {self.name!r}: chunked_prefill=false is modelled in vLLM's batch builder only")
 
     @property
     def code(self) -> int:
@@ -82,11 +88,11 @@ FEATURES = tuple(f.name for f in fields(Policy) if f.type == "bool")
 
 
 def _defaults(max_batched_tokens=None, max_sequences=None, block_size=None, chunked_prefill_size=None,
-              max_prefill_tokens=None, schedule_conservativeness=None) -> Mapping[str, Any]:
+              max_prefill_tokens=None, schedule_conservativeness=None, chunked_prefill=None) -> Mapping[str, Any]:
     return MappingProxyType(dict(
         max_batched_tokens=max_batched_tokens, max_sequences=max_sequences, block_size=block_size,
         chunked_prefill_size=chunked_prefill_size, max_prefill_tokens=max_prefill_tokens,
-        schedule_conservativeness=schedule_conservativeness,
+        schedule_conservativeness=schedule_conservativeness, chunked_prefill=chunked_prefill,
     ))
 
 
@@ -96,13 +102,16 @@ def _defaults(max_batched_tokens=None, max_sequences=None, block_size=None, chun
 #: chunked_prefill_size 8192, max_prefill_tokens 16384,
 #: schedule_conservativeness 1.0; max_running_requests is derived from memory
 #: there, 4096 here); TensorRT-LLM (1.0: tokens_per_block 32, max_num_tokens
-#: 8192, max_batch_size 2048).
+#: 8192, max_batch_size 2048).  ``chunked_prefill``: vLLM's
+#: ``enable_chunked_prefill`` (true by default in V1; only the entries with the
+#: ``chunked_prefill`` feature may turn it off); TensorRT-LLM's builder chunks
+#: too; SGLang's own chunking is ``chunked_prefill_size``.
 SCHEDULING_POLICIES: dict[str, Policy] = {policy.name: policy for policy in (
     Policy(
         "vllm", kernel="vllm", aic_backend="vllm", prefix_cache="blocks",
-        defaults=_defaults(max_batched_tokens=8192, max_sequences=256, block_size=16),
+        defaults=_defaults(max_batched_tokens=8192, max_sequences=256, block_size=16, chunked_prefill=True),
         async_scheduling=True, reserve_full_isl=True, cache_generated_blocks=True, kv_offload=True,
-        vllm_graph_sizes=True,
+        chunked_prefill=True, vllm_graph_sizes=True,
     ),
     Policy(
         "sglang", kernel="sglang", aic_backend="sglang", prefix_cache="radix",
@@ -111,7 +120,7 @@ SCHEDULING_POLICIES: dict[str, Policy] = {policy.name: policy for policy in (
     ),
     Policy(
         "trtllm", kernel="trtllm", aic_backend="trtllm", prefix_cache="blocks",
-        defaults=_defaults(max_batched_tokens=8192, max_sequences=2048, block_size=32),
+        defaults=_defaults(max_batched_tokens=8192, max_sequences=2048, block_size=32, chunked_prefill=True),
     ),
 )}
 #: The policy names: a live view, so that a policy registered later (a test's) is accepted.

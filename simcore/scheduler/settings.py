@@ -85,6 +85,9 @@ class PoolConfig:
     reserve_full_isl: bool = key(False)
     # vllm policy with prefix_caching: hash the full blocks of generated tokens too (docs/prefix-caching.md)
     cache_generated_blocks: bool = key(False)
+    # vllm, trtllm: a prompt may be split over passes (false: vLLM's --no-enable-chunked-prefill,
+    # docs/semantics.md); null: the policy's default; None after parsing for a policy that does not use it
+    chunked_prefill: bool | None = key(None)
 
     @property
     def num_ranks(self) -> int:
@@ -161,7 +164,7 @@ def parse_pool(
             )
     if not (isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS):
         num_blocks = checked_num_blocks(path, num_blocks, block_size)
-    return PoolConfig(
+    pool = PoolConfig(
         replicas=count(f"{path}.replicas", raw["replicas"]),
         attention_dp=count(f"{path}.attention_dp", raw["attention_dp"]),
         max_sequences=count(f"{path}.max_sequences", pick("max_sequences")),
@@ -175,10 +178,42 @@ def parse_pool(
         kv_offload=_kv_offload(path, raw, block_size, policy),
         reserve_full_isl=_reserve_full_isl(path, raw["reserve_full_isl"], policy),
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
+        chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
         schedule_conservativeness=None
         if conservativeness is None
         else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
     )
+    if active and not (isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS):
+        check_whole_prompt_budget(path, pool)
+    return pool
+
+
+def check_whole_prompt_budget(path: str, pool: PoolConfig) -> None:
+    """With ``chunked_prefill: false``, ``max_batched_tokens`` must be at least the sequence limit L.
+
+    vLLM refuses ``max_num_batched_tokens < max_model_len`` when chunked prefill
+    is off (``SchedulerConfig.verify_max_model_len``, docs/semantics.md): a
+    prompt is scheduled whole, so a longer one could never run.  L
+    (:attr:`PoolConfig.sequence_limit`) plays ``max_model_len`` here.
+
+    Parameters
+    ----------
+    path : str
+        The pool's dotted path, for messages.
+    pool : PoolConfig
+        The parsed pool, its ``num_blocks`` resolved.
+
+    Raises
+    ------
+    ConfigError
+        The budget is below L.
+    """
+    if pool.chunked_prefill is False and pool.max_batched_tokens < pool.sequence_limit:
+        raise ConfigError(
+            f"{path}.max_batched_tokens={pool.max_batched_tokens} is below the sequence limit L = "
+            f"{pool.sequence_limit} with {path}.chunked_prefill=false (vLLM requires max_num_batched_tokens "
+            f">= max_model_len); raise it or set {path}.context_length"
+        )
 
 
 def checked_num_blocks(path: str, num_blocks: Any, block_size: int) -> int:
@@ -232,6 +267,20 @@ def _reserve_full_isl(path: str, value: Any, policy: str) -> bool:
     enabled = flag(f"{path}.reserve_full_isl", value)
     if enabled and not supports(policy, "reserve_full_isl"):
         raise _unsupported(f"{path}.reserve_full_isl", "reserve_full_isl", policy)
+    return enabled
+
+
+def _chunked_prefill(path: str, raw: Mapping[str, Any], value: Any, policy: str) -> bool | None:
+    """vLLM's ``enable_chunked_prefill`` (null for a policy that does not use the key); false needs the
+    policy's ``chunked_prefill`` feature and is not modelled with a CPU tier."""
+    name = f"{path}.chunked_prefill"
+    if value is None:
+        return None
+    enabled = flag(name, value)
+    if not enabled and not supports(policy, "chunked_prefill"):
+        raise _unsupported(f"{name}=false", "chunked_prefill", policy)
+    if not enabled and any(v is not None for v in raw["kv_offload"].values()):
+        raise ConfigError(f"{name}=false is not modelled with {path}.kv_offload")
     return enabled
 
 

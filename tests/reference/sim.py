@@ -178,7 +178,7 @@ POLICY_POOL_DEFAULTS = {
     for name, spec in SCHEDULING_POLICIES.items()
 }
 POLICY_KEYS = ("max_batched_tokens", "max_sequences", "block_size", "chunked_prefill_size",
-               "max_prefill_tokens", "schedule_conservativeness")
+               "max_prefill_tokens", "schedule_conservativeness", "chunked_prefill")
 #: num_blocks None -> DEFAULT_KV_TOKENS // block_size (docs/policies.md: 416,000 tokens).
 DEFAULT_KV_TOKENS = 416_000
 SGLANG_RESERVE_CAP = 4096  # docs/policies.md: min(output - generated, 4096)
@@ -367,6 +367,13 @@ class Pool:
         # vllm, trtllm
         mbt = resolved["max_batched_tokens"]
         self.max_batched_tokens = None if mbt is None else int(mbt)
+        # vLLM's enable_chunked_prefill (docs/semantics.md); a policy without the key chunks its own way
+        self.chunked_prefill = resolved["chunked_prefill"] is not False
+        if not self.chunked_prefill:
+            if not spec.chunked_prefill:
+                raise ValueError(f"engine.{name}.chunked_prefill=false: policy vllm only")
+            if self.max_batched_tokens < self.L:
+                raise ValueError(f"engine.{name}.max_batched_tokens must be >= L with chunked_prefill=false")
         # sglang
         if self.policy == "sglang":
             self.max_prefill_tokens = int(resolved["max_prefill_tokens"])
@@ -1063,6 +1070,10 @@ class ReferenceSim(OffloadMixin):
                 self.offload_admit(pool, rank, batch, admitted, B)
             self.offload_store_batch(pool, rank, batch, admitted)
             return batch, preempted, admitted
+        # Chunked prefill off (vLLM's --no-enable-chunked-prefill): a request whose whole
+        # need exceeds B is set aside and the next one tried; the set-aside requests go
+        # back to the head of waiting, in their order, when the loop ends.
+        skipped = []
         while (rank.waiting and len(rank.running) < pool.max_sequences and B > 0
                and not preempted):
             req = rank.waiting[0]
@@ -1073,6 +1084,9 @@ class ReferenceSim(OffloadMixin):
                 hits = self.lookup_hits(pool, rank, req)
                 h = len(hits)
                 computed = h * pool.block_size
+                if not pool.chunked_prefill and req.known - computed > B:
+                    skipped.append(rank.waiting.popleft())
+                    continue
                 n = min(req.known - computed, B)
                 new = pool.blocks_for(self.admission_tokens(pool, req, computed, n)) - h
                 evictable = sum(1 for block in hits if block.ref == 0)
@@ -1091,6 +1105,9 @@ class ReferenceSim(OffloadMixin):
                 if no_evict:
                     promised += footprint - req.held_blocks
                 continue
+            if not pool.chunked_prefill and req.known - req.computed > B:
+                skipped.append(rank.waiting.popleft())
+                continue
             n = min(req.known - req.computed, B)
             if no_evict:
                 footprint = pool.footprint(req)
@@ -1106,6 +1123,7 @@ class ReferenceSim(OffloadMixin):
             B -= n
             if no_evict:
                 promised += footprint - (req.held_blocks - held_before)
+        rank.waiting.extendleft(reversed(skipped))
         return batch, preempted, admitted
 
     def build_batch_sglang(self, pool, rank):
