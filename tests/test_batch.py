@@ -82,7 +82,7 @@ def test_bounded_batch_equals_run_one_by_one():
 def test_engine_runs_are_array_for_array_equal_and_batched_once(monkeypatch):
     calls = []
     kernel = engine_batch.nb.simulate_batch_nb
-    monkeypatch.setattr(engine_batch.nb, "simulate_batch_nb", lambda *a: calls.append(a[3].shape) or kernel(*a))
+    monkeypatch.setattr(engine_batch.nb, "simulate_batch_nb", lambda *a: calls.append(a[7].send_ns.shape) or kernel(*a))
     inputs = []
     for mapping in ONE_SHAPE:
         cfg = load_config(mapping)
@@ -119,7 +119,7 @@ def test_a_batch_row_has_the_types_of_one_configuration(monkeypatch):
     stacked = []
 
     def record(*args):
-        stacked.extend(args[:-2])  # then the status array and the engine address
+        stacked.extend(args[:-1])  # then the engine address
         raise _KernelCalled
 
     monkeypatch.setattr(engine_batch.nb, "simulate_batch_nb", record)

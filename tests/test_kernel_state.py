@@ -94,9 +94,9 @@ def test_the_kernel_compiles_for_the_declared_state():
     assert status == nb.OK
     signature = tuple(numba.typeof(a) for a in args)
     assert signature in nb.simulate_engine_nb.signatures
-    for position, name in ((0, "requests"), (1, "load"), (2, "client"), (4, "topology"), (5, "ranks"), (7, "timing")):
+    for position, name in ((0, "requests"), (1, "load"), (2, "client"), (3, "topology"), (4, "ranks"), (6, "timing")):
         assert typed(signature[position]) == declared(type(getattr(prep, name))), name
-    assert typed(signature[8]) == declared(Outputs) and typed(signature[10]) == declared(Logs)
+    assert typed(signature[7]) == declared(Outputs) and typed(signature[9]) == declared(Logs)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -104,10 +104,10 @@ def test_the_event_loop_state_has_the_declared_types(case):
     """The loop's own state, allocated inside the kernel per run, has the types declared beside the inputs."""
     prep = _prepared(CASES[case])
     buffers = allocate_buffers(prep.n, prep.num_tokens, prep.pass_rows, bounded=prep.bounded)
-    requests, load, client, send_ns, topology, ranks, _, _, out, receipts, _, router = prep.kernel_args(
+    requests, load, client, topology, ranks, _, _, out, receipts, _, router = prep.kernel_args(
         buffers, prep.prefix_cache()
     )
-    states = nb._allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router)
+    states = nb._allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, router)
     for state, cls in zip(states, (RequestState, RankState, PassState, Loop, DetokBuffers), strict=True):
         assert type(state) is cls
         assert typed(numba.typeof(state)) == declared(cls), cls.__name__

@@ -36,7 +36,7 @@ STREAM_RECEIVED = STREAM_FIELDS.index("num_received")
 STREAM_INCLUDE = STREAM_FIELDS.index("itl_include")
 PROGRESS_INTERVAL_S = 0.2
 #: Per-request outputs allocated as "did not happen" (-1) and as counts (0).
-NOT_YET_OUTPUTS = ("arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
+NOT_YET_OUTPUTS = ("send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
                    "transfer_end_ns", "decode_rank", "placed_rank", "placed_worker", "send_seq")
 COUNT_OUTPUTS = ("cached_tokens", "generated", "num_preemptions")
 
@@ -91,12 +91,16 @@ class EngineRun:
 
 
 class Buffers(NamedTuple):
-    """What one kernel call writes: the send instants (in/out), the outputs, the bounded receipt state, the logs."""
+    """What one kernel call writes: the outputs (the send instants among them, in/out), the bounded receipt state, the logs."""
 
-    send_ns: np.ndarray
     out: Outputs
     receipts: tuple
     logs: Logs
+
+    @property
+    def send_ns(self) -> np.ndarray:
+        """The send instants, ns (``Outputs.send_ns``): an open loop's are written in before the call."""
+        return self.out.send_ns
 
 
 @dataclass
@@ -177,7 +181,7 @@ def kernel_args(
     requests, load, client, topology, ranks, timing : NamedTuple
         The typed inputs (``simcore.engine.state``), one configuration's or stacked.
     buffers : Buffers
-        The send instants (ns) and caller-allocated outputs.
+        The caller-allocated outputs (the send instants, ns, among them).
     prefix_cache : tuple of ndarray(int64)
         The ``simcore.scheduler.kv_nb`` state.
     router : Router
@@ -186,9 +190,9 @@ def kernel_args(
     Returns
     -------
     tuple
-        The positional arguments of ``simulate_engine_nb`` / ``simulate_batch_nb`` (before ``status``).
+        The positional arguments of ``simulate_engine_nb`` / ``simulate_batch_nb`` (before ``engine_address``).
     """
-    return (requests, load, client, buffers.send_ns, topology, ranks, prefix_cache, timing,
+    return (requests, load, client, topology, ranks, prefix_cache, timing,
             buffers.out, buffers.receipts, buffers.logs, router)
 
 
@@ -577,7 +581,7 @@ def allocate_buffers(
     lead = () if batch is None else (batch,)
     # The per-request arrays are rows of two blocks: two fills instead of a dozen
     # np.full calls, which dominate a small call's allocation (issue 11).
-    send_ns, *not_yet = np.full((1 + len(NOT_YET_OUTPUTS),) + lead + (n,), -1, dtype=np.int64)
+    not_yet = np.full((len(NOT_YET_OUTPUTS),) + lead + (n,), -1, dtype=np.int64)
     counts = np.zeros((len(COUNT_OUTPUTS),) + lead + (n,), dtype=np.int64)
     per_token = lead + (0 if bounded else num_tokens,)
     out = Outputs(
@@ -592,4 +596,4 @@ def allocate_buffers(
         pass_ms=np.zeros(lead + (pass_rows,), dtype=np.float64),
         bad_batch=np.zeros(lead + (8,), dtype=np.float64),
     )
-    return Buffers(send_ns, out, allocate_stream_state(n if bounded else 0, batch), logs)
+    return Buffers(out, allocate_stream_state(n if bounded else 0, batch), logs)

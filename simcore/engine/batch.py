@@ -186,9 +186,8 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
             buffers.send_ns[c] = prep.send
     caches = [prep.prefix_cache() for prep in preps]
     prefix_cache = tuple(np.stack(arrays) for arrays in zip(*caches))
-    status = np.zeros((count, 3), dtype=np.int64)
     args = kernel_args(**stacked, buffers=buffers, prefix_cache=prefix_cache)
-    nb.simulate_batch_nb(*args, status, nb.engine_address(args))
+    status = nb.simulate_batch_nb(*args, nb.engine_address(args))
     runs = []
     for c, prep in enumerate(preps):
         row = _row(buffers, c)

@@ -92,8 +92,7 @@ def _routing_nb(router_policy, decode_router_policy, worker_rank_policy):
 
 
 @njit(cache=True, nogil=True)
-def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
-                       router):
+def simulate_engine_nb(requests, load, client, topology, ranks, prefix_cache, timing, out, receipts, logs, router):
     """Simulate an aggregated or prefill/decode deployment with the ``vllm`` policy.
 
     Workers have global indices: the aggregated pool, or the prefill pool then
@@ -109,9 +108,6 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
         Closed or open loop, concurrency, think time, time cap (ns).
     client : Client
         Tokenizer and detokenizer servers and the detokenizer mode.
-    send_ns : ndarray(int64, ndim=1)
-        Send instants, ns.  Open loop: given, non-decreasing.  Closed loop:
-        filled in (``-1`` stays for rows never sent).
     topology : Topology
         Workers, their roles, ranks and asynchronous scheduling.
     ranks : Ranks
@@ -150,8 +146,8 @@ def simulate_engine_nb(requests, load, client, send_ns, topology, ranks, prefix_
     # which the loop reads and writes as the placement (recv_rank).
     if not _routing_nb(router.policy, router.decode_policy, router.rank_policy):
         out.placed_rank[:] = requests.recv_rank
-    state = _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router)
-    run = Run(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs, router)
+    state = _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, router)
+    run = Run(requests, load, client, topology, ranks, prefix_cache, timing, out, receipts, logs, router)
     return _replay_nb(run, state)
 
 
@@ -183,7 +179,7 @@ def _replay_nb(run, state):
     removes every count.
     """
     run, state = borrow_nb(run), borrow_nb(state)
-    requests, load, send_ns, topology, ranks = run.requests, run.load, run.send_ns, run.topology, run.ranks
+    requests, load, send_ns, topology, ranks = run.requests, run.load, run.out.send_ns, run.topology, run.ranks
     prefix_cache, out, receipts = run.prefix_cache, run.out, run.receipts
     ps, lp = state.ps, state.lp
     n = requests.input_tokens.shape[0]
@@ -291,13 +287,14 @@ def _replay_nb(run, state):
 
 
 @njit(cache=True)
-def _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, receipts, router):
+def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, router):
     """The event loop's own state for one run, with the sends the load makes by itself queued.
 
     Returns a ``LoopState`` (``RequestState``, ``RankState``, ``PassState``,
-    ``Loop``, ``DetokBuffers`` of ``simcore.engine.state``); closed loop: ``send_ns`` set to -1 (filled at
+    ``Loop``, ``DetokBuffers`` of ``simcore.engine.state``); closed loop: ``out.send_ns`` set to -1 (filled at
     each send).
     """
+    send_ns = out.send_ns
     n = requests.input_tokens.shape[0]
     num_workers = topology.worker_role.shape[0]
     num_ranks = ranks.num_blocks.shape[0]
@@ -408,8 +405,8 @@ def _allocate_loop_nb(requests, load, client, send_ns, topology, ranks, out, rec
 
 
 @njit(cache=True, parallel=True)
-def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_cache, timing, out, receipts, logs,
-                      router, status, engine_address):
+def simulate_batch_nb(requests, load, client, topology, ranks, prefix_cache, timing, out, receipts, logs, router,
+                      engine_address):
     """Run ``simulate_engine_nb`` for C independent configurations of one shape, in parallel.
 
     Every member of every parameter has a leading configuration axis (scalars
@@ -422,26 +419,31 @@ def simulate_batch_nb(requests, load, client, send_ns, topology, ranks, prefix_c
     ----------
     requests, load, client, topology, ranks, timing, out, logs, router : NamedTuple
         As in ``simulate_engine_nb``, stacked to (C, ...) member by member
-        (``timing.params`` and ``timing.table`` zero padded to the widest).
-    send_ns : ndarray(int64, ndim=2)
-        (C, n) send instants, ns, as in ``simulate_engine_nb``.
+        (``timing.params`` and ``timing.table`` zero padded to the widest;
+        ``out.send_ns`` (C, n)).
     prefix_cache, receipts : tuple of ndarray(int64, ndim=2)
         The ``simcore.scheduler.kv_nb`` and bounded-mode state arrays, each
         stacked to (C, length).
-    status : ndarray(int64, ndim=2)
-        Out, (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
     engine_address : int
         Where ``simulate_engine_nb`` compiled for one row's types is (:func:`engine_address`).
+
+    Returns
+    -------
+    status : ndarray(int64, ndim=2)
+        (C, 3): each configuration's ``(status, num_pass_rows, num_emitted)``.
     """
-    for c in prange(send_ns.shape[0]):
+    num_configs = out.send_ns.shape[0]
+    status = np.empty((num_configs, 3), dtype=np.int64)
+    for c in prange(num_configs):
         code, rows, emitted = call_engine_nb(engine_address, (
-            row_nb(requests, c), row_nb(load, c), row_nb(client, c), send_ns[c], row_nb(topology, c),
+            row_nb(requests, c), row_nb(load, c), row_nb(client, c), row_nb(topology, c),
             row_nb(ranks, c), row_nb(prefix_cache, c), row_nb(timing, c), row_nb(out, c),
             row_nb(receipts, c), row_nb(logs, c), row_nb(router, c),
         ))
         status[c, 0] = code
         status[c, 1] = rows
         status[c, 2] = emitted
+    return status
 
 
 def engine_address(batch_args: tuple, engine=simulate_engine_nb) -> int:
@@ -452,7 +454,7 @@ def engine_address(batch_args: tuple, engine=simulate_engine_nb) -> int:
     Parameters
     ----------
     batch_args : tuple
-        ``simulate_batch_nb``'s stacked arguments before ``status``.
+        ``simulate_batch_nb``'s stacked arguments before ``engine_address``.
     engine : numba dispatcher
         ``simulate_engine_nb`` itself, bound here: ``bench/bench_capacity.py``
         replaces the module's name by a timing wrapper.

@@ -77,7 +77,7 @@ def _steady_decode_nb(run, state):
     pass and build the same batch again (no event, admission, preemption or
     new block): do just that here.
     """
-    requests, load, client, send_ns, ranks = run.requests, run.load, run.client, run.send_ns, run.ranks
+    requests, load, client, send_ns, ranks = run.requests, run.load, run.client, run.out.send_ns, run.ranks
     timing, out, logs = run.timing, run.out, run.logs
     rq, rk, ps, lp, dt = state.rq, state.rk, state.ps, state.lp, state.dt
     n = requests.input_tokens.shape[0]
@@ -388,7 +388,7 @@ def _send_nb(k, s, t, run, state):
 @njit(cache=True, inline="always")
 def _session_sends_nb(t, run, state):
     """(c) with sessions: the releases at t, then the sends they make (row order). Returns whether any happened."""
-    load, send_ns, out = run.load, run.send_ns, run.out
+    load, send_ns, out = run.load, run.out.send_ns, run.out
     lp = state.lp
     send_size, sess_size, progressed = session_releases_nb(
         t, load.session_closed, load.session_think_ns, load.next_turn, load.turn_think_ns, load.session_first,
@@ -412,7 +412,7 @@ def _session_sends_nb(t, run, state):
 def _table_sends_nb(t, run, state):
     """(b)+(c) the sends at t in table order (closed loop: as many as the send heap releases at t).
     Returns whether any happened."""
-    requests, load, send_ns = run.requests, run.load, run.send_ns
+    requests, load, send_ns = run.requests, run.load, run.out.send_ns
     lp = state.lp
     n = requests.input_tokens.shape[0]
     send_size = lp.counts[SEND_SIZE]

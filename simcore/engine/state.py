@@ -107,6 +107,7 @@ class Timing(NamedTuple):
 class Outputs(NamedTuple):
     """Caller-allocated results: per request (``-1``: did not happen; counts 0), per token, progress."""
 
+    send_ns: I64  # send instants: an open loop's given (non-decreasing), a closed loop's filled at each send
     arrival_ns: I64
     first_admit_ns: I64
     first_emit_ns: I64
@@ -254,12 +255,11 @@ class DetokBuffers(NamedTuple):
 
 
 class Run(NamedTuple):
-    """``simulate_engine_nb``'s parameters, grouped in its order (the inputs, the send instants, the outputs)."""
+    """``simulate_engine_nb``'s parameters, grouped in its order (the inputs, then the outputs)."""
 
     requests: Requests
     load: Load
     client: Client
-    send_ns: I64
     topology: Topology
     ranks: Ranks
     prefix_cache: tuple  # simcore.scheduler.kv_nb's state (opaque here)
