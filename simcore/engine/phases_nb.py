@@ -526,8 +526,7 @@ def _start_pass_nb(w, t, queue, run, state):
                 ranks.policy[g] == POLICY_SGLANG and rk.extend[g], topology.worker_role[w] == ROLE_DECODE,
             )
             if topology.worker_async[w]:
-                _enqueue_nb(g, slot, preempted, rk.running, rk.run_len, rq.sched_n, rq.computed, requests.input_tokens,
-                            out.generated, rq.planned, rq.sample_flag, rk.wait_head, rq.wait_next)
+                _enqueue_nb(g, slot, preempted, requests.input_tokens, out.generated, rq, rk)
             if ps.summary[r, 0] + ps.summary[r, 3] > 0:
                 any_batch = True
             any_preempted = any_preempted or preempted
@@ -643,8 +642,7 @@ def _log_pass_nb(pass_log, pass_ms, rows, w, num_dp, start, end, summary, rank_m
 
 
 @njit(cache=True)
-def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_tokens, generated, planned,
-                sample_flag, wait_head, wait_next):
+def _enqueue_nb(g, slot, preempted, input_tokens, generated, rq, rk):
     """Asynchronous scheduling: rank g's just-built batch goes into sample slot ``slot``.
 
     The scheduled tokens count as computed at once (the next build follows them
@@ -653,6 +651,9 @@ def _enqueue_nb(g, slot, preempted, running, run_len, sched_n, computed, input_t
     every waiting request's in-flight output is dropped (a preempted request
     recomputes and samples again after resumption; the others have none).
     """
+    running, run_len, wait_head = rk.running, rk.run_len, rk.wait_head
+    sched_n, computed, planned = rq.sched_n, rq.computed, rq.planned
+    sample_flag, wait_next = rq.sample_flag, rq.wait_next
     if preempted:
         k = wait_head[g]
         while k >= 0:
