@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+import simcore
+import simcore.engine.api as engine_api
 from simcore.config import load_config
 from simcore.engine.api import simulate_engine
 from simcore.metrics.api import POOL_NAMES, RequestColumns, STATUS_NAMES, summarize
 from simcore.workload.api import RequestTable
+
+MOONCAKE_SAMPLE = Path(__file__).resolve().parents[1] / "runners" / "samples" / "mooncake_conversation_300.jsonl"
 
 
 def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_length, policy: str = "vllm") -> dict:
@@ -450,3 +456,32 @@ def routing_scenario(seed: int, policy: str, disaggregated: bool = False, rank_p
                                                    "power_of_two"])
         }
     return scenario
+
+
+def mooncake_runs(policy_pools: list[tuple[str, dict]]) -> list[tuple[object, object]]:
+    """Run the first 60 requests of the packaged Mooncake sample (at 4x its pace,
+    linear timing, tokens and passes recorded) once per ``(engine.policy,
+    engine.aggregated)`` pair, in order.
+
+    Returns
+    -------
+    list of (run, prepared)
+        Each run's ``simcore.run`` result and the ``engine.api.prepare`` result it used.
+    """
+    prepared = []
+    prepare = engine_api.prepare
+
+    def prepare_noted(*args, **kwargs):
+        prepared.append(prepare(*args, **kwargs))
+        return prepared[-1]
+
+    runs = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_api, "prepare", prepare_noted)
+        for policy, pool in policy_pools:
+            config = {"workload": {"source": "mooncake", "path": str(MOONCAKE_SAMPLE), "num_requests": None,
+                                   "max_requests": 60},
+                      "load": {"type": "trace", "speedup": 4.0}, "timing": {"type": "linear"},
+                      "engine": {"policy": policy, "aggregated": pool}, "output": {"tokens": True, "passes": True}}
+            runs.append(simcore.run(config))
+    return list(zip(runs, prepared))
