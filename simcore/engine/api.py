@@ -24,6 +24,7 @@ from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
 from simcore.scheduler.api import prefix_cache_inputs, rank_inputs
+from simcore.scheduler.speculative import MAX_DRAFT_TOKENS
 from simcore.scheduler.radix import radix_prefix_cache
 from simcore.scheduler.kv_tree import kv_tree_prefix_cache
 from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_state
@@ -373,7 +374,7 @@ def prepare(
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
     topology, rank_worker = _topology(pools)
-    ranks = rank_inputs(pools, cfg.engine.policy)
+    ranks = rank_inputs(pools, cfg.engine.policy, cfg.seed)
 
     # Placement by send sequence number k over the receiving pool (SPEC §3);
     # under another routing policy the kernel places each request (placed_rank).
@@ -590,6 +591,7 @@ def allocate_buffers(
         token_emit_ns=filled(per_token, -1),
         token_recv_ns=filled(per_token, -1),
         progress=np.zeros(lead + (1,), dtype=np.int64),
+        spec_counts=np.zeros(lead + (2 + MAX_DRAFT_TOKENS,), dtype=np.int64),
     )
     logs = Logs(
         pass_log=np.zeros(lead + (pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64),
