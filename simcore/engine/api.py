@@ -89,6 +89,9 @@ class EngineRun:
     pass_log: np.ndarray | None
     pass_ms: np.ndarray | None
     offload: OffloadRun | None = None  # the CPU tier's results (None: no tier)
+    # speculative decoding (None: off): verifications, proposals, accepted per position; positions counted
+    spec_counts: np.ndarray | None = None
+    spec_positions: int = 0
 
 
 class Buffers(NamedTuple):
@@ -506,6 +509,7 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
 
     decode = out.decode_rank >= 0
     decode_worker = rank_worker[out.decode_rank]
+    speculation = [pool for pool in cfg.engine.pools if pool.speculative is not None]
     return EngineRun(
         send_ns=send_ns,
         arrival_ns=out.arrival_ns,
@@ -531,6 +535,8 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         worker_role=prep.topology.worker_role,
         pass_log=pass_log,
         pass_ms=pass_ms,
+        spec_counts=out.spec_counts.copy() if speculation else None,
+        spec_positions=max((pool.speculative.positions for pool in speculation), default=0),
     )
 
 
