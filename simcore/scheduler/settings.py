@@ -370,9 +370,8 @@ def _speculative(path: str, raw: Mapping[str, Any], policy: str) -> Speculation 
         raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
     if any(value is not None for value in raw["kv_offload"].values()):
         raise ConfigError(f"{path} is not modelled with {prefix}.kv_offload")
-    spec = policy_spec(policy)
-    method, drafts, positions, lookahead, steps = read_engine_form(f"{path}.config", keys["config"], spec.builder,
-                                                                    spec.kernel)
+    method, drafts, positions, lookahead, steps = read_engine_form(
+        f"{path}.config", keys["config"], policy_spec(policy).speculative_form)
     return Speculation(
         method=method, draft_tokens=drafts, positions=positions, lookahead=lookahead, proposer_steps=steps,
         rates=acceptance_rates(path, keys["acceptance_rates"], keys["mean_acceptance_length"], positions),

@@ -18,6 +18,10 @@ from typing import Any, Mapping
 from simcore.checks import count, is_number, shown
 from simcore.errors import ConfigError
 
+#: The engine forms (``Policy.speculative_form`` of :mod:`simcore.scheduler.policies`).
+FORM_VLLM, FORM_SGLANG, FORM_TRTLLM = "vLLM --speculative-config", "SGLang --speculative-*", "TensorRT-LLM speculative_config"
+SPEC_FORMS = (FORM_VLLM, FORM_SGLANG, FORM_TRTLLM)
+
 #: Most draft tokens one verification may carry (a bound; the engines' own
 #: examples use 1-10).
 MAX_DRAFT_TOKENS = 32
@@ -90,7 +94,7 @@ def _tokens(path: str, value: Any) -> int:
     return n
 
 
-def read_engine_form(path: str, value: Any, builder: str, kernel: str) -> tuple[str, int, int, int, int]:
+def read_engine_form(path: str, value: Any, engine_form: str) -> tuple[str, int, int, int, int]:
     """``(method, draft_tokens, positions, lookahead, proposer_steps)`` of one engine form.
 
     Parameters
@@ -99,10 +103,8 @@ def read_engine_form(path: str, value: Any, builder: str, kernel: str) -> tuple[
         The dotted key (``engine.aggregated.speculative.config``), for messages.
     value : Any
         The engine's own configuration: a mapping or a JSON string.
-    builder : str
-        The policy's batch builder (``vllm`` or ``sglang``).
-    kernel : str
-        The policy's kernel behaviour (``vllm``, ``sglang`` or ``trtllm``): which form is read.
+    engine_form : str
+        The policy's form, one of :data:`SPEC_FORMS`.
 
     Returns
     -------
@@ -114,8 +116,10 @@ def read_engine_form(path: str, value: Any, builder: str, kernel: str) -> tuple[
         An unknown field (all named), a missing or bad value.
     """
     form = _mapping(path, value)
-    if kernel == "trtllm":
-        _unknown(path, form, TRTLLM_FIELDS, "TensorRT-LLM speculative_config")
+    if engine_form not in SPEC_FORMS:
+        raise ValueError(f"unknown speculative engine form {engine_form!r}")
+    if engine_form == FORM_TRTLLM:
+        _unknown(path, form, TRTLLM_FIELDS, FORM_TRTLLM)
         kind = form.get("decoding_type")
         if kind not in TRTLLM_TYPES:
             raise ConfigError(f"{path}.decoding_type must be one of {', '.join(TRTLLM_TYPES)}, got {shown(kind)}")
@@ -124,8 +128,8 @@ def read_engine_form(path: str, value: Any, builder: str, kernel: str) -> tuple[
         else:
             k = _tokens(f"{path}.max_draft_len", form.get("max_draft_len"))
         return kind, k, k, 0, 1 if kind == "NGram" else k
-    if builder == "sglang":
-        _unknown(path, form, SGLANG_FIELDS, "SGLang")
+    if engine_form == FORM_SGLANG:
+        _unknown(path, form, SGLANG_FIELDS, FORM_SGLANG)
         algorithm = form.get("speculative_algorithm")
         if algorithm not in SGLANG_ALGORITHMS:
             raise ConfigError(f"{path}.speculative_algorithm must be one of {', '.join(SGLANG_ALGORITHMS)}, "
@@ -147,7 +151,7 @@ def read_engine_form(path: str, value: Any, builder: str, kernel: str) -> tuple[
             raise ConfigError(f"{path}.speculative_num_draft_tokens must be >= speculative_num_steps + 1 = "
                               f"{steps + 1}, got {q}")
         return algorithm, q - 1, steps, 0, steps
-    _unknown(path, form, VLLM_FIELDS, "vLLM --speculative-config")
+    _unknown(path, form, VLLM_FIELDS, FORM_VLLM)
     method = form.get("method")
     if method is None and form.get("model") in ("ngram", "[ngram]"):
         method = "ngram"

@@ -394,7 +394,7 @@ class Pool:
         self.spec_lookahead = 0
         if speculative.get("config") is not None:
             method, self.spec_drafts, positions, self.spec_lookahead, steps = read_engine_form(
-                f"engine.{name}.speculative.config", speculative["config"], spec.builder, spec.kernel)
+                f"engine.{name}.speculative.config", speculative["config"], spec.speculative_form)
             self.spec_rates = acceptance_rates(f"engine.{name}.speculative", speculative.get("acceptance_rates"),
                                                speculative.get("mean_acceptance_length"), positions)
             self.spec_steps = float(steps)
