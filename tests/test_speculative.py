@@ -220,3 +220,20 @@ def test_speculative_scenarios_cover_the_features():
             seen["clipped"] += any(r["status"] == "completed" and r["generated_tokens"] == o and accepted > 0
                                    for r, o in zip(slow["requests"], scenario["outputs"]))
     assert all(count >= 10 for count in seen.values()), seen
+
+
+def test_a_burst_is_one_detokenizer_job_of_its_tokens():
+    """Detokenizer {1 server, base 1 ms, 100 us per output}: the prefill pass ends at 1.04 ms, its job
+    of 1 output ends at 1.04 + 1.1 = 2.14; the verification pass (1 + 0.03 + 0.005 = 1.035 ms) ends
+    at 2.075 and emits 4 tokens, one job of 4 outputs: start max(2.075, 2.14), service 1 + 0.4 ms,
+    all 4 received at 3.54 ms.  TPOT (3.54 - 2.14) / 4 = 0.35 ms; ITL gaps 1.4, 0, 0, 0."""
+    columns = {"request_id": ["a"], "input_tokens": [4], "output_tokens": [5], "send_ms": [0.0]}
+    config = {"load": {"type": "trace"}, "timing": LINEAR, "output": {"tokens": True},
+              "detokenization": {"workers": 1, "base_ms": 1.0, "per_output_us": 100.0},
+              "engine": {"aggregated": {"speculative": {"config": EAGLE3, "acceptance_rates": [1.0, 1.0, 1.0]}}}}
+    result = simcore.run(config, requests=pa.table(columns))
+    received = [row["received_ms"] for row in result.tokens.to_pylist()]
+    assert received == pytest.approx([2.14] + [3.54] * 4, abs=1e-9)
+    assert result.requests.to_pylist()[0]["tpot_ms"] == pytest.approx(0.35, abs=1e-9)
+    assert result.summary["max_itl_ms"] == pytest.approx(1.4, abs=1e-9)
+    assert result.summary["min_itl_ms"] == 0.0
