@@ -237,3 +237,23 @@ def test_a_burst_is_one_detokenizer_job_of_its_tokens():
     assert result.requests.to_pylist()[0]["tpot_ms"] == pytest.approx(0.35, abs=1e-9)
     assert result.summary["max_itl_ms"] == pytest.approx(1.4, abs=1e-9)
     assert result.summary["min_itl_ms"] == 0.0
+
+
+def test_exports_count_one_gap_per_chunk():
+    """A verification's tokens reach the client as one chunk: vllm_bench.json's ``itls`` and ITL
+    statistics and aiperf's ``inter_chunk_latency`` count one gap per chunk, as those tools do.
+    Acceptance 1, k = 3, prompt 4, output 9: receipts 1.04, 2.075 x 4, 3.11 x 4 ms (passes of
+    1 + 0.03 + 0.005 ms): chunk gaps 1.035, 1.035 ms; the per-token ITL of the summary has 8 gaps."""
+    from runners.export import aiperf_document, vllm_bench_document
+
+    columns = {"request_id": ["a"], "input_tokens": [4], "output_tokens": [9], "send_ms": [0.0]}
+    config = {"load": {"type": "trace"}, "timing": LINEAR, "output": {"tokens": True},
+              "engine": {"aggregated": {"speculative": {"config": EAGLE3, "acceptance_rates": [1.0, 1.0, 1.0]}}}}
+    result = simcore.run(config, requests=pa.table(columns))
+    document = vllm_bench_document(result, result.tokens)
+    assert document["itls"] == [pytest.approx([1.035e-3, 1.035e-3], abs=1e-12)]
+    assert document["mean_itl_ms"] == pytest.approx(1.035, abs=1e-9)
+    assert document["std_itl_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert result.summary["mean_itl_ms"] == pytest.approx(2.07 / 8, abs=1e-9)  # SPEC's per-token gaps
+    block = aiperf_document(result, result.tokens)["inter_chunk_latency"]
+    assert block["avg"] == pytest.approx(1.035, abs=1e-9) and block["min"] == pytest.approx(1.035, abs=1e-9)
