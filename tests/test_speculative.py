@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 import pyarrow as pa
 import pytest
 
@@ -257,3 +259,32 @@ def test_exports_count_one_gap_per_chunk():
     assert result.summary["mean_itl_ms"] == pytest.approx(2.07 / 8, abs=1e-9)  # SPEC's per-token gaps
     block = aiperf_document(result, result.tokens)["inter_chunk_latency"]
     assert block["avg"] == pytest.approx(1.035, abs=1e-9) and block["min"] == pytest.approx(1.035, abs=1e-9)
+
+
+def test_table_model_prices_proposals_as_decode_rows(tmp_path):
+    """``table``: D proposals of B decodes (kv sum K) are priced as B + D decode rows at the decodes'
+    mean context, K + D x (K // B); ``linear`` as D more prefill (query) tokens."""
+    from simcore.timing import nb
+    from simcore.timing.profile import load_profile, profile_arrays
+    from tests.test_timing_models import write_profile
+
+    params, table = profile_arrays(load_profile(write_profile(tmp_path / "p"), num_layers=4))
+    with_drafts = nb.rank_time_ms_nb(nb.TIMING_TABLE, params, table, 0, 0, 0, 2, 64, 33, 6)
+    as_rows = nb.rank_time_ms_nb(nb.TIMING_TABLE, params, table, 0, 0, 0, 8, 64 + 6 * 32, 33)
+    assert with_drafts == as_rows
+    lin = np.array([1.0, 10.0, 5.0, 40.0])
+    empty = np.zeros(0)
+    # 1 + 10 x 6 / 1000 + 5 x 2 / 1000 + 40 x 64 / 1e6
+    assert nb.rank_time_ms_nb(nb.TIMING_LINEAR, lin, empty, 0, 0, 0, 2, 64, 33, 6) == pytest.approx(
+        1.0 + 0.06 + 0.01 + 0.00256, rel=1e-12)
+
+
+def test_vllm_capture_sizes_grow_with_the_proposals():
+    """vLLM 0.12+: the largest capture size is min(2 x max_num_seqs x (1 + k), 512, max_num_batched_tokens)."""
+    from simcore.derive import vllm_graph_sizes
+
+    plain = load_config({"engine": {"aggregated": {"max_sequences": 8}}})
+    spec = load_config({"engine": {"aggregated": {"max_sequences": 8, "speculative": {
+        "config": EAGLE3, "mean_acceptance_length": 2.0}}}})
+    assert vllm_graph_sizes(list(plain.engine.pools))[-1] == 16
+    assert vllm_graph_sizes(list(spec.engine.pools))[-1] == 64

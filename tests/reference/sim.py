@@ -235,13 +235,13 @@ def curve_time_us(curve, size):
 def graph_sizes(value, pool):
     """CUDA-graph capture sizes, ascending (None: no padding).  ``vllm_default``: vLLM's
     rule from the pool's limits (every active pool must give the same): largest =
-    min(2 x max_sequences, 512, max_batched_tokens); 1, 2, 4, the multiples of 8 below
-    256, the multiples of 16 from 256, up to the largest."""
+    min(2 x max_sequences x (1 + speculative proposals), 512, max_batched_tokens); 1, 2, 4,
+    the multiples of 8 below 256, the multiples of 16 from 256, up to the largest."""
     if value is None:
         return None
     if value != "vllm_default":
         return sorted(set(int(size) for size in value))
-    largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+    largest = min(2 * pool.max_sequences * (1 + pool.spec_drafts), 512, pool.max_batched_tokens)
     candidates = [1, 2, 4] + [8 * k for k in range(1, 32)] + [256 + 16 * k for k in range(17)]
     return [size for size in candidates if size <= largest]
 
