@@ -6,7 +6,6 @@ import json
 import math
 
 import numpy as np
-
 import pyarrow as pa
 import pytest
 
