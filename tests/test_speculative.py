@@ -287,3 +287,10 @@ def test_vllm_capture_sizes_grow_with_the_proposals():
         "config": EAGLE3, "mean_acceptance_length": 2.0}}}})
     assert vllm_graph_sizes(list(plain.engine.pools))[-1] == 16
     assert vllm_graph_sizes(list(spec.engine.pools))[-1] == 64
+
+
+def test_a_proposer_cost_beyond_int64_time_is_refused():
+    spec = {"config": {"method": "eagle", "num_speculative_tokens": 4}, "mean_acceptance_length": 2.0,
+            "proposer_step_ms": 1e9}
+    with pytest.raises(simcore.ConfigError, match="speculative.proposer_step_ms"):
+        simcore.run({"workload": {"num_requests": 1000}, "engine": {"aggregated": {"speculative": spec}}})
