@@ -374,3 +374,14 @@ def test_speculative_matches_reference(policy, seed):
         seed, policy=policy, disaggregated=seed % 3 == 2, prefix_caching=seed % 3 == 1, long_outputs=seed % 4 == 0,
         cuda_graphs=seed % 5 == 0 and policy != "sglang", speculative=True,
     ))
+
+
+@pytest.mark.parametrize("seed", range(NUM_SPEC_SCENARIOS))
+def test_speculative_with_vllm_features_matches_reference(seed):
+    """Speculative decoding beside vLLM's whole-sequence admission, chunked prefill off, the attention
+    skew, prefix caching and P/D (vllm policy)."""
+    compare_with_reference(random_scenario(
+        seed, disaggregated=seed % 3 == 2, prefix_caching=seed % 4 == 1, reserve_full_isl=seed % 2 == 0,
+        chunked_prefill_off=seed % 5 == 3, attention_skew=seed % 3 == 0, long_outputs=seed % 4 == 2,
+        speculative=True,
+    ))
