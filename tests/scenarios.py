@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -291,10 +292,18 @@ def random_scenario(
                     pool["max_sequences"] = max(pool["max_sequences"], rnd.randint(2, 6))
                 limit = capacity if pool["context_length"] is None else min(pool["context_length"], capacity)
                 pool["max_batched_tokens"] = limit + rnd.choice([0, 0, 1, 3])
+    acceptance_length = None
     if speculative:
-        _speculative(rnd, config, policy, disaggregated)
+        positions = _speculative(rnd, config, policy, disaggregated)
+        if rnd.random() < 0.4:  # some requests with their own acceptance (the table's column)
+            acceptance_length = [rnd.choice([math.nan, 1.0, positions + 1.0, rnd.uniform(1.0, positions + 1.0)])
+                                 for _ in inputs]
     ids = [f"req-{seed}-{k}" for k in range(n)]
-    return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
+    scenario = {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids,
+                "hash_ids": hash_ids}
+    if acceptance_length is not None:
+        scenario["acceptance_length"] = acceptance_length
+    return scenario
 
 
 def _speculative(rnd: random.Random, config: dict, policy: str, disaggregated: bool) -> None:
@@ -337,6 +346,7 @@ def _speculative(rnd: random.Random, config: dict, policy: str, disaggregated: b
         spec["proposer_step_ms"] = rnd.choice([0.0, 0.05, 0.3])
         spec["proposer_per_seq_us"] = rnd.choice([0.0, 2.5, 40.0])
     config["engine"]["decode" if disaggregated else "aggregated"]["speculative"] = spec
+    return positions
 
 
 def _fixed_to_linear(rnd: random.Random, config: dict) -> None:
@@ -406,6 +416,8 @@ def run_fast(scenario: dict, record_passes: bool = True):
         np.array(scenario["inputs"], dtype=np.int64),
         np.array(scenario["outputs"], dtype=np.int64),
         hash_ids=None if hash_ids is None else pa.array(hash_ids, type=pa.list_(pa.int64())),
+        acceptance_length=None if scenario.get("acceptance_length") is None
+        else np.array(scenario["acceptance_length"], dtype=np.float64),
     )
     send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
     run = simulate_engine(cfg, table, send, record_passes=record_passes)

@@ -41,7 +41,8 @@ REQUEST_KEYS = [
 def reference(scenario):
     config = merge_config(scenario["config"])
     return config, reference_simulate(
-        config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids")
+        config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids"),
+        acceptance_length=scenario.get("acceptance_length"),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -294,3 +295,60 @@ def test_a_proposer_cost_beyond_int64_time_is_refused():
             "proposer_step_ms": 1e9}
     with pytest.raises(simcore.ConfigError, match="speculative.proposer_step_ms"):
         simcore.run({"workload": {"num_requests": 1000}, "engine": {"aggregated": {"speculative": spec}}})
+
+
+def run_table(columns, speculative):
+    config = {"load": {"type": "trace"}, "timing": LINEAR, "output": {"tokens": True},
+              "engine": {"aggregated": {} if speculative is None else {"speculative": speculative}}}
+    result = simcore.run(config, requests=pa.table(columns))
+    received = {}
+    for row in result.tokens.to_pylist():
+        received.setdefault(row["request_id"], []).append(row["received_ms"])
+    return received, result.summary
+
+
+def test_a_request_column_overrides_the_pools_acceptance():
+    """The table's acceptance_length: 4.0 (alpha 1: every proposal) for a, 1.0 (alpha 0: none) for b,
+    beside the pool's rates.  Prefill of 16 tokens: 1.16 ms; two passes of 2 verifications
+    (1 + 0.06 + 0.01 = 1.07 ms: a done at 9 tokens), then b alone (1 + 0.03 + 0.005 = 1.035 ms)."""
+    columns = {"request_id": ["a", "b"], "input_tokens": [8, 8], "output_tokens": [9, 9], "send_ms": [0.0, 0.0],
+               "acceptance_length": [4.0, 1.0]}
+    received, summary = run_table(columns, {"config": EAGLE3, "acceptance_rates": [0.5, 0.5, 0.5]})
+    assert received["a"] == pytest.approx([1.16] + [2.23] * 4 + [3.30] * 4, abs=1e-9)
+    assert received["b"] == pytest.approx([1.16, 2.23, 3.30] + [3.30 + 1.035 * j for j in range(1, 7)], abs=1e-9)
+    assert summary["spec_decode_num_drafts"] == 10 and summary["spec_decode_accepted_tokens"] == 6
+
+
+def test_a_missing_request_value_takes_the_pools_rates():
+    """A null acceptance_length: the pool's rates (1, 1, 1 here): 4 tokens per pass."""
+    columns = pa.table({"request_id": ["a"], "input_tokens": [4], "output_tokens": [5], "send_ms": [0.0],
+                        "acceptance_length": pa.array([None], type=pa.float64())})
+    received, _ = run_table(columns.to_pydict() | {"acceptance_length": columns.column("acceptance_length")},
+                            {"config": EAGLE3, "acceptance_rates": [1.0, 1.0, 1.0]})
+    assert received["a"] == pytest.approx([1.04] + [2.075] * 4, abs=1e-9)
+
+
+@pytest.mark.parametrize("values, speculative, message", [
+    ([2.0], None, "acceptance_length column needs engine.aggregated.speculative.config"),
+    ([4.5], {"config": EAGLE3, "mean_acceptance_length": 2.0}, "at most 1 + 3"),
+    ([0.5], {"config": EAGLE3, "mean_acceptance_length": 2.0}, "must be a number >= 1 at row 0"),
+])
+def test_bad_acceptance_length_column(values, speculative, message):
+    columns = {"request_id": ["a"], "input_tokens": [4], "output_tokens": [5], "send_ms": [0.0],
+               "acceptance_length": values}
+    with pytest.raises(simcore.ConfigError, match=re.escape(message)):
+        run_table(columns, speculative)
+
+
+def test_acceptance_length_column_of_a_csv_table(tmp_path):
+    """``workload.source=table``: the column is read from a CSV file (acceptance 4.0: 4 tokens a pass)."""
+    path = tmp_path / "requests.csv"
+    path.write_text("request_id,input_tokens,output_tokens,send_ms,acceptance_length\na,4,5,0,4.0\n")
+    config = {"workload": {"source": "table", "path": str(path)}, "load": {"type": "trace"}, "timing": LINEAR,
+              "output": {"tokens": True},
+              "engine": {"aggregated": {"speculative": {"config": EAGLE3, "acceptance_rates": [0.0, 0.0, 0.0]}}}}
+    result = simcore.run(config)
+    assert [row["received_ms"] for row in result.tokens.to_pylist()] == pytest.approx([1.04] + [2.075] * 4, abs=1e-9)
+    path.write_text("request_id,input_tokens,output_tokens,send_ms,acceptance_length\na,4,5,0,x\n")
+    with pytest.raises(simcore.ConfigError, match="requests.csv:2: acceptance_length must be a number"):
+        simcore.run(config)

@@ -27,7 +27,7 @@ from simcore.scheduler.nb import (
     build_vllm_batch_nb, wait_push_back_nb,
 )
 from simcore.client.nb import detokenize_pass_nb
-from simcore.scheduler.spec_nb import spec_accepted_nb, spec_proposer_ms_nb, spec_uniform_nb
+from simcore.scheduler.spec_nb import spec_accepted_alpha_nb, spec_accepted_nb, spec_proposer_ms_nb, spec_uniform_nb
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
 from simcore.engine.sessions_nb import (
     session_finals_nb, session_next_instant_nb, session_next_send_nb, session_releases_nb,
@@ -213,7 +213,10 @@ def _end_pass_nb(w, t, run, state):
                 if drafts > 0:  # its rejected proposals' slots are computed again (docs/speculative.md)
                     rq.drafts[k] = 0
                     u = spec_uniform_nb(ranks.spec_key[g], k, requests.token_offset[k] + out.generated[k])
-                    accepted = spec_accepted_nb(ranks.spec_rates, g, drafts, u)
+                    if requests.spec_alpha.shape[0] > 0 and not np.isnan(requests.spec_alpha[k]):
+                        accepted = spec_accepted_alpha_nb(requests.spec_alpha[k], min(drafts, ranks.spec_positions[g]), u)
+                    else:
+                        accepted = spec_accepted_nb(ranks.spec_rates, g, drafts, u)
                     out.spec_counts[0] += 1
                     out.spec_counts[1] += drafts
                     for a in range(accepted):

@@ -33,6 +33,7 @@ class Requests(NamedTuple):
     token_offset: I64  # n + 1 offsets of each request's tokens in the per-token arrays
     recv_rank: I64  # global rank that receives the request
     transfer_ns: I64  # KV-transfer duration (P/D), ns
+    spec_alpha: F64  # (n,) or (0,): each request's own acceptance per proposal (NaN: the pool's rates)
 
 
 class Load(NamedTuple):
@@ -100,6 +101,7 @@ class Ranks(NamedTuple):
     spec_rates: F64_2D  # (ranks, MAX_DRAFT_TOKENS) per-position acceptance, 0 past the last position
     spec_proposer: F64_2D  # (ranks, 3) [proposer passes per step, ms per pass, us per sequence and pass]
     spec_key: I64  # the acceptance draws' key (counter-based, seeded outside the kernel)
+    spec_positions: I64  # most proposals accepted per step
 
 
 class Timing(NamedTuple):

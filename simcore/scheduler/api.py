@@ -19,7 +19,8 @@ from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
 from simcore.scheduler.radix import tree_shaped
 from simcore.scheduler.settings import PoolConfig
-from simcore.scheduler.speculative import MAX_DRAFT_TOKENS
+from simcore.errors import ConfigError
+from simcore.scheduler.speculative import MAX_DRAFT_TOKENS, geometric_alpha
 from simcore.workload.table import RequestTable
 
 # SGLang 0.5 defaults (Scheduler.__init__): new_token_ratio starts at 0.7 x
@@ -57,6 +58,42 @@ def spec_key(seed: int) -> int:
     """
     state = np.random.SeedSequence(seed, spawn_key=(SPEC_STREAM,)).generate_state(1, dtype=np.uint64)
     return int(state[0]) & (2**63 - 1)
+
+
+def request_acceptance(pools: Sequence[PoolConfig], acceptance_length: np.ndarray | None) -> np.ndarray:
+    """Each request's own per-proposal acceptance ``alpha`` (``Requests.spec_alpha``), from its mean
+    acceptance length (the request table's ``acceptance_length``; the geometric model, docs/speculative.md).
+
+    Parameters
+    ----------
+    pools : sequence of PoolConfig
+        The active pools; the last one emits the tokens.
+    acceptance_length : ndarray(float64, ndim=1) or None
+        Per request, tokens per verification (NaN: the pool's rates).
+
+    Returns
+    -------
+    ndarray(float64, ndim=1)
+        Per request (NaN: the pool's rates); empty without the column.
+
+    Raises
+    ------
+    ConfigError
+        The column without speculative decoding, or a value above 1 + the pool's positions.
+    """
+    if acceptance_length is None:
+        return np.zeros(0, dtype=np.float64)
+    emitting = pools[-1]
+    name = "aggregated" if len(pools) == 1 else "decode"
+    if emitting.speculative is None:
+        raise ConfigError(f"the request table's acceptance_length column needs engine.{name}.speculative.config")
+    positions = emitting.speculative.positions
+    above = acceptance_length > positions + 1
+    if above.any():
+        i = int(np.argmax(above))
+        raise ConfigError(f"acceptance_length must be at most 1 + {positions} (engine.{name}.speculative: "
+                          f"{positions} positions) at row {i}, got {float(acceptance_length[i])!r}")
+    return np.ascontiguousarray(geometric_alpha(acceptance_length, positions), dtype=np.float64)
 
 
 def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Ranks:
@@ -123,6 +160,8 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Rank
         spec_rates=rates,
         spec_proposer=proposer,
         spec_key=np.full(len(ranks), spec_key(seed), dtype=np.int64),
+        spec_positions=np.array([0 if p.speculative is None else p.speculative.positions for p in ranks],
+                                dtype=np.int64),
     )
 
 

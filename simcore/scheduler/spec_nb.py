@@ -80,6 +80,32 @@ def spec_accepted_nb(rates, g, drafts, u):
 
 
 @njit(cache=True)
+def spec_accepted_alpha_nb(alpha, drafts, u):
+    """Proposals accepted out of ``drafts`` for a request of its own acceptance ``alpha``: the
+    positions ``i`` with ``u < alpha^(i+1)``, the powers taken by repeated products (``r *= alpha``).
+
+    Parameters
+    ----------
+    alpha : float
+        ``Requests.spec_alpha`` of the request.
+    drafts : int
+        Proposals verified, at most the pool's positions.
+    u : float
+        The step's uniform (:func:`spec_uniform_nb`).
+
+    Returns
+    -------
+    int
+    """
+    a = 0
+    rate = alpha
+    while a < drafts and u < rate:
+        a += 1
+        rate *= alpha
+    return a
+
+
+@njit(cache=True)
 def spec_query_nb(drafts, generated, computed, known, seq_limit):
     """Tokens a decode step schedules: 1, or 1 + the proposals when it has some.
 

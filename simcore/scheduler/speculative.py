@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 from simcore.checks import count, is_number, shown
 from simcore.errors import ConfigError
 
@@ -215,12 +217,40 @@ def acceptance_rates(path: str, rates: Any, mean_length: Any, positions: int) ->
     if not 1.0 <= tau <= positions + 1:
         raise ConfigError(f"{path}.mean_acceptance_length must be in [1, {positions + 1}] "
                           f"(1 + accepted per step of {positions} proposals), got {tau!r}")
-    lo, hi = 0.0, 1.0
+    alpha = float(geometric_alpha(np.array([tau]), positions)[0])
+    rates, rate = [], 1.0
+    for _ in range(positions):
+        rate *= alpha
+        rates.append(rate)
+    return tuple(rates)
+
+
+def geometric_alpha(tau: np.ndarray, positions: int) -> np.ndarray:
+    """Per-proposal acceptance ``alpha`` with ``1 + alpha + ... + alpha^P = tau`` (the geometric model).
+
+    Parameters
+    ----------
+    tau : ndarray(float64, ndim=1)
+        Mean acceptance lengths in ``[1, P + 1]`` (NaN stays NaN).
+    positions : int
+        ``P``.
+
+    Returns
+    -------
+    ndarray(float64, ndim=1)
+        200 bisection steps over [0, 1] (the sum evaluated by Horner-free accumulation,
+        ``term *= alpha``); exactly 0 at ``tau = 1`` and 1 at ``tau = P + 1``.
+    """
+    lo, hi = np.zeros(tau.shape[0]), np.ones(tau.shape[0])
     for _ in range(200):
         mid = (lo + hi) / 2
-        if sum(mid ** i for i in range(positions + 1)) < tau:
-            lo = mid
-        else:
-            hi = mid
-    alpha = 1.0 if tau == positions + 1 else (0.0 if tau == 1.0 else (lo + hi) / 2)
-    return tuple(alpha ** (i + 1) for i in range(positions))
+        total, term = np.zeros(tau.shape[0]), np.ones(tau.shape[0])
+        for _ in range(positions + 1):
+            total += term
+            term = term * mid
+        below = total < tau
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    alpha = (lo + hi) / 2
+    alpha = np.where(tau == positions + 1, 1.0, np.where(tau == 1.0, 0.0, alpha))
+    return np.where(np.isnan(tau), np.nan, alpha)

@@ -169,7 +169,7 @@ from collections import OrderedDict, deque
 import numpy as np
 
 from simcore.scheduler.policies import SCHEDULING_POLICIES
-from simcore.scheduler.speculative import acceptance_rates, read_engine_form
+from simcore.scheduler.speculative import acceptance_rates, geometric_alpha, read_engine_form
 from tests.reference.routing import ReferenceRouter
 from tests.reference.offload import OffloadMixin
 
@@ -284,6 +284,7 @@ class Request:
         # asynchronous scheduling (vLLM's AsyncScheduler, docs/semantics.md)
         self.placeholders = 0         # outputs scheduled but not yet returned
         self.drafts = 0               # speculative proposals verified in the pass it is in
+        self.spec_alpha = None        # its own acceptance per proposal (None: the pool's rates)
         self.token_offset = 0         # index of its first token in the run's token order (by row)
         self.epoch = 0                # +1 per preemption: older in-flight outputs are stale
         # prefix caching (docs/prefix-caching.md), on a rank whose pool caches
@@ -491,7 +492,7 @@ class Worker:
 
 class ReferenceSim(OffloadMixin):
     def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
-                 hash_ids=None, sessions=None):
+                 hash_ids=None, sessions=None, acceptance_length=None):
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
@@ -595,6 +596,12 @@ class ReferenceSim(OffloadMixin):
         state = np.random.SeedSequence(int(config["seed"]), spawn_key=(3,)).generate_state(1, dtype=np.uint64)
         self.spec_key = int(state[0]) & ((1 << 63) - 1)
         self.spec_counts = [0] * (2 + 32)
+        # Per-request acceptance (the table's acceptance_length): alpha of the geometric model, the
+        # config layer's derivation; None or NaN: the pool's rates.
+        if acceptance_length is not None:
+            alphas = geometric_alpha(np.array(acceptance_length, dtype=np.float64), len(self.emit_pool.spec_rates))
+            for req, alpha in zip(self.requests, alphas):
+                req.spec_alpha = None if math.isnan(alpha) else float(alpha)
 
         # Routing (tests/reference/routing.py): a policy other than round robin
         # places each request when it is sent (-1: not yet).
@@ -1502,7 +1509,14 @@ class ReferenceSim(OffloadMixin):
         x = mix((x + (req.token_offset + req.generated) * golden) & mask)
         u = (x >> 11) * 2.0 ** -53
         accepted = 0
-        while accepted < min(drafts, len(pool.spec_rates)) and u < pool.spec_rates[accepted]:
+        limit = min(drafts, len(pool.spec_rates))
+        if req.spec_alpha is not None:  # alpha, alpha^2, ... by repeated products
+            rate = req.spec_alpha
+            while accepted < limit and u < rate:
+                accepted += 1
+                rate *= req.spec_alpha
+            return accepted
+        while accepted < limit and u < pool.spec_rates[accepted]:
             accepted += 1
         return accepted
 
@@ -1670,11 +1684,13 @@ class ReferenceSim(OffloadMixin):
                     **self.offload_summary(), **spec)
 
 
-def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None):
+def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None,
+             acceptance_length=None):
     """Run the reference simulation; see the module docstring and the task brief.
     ``hash_ids``: None, or one list of ints per row (Mooncake prefix-chained block
     hashes at workload.block_size tokens per block), for prefix caching.
     ``sessions``: None, or ``{"session": one label per row, "shared_prefix_tokens": int}``
-    (multi-turn sessions; send_ns then gives the first turns' sends only)."""
+    (multi-turn sessions; send_ns then gives the first turns' sends only).
+    ``acceptance_length``: None, or each row's mean acceptance length (NaN: the pool's rates)."""
     return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns,
-                        hash_ids, sessions).run()
+                        hash_ids, sessions, acceptance_length).run()
