@@ -19,15 +19,24 @@ from simcore.errors import ConfigError
 from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.policies import supporting, supports
 
-TIMING_TYPES = ("fixed", "linear", "aic", "table")
+TIMING_TYPES = ("fixed", "linear", "aic", "table", "roofline")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
 AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
+#: The keys aic and roofline share (a model and a GPU); the aic-only ones.
+MODEL_KEYS = ("model", "gpu")
+AIC_ONLY_KEYS = ("backend", "backend_version")
+#: roofline's own keys (timing.roofline.*): efficiency factors and the KV cache's dtype.
+ROOFLINE_EFFICIENCIES = ("flops_efficiency", "bandwidth_efficiency", "attention_flops_efficiency",
+                         "attention_bandwidth_efficiency")
+ROOFLINE_KEYS = ROOFLINE_EFFICIENCIES + ("kv_dtype",)
+#: timing.roofline.kv_dtype values (null: the model's serving dtype; vLLM --kv-cache-dtype).
+KV_DTYPES = ("bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: aiconfigurator-core's backends (timing.backend); null takes the policy's (``Policy.aic_backend``).
 AIC_BACKENDS = ("vllm", "sglang", "trtllm")
 TABLE_KEYS = ("profile",)
 #: Timing types that can add a TP all-reduce term (timing.allreduce; for aic it
 #: replaces the database's own per-layer all-reduces).
-ALLREDUCE_TYPES = ("linear", "table", "aic")
+ALLREDUCE_TYPES = ("linear", "table", "aic", "roofline")
 #: The coefficients of the two closed-form timing models.
 FIXED_KEYS = ("prefill_ms", "decode_ms")
 LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_token_ns")
@@ -65,6 +74,14 @@ class TimingConfig:
     backend_version: str | None = key(None, optional=True)  # null: the database's current version
     tp: int | None = key(None, optional=True)  # one rank's tensor parallelism (all-reduce); null: 1
     memory_fraction: float | None = key(None, optional=True)  # num_blocks: auto; null: AIC_MEMORY_FRACTION
+    # roofline: FLOPs and bytes against the GPU's peaks (model, gpu: catalogue names or a config.json
+    # path; tp; memory_fraction as aic).  Efficiencies: shares of the datasheet peaks, 1: the bound itself.
+    roofline_flops_efficiency: float = key(1.0, at=("roofline", "flops_efficiency"), optional=True)
+    roofline_bandwidth_efficiency: float = key(1.0, at=("roofline", "bandwidth_efficiency"), optional=True)
+    roofline_attention_flops_efficiency: float = key(1.0, at=("roofline", "attention_flops_efficiency"), optional=True)
+    roofline_attention_bandwidth_efficiency: float = key(1.0, at=("roofline", "attention_bandwidth_efficiency"),
+                                                         optional=True)
+    roofline_kv_dtype: str | None = key(None, at=("roofline", "kv_dtype"), optional=True)  # null: the model's dtype
     # table (per-operator profile): a directory with dense.csv, attention.csv, per_sequence.csv
     profile: str | None = key(None, optional=True)
     num_layers: int | None = key(None, optional=True)  # null: num_layers of the profile's meta.yaml
@@ -124,6 +141,8 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
     """
     kind = choice(f"{path}.type", raw["type"], TIMING_TYPES)
     extra: dict[str, Any] = {}
+    if kind == "roofline":
+        extra = _roofline(raw, path)
     if kind == "aic":
         for name, example in (("model", "meta-llama/Meta-Llama-3.1-8B"), ("gpu", "h200_sxm")):
             if raw[name] is None:
@@ -136,10 +155,7 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
             if not is_number(version):
                 raise ConfigError(f"{path}.backend_version must be a version string, got {version!r}")
             version = str(version)
-        fraction = raw["memory_fraction"]
-        fraction = AIC_MEMORY_FRACTION if fraction is None else number(f"{path}.memory_fraction", fraction, strict=True)
-        if fraction > 1:
-            raise ConfigError(f"{path}.memory_fraction must be in (0, 1], got {raw['memory_fraction']!r}")
+        fraction = _memory_fraction(raw, path)
         extra = dict(
             model=optional_str(f"{path}.model", raw["model"]),
             gpu=optional_str(f"{path}.gpu", raw["gpu"]),
@@ -167,6 +183,47 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
     )
 
 
+def _memory_fraction(raw: Mapping[str, Any], path: str) -> float:
+    fraction = raw["memory_fraction"]
+    fraction = AIC_MEMORY_FRACTION if fraction is None else number(f"{path}.memory_fraction", fraction, strict=True)
+    if fraction > 1:
+        raise ConfigError(f"{path}.memory_fraction must be in (0, 1], got {raw['memory_fraction']!r}")
+    return fraction
+
+
+def _roofline(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """timing.model, timing.gpu (required; checked against the catalogue by simcore.derive),
+    timing.memory_fraction and timing.roofline.*."""
+    for name, example in (("model", "llama-3.1-8b"), ("gpu", "H100-SXM")):
+        if raw[name] is None:
+            raise ConfigError(
+                f"{path}.{name} must be set for {path}.type=roofline (e.g. {path}.{name}={example}; "
+                "replaysim-models lists the catalogue)"
+            )
+    for name in ("num_layers", "hidden_size"):
+        if raw[name] is not None:
+            raise ConfigError(
+                f"{path}.{name} is the model's own with {path}.type=roofline (read from {path}.model), "
+                f"got {shown(raw[name])}"
+            )
+    sub = raw["roofline"]
+    out: dict[str, Any] = dict(
+        model=optional_str(f"{path}.model", raw["model"]),
+        gpu=optional_str(f"{path}.gpu", raw["gpu"]),
+        memory_fraction=_memory_fraction(raw, path),
+    )
+    for name in ROOFLINE_EFFICIENCIES:
+        value = number(f"{path}.roofline.{name}", sub[name], strict=True)
+        if value > 1:
+            raise ConfigError(
+                f"{path}.roofline.{name} must be in (0, 1] (a share of the datasheet peak), got {shown(sub[name])}"
+            )
+        out[f"roofline_{name}"] = value
+    if sub["kv_dtype"] is not None:
+        out["roofline_kv_dtype"] = choice(f"{path}.roofline.kv_dtype", sub["kv_dtype"], KV_DTYPES)
+    return out
+
+
 def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str, Any], policy: str) -> dict[str, Any]:
     """timing.tp, scales, overhead, CUDA-graph sizes, the model dimensions and timing.allreduce.*
     (docs/timing.md)."""
@@ -174,7 +231,7 @@ def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str
         optional_count(f"{path}.{name}", raw[name])  # the type first, whichever rule reads it
         if raw[name] is not None and kind not in ALLREDUCE_TYPES:
             raise ConfigError(
-                f"{path}.{name} is only used by {path}.type=linear, table or aic, got {raw[name]!r} "
+                f"{path}.{name} is only used by {path}.type=linear, table, aic or roofline, got {raw[name]!r} "
                 f"with {path}.type={kind}"
             )
     ar = raw["allreduce"]
@@ -197,7 +254,7 @@ def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str
     out["cuda_graph_sizes"] = _graph_sizes(f"{path}.cuda_graph_sizes", raw["cuda_graph_sizes"], policy)
     for name in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
         if raw[name] != default_of(TimingConfig, name) and kind == "fixed":
-            raise ConfigError(f"{path}.{name} is only used by {path}.type=linear, table or aic, got {raw[name]!r}")
+            raise ConfigError(f"{path}.{name} is only used by {path}.type=linear, table, aic or roofline, got {raw[name]!r}")
     if bandwidth is None and curve is None:
         if latency is not None:
             raise ConfigError(
@@ -217,7 +274,7 @@ def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str
             f"{path}.allreduce.{{latency_us,bandwidth_gb_per_second}}, not both"
         )
     if kind not in ALLREDUCE_TYPES:
-        raise ConfigError(f"{path}.allreduce is only used by {path}.type=linear, table or aic, got {kind}")
+        raise ConfigError(f"{path}.allreduce is only used by {path}.type=linear, table, aic or roofline, got {kind}")
     if out["tp"] < 2:
         raise ConfigError(f"{path}.allreduce needs {path}.tp >= 2 (one GPU does no all-reduce), got {path}.tp=1")
     if curve is not None and not os.path.isfile(curve):
