@@ -60,7 +60,23 @@ def gpu_names() -> tuple[str, ...]:
 
 
 def model_entry(name: str) -> dict[str, Any]:
-    """A catalogue model's entry (``hf_id``, ``config_url``, ``licence``, ``copied_from``, ``config``)."""
+    """A catalogue model's entry.
+
+    Parameters
+    ----------
+    name : str
+        A catalogue model name (any case).
+
+    Returns
+    -------
+    dict
+        ``hf_id``, ``config_url``, ``licence``, ``copied_from`` and ``config`` (the fields read).
+
+    Raises
+    ------
+    KeyError
+        ``name`` is not in the catalogue.
+    """
     return _models()[_canonical(name, _models())]
 
 
@@ -81,6 +97,10 @@ def model_spec(model: str, *, kv_dtype: str | None = None, key: str = "timing.mo
         The KV cache's dtype; None: the model's serving dtype.
     key : str
         The configuration key named in errors.
+
+    Returns
+    -------
+    ModelSpec
 
     Raises
     ------
@@ -143,6 +163,17 @@ class Gpu:
 def gpu(name: str, key: str = "timing.gpu") -> Gpu:
     """A catalogue GPU by name (any case).
 
+    Parameters
+    ----------
+    name : str
+        A catalogue GPU name.
+    key : str
+        The configuration key named in errors.
+
+    Returns
+    -------
+    Gpu
+
     Raises
     ------
     ConfigError
@@ -159,6 +190,14 @@ def gpu(name: str, key: str = "timing.gpu") -> Gpu:
 def check_tp(spec: ModelSpec, tp: int, key: str = "timing.tp") -> None:
     """vLLM's tensor-parallel rule: ``tp`` divides the attention heads, and the KV heads
     divide or are divided by it (MLA: the heads only).
+
+    Parameters
+    ----------
+    spec : ModelSpec
+    tp : int
+        Tensor-parallel degree.
+    key : str
+        The configuration key named in errors.
 
     Raises
     ------
@@ -212,6 +251,10 @@ def memory_plan(spec: ModelSpec, device: Gpu, tp: int, fraction: float, max_toke
         Share of the GPU's memory given to the engine (vLLM's gpu_memory_utilization).
     max_tokens, max_sequences : int
         The pool's largest pass: tokens and sequences.
+
+    Returns
+    -------
+    MemoryPlan
     """
     width = max(spec.intermediate_size, spec.experts_per_token * spec.moe_intermediate_size)
     act = DTYPE_BYTES[spec.dtype]
@@ -221,12 +264,39 @@ def memory_plan(spec: ModelSpec, device: Gpu, tp: int, fraction: float, max_toke
 
 
 def kv_blocks(plan: MemoryPlan, block_size: int) -> int:
-    """KV blocks of ``block_size`` tokens that fit in ``plan``'s KV memory (0 when none)."""
+    """KV blocks of ``block_size`` tokens that fit in ``plan``'s KV memory.
+
+    Parameters
+    ----------
+    plan : MemoryPlan
+    block_size : int
+        Tokens per block.
+
+    Returns
+    -------
+    int
+        Blocks, 0 when none fits.
+    """
     return max(0, int(plan.kv // (plan.kv_per_token * block_size)))
 
 
 def fit_error(model: str, spec: ModelSpec, device: Gpu, tp: int, plan: MemoryPlan) -> str:
-    """The one-line message of a model that does not fit (``timing.model``/``gpu``/``tp`` named)."""
+    """The one-line message of a model that does not fit (``timing.model``/``gpu``/``tp`` named).
+
+    Parameters
+    ----------
+    model : str
+        ``timing.model`` as given.
+    spec : ModelSpec
+    device : Gpu
+    tp : int
+    plan : MemoryPlan
+        The rank's memory, which does not fit.
+
+    Returns
+    -------
+    str
+    """
     return (
         f"timing.model={model} does not fit timing.gpu={device.name} at timing.tp={tp}: {plan.describe()}; "
         f"a larger timing.tp or GPU is needed"

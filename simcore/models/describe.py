@@ -214,6 +214,15 @@ class ModelSpec:
 def load_config(path: str) -> dict:
     """The JSON object of a ``config.json`` (or of a directory holding one).
 
+    Parameters
+    ----------
+    path : str
+        A file, or a directory holding ``config.json``.
+
+    Returns
+    -------
+    dict
+
     Raises
     ------
     ConfigError

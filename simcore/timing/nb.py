@@ -994,7 +994,20 @@ def aic_context_ops_nb(params, table, tokens, without_allreduce):
 
 @njit(cache=True)
 def roofline_ms_nb(flops, nbytes, flops_per_ms, bytes_per_ms):
-    """``max(flops / flops_per_ms, bytes / bytes_per_ms)``: the slower of compute and memory, ms."""
+    """``max(flops / flops_per_ms, bytes / bytes_per_ms)``: the slower of compute and memory, ms.
+
+    Parameters
+    ----------
+    flops, nbytes : float
+        Work and memory traffic of the operator group.
+    flops_per_ms, bytes_per_ms : float
+        Effective peaks.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
     compute = flops / flops_per_ms
     memory = nbytes / bytes_per_ms
     return compute if compute > memory else memory
@@ -1006,6 +1019,18 @@ def span_sum_nb(first, last, span):
 
     The keys the queries at positions ``first - 1 .. last - 1`` attend to under
     causal attention limited to the last ``span`` tokens.
+
+    Parameters
+    ----------
+    first, last : float
+        Keys visible to the first and the last query without a span.
+    span : float
+        The attention span, tokens (0: none).
+
+    Returns
+    -------
+    float
+        Query-key pairs.
     """
     if last < first:
         return 0.0
@@ -1027,6 +1052,20 @@ def roofline_attention_ms_nb(params, table, num_prefill, prefill_tokens, prefill
     h + c, span)`` query-key pairs and reads ``min(h + c, span)`` tokens' KV
     plus writes ``c``; a decode reads ``min(context, span)`` tokens' KV (the
     decodes' mean context where a span caps it, their exact sum otherwise).
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The ``RF_*`` layout.
+    table : ndarray(float64, ndim=1)
+        Holds the attention groups.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The batch summary of SPEC §8.
+
+    Returns
+    -------
+    float
+        Time, ms.
     """
     chunk, cached = mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens)
     mean_ctx = 0.0

@@ -48,7 +48,22 @@ BYTES_PER_MS = 1e6
 
 
 def resolve(cfg: TimingConfig) -> tuple[ModelSpec, Gpu]:
-    """The model and GPU a ``roofline`` section names (ConfigError naming the key otherwise)."""
+    """The model and GPU a ``roofline`` section names.
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+        A ``timing.type=roofline`` section.
+
+    Returns
+    -------
+    (ModelSpec, Gpu)
+
+    Raises
+    ------
+    ConfigError
+        An unknown name, a refused config or a TP the heads refuse (naming the key).
+    """
     spec = catalogue.model_spec(cfg.model, kv_dtype=cfg.roofline_kv_dtype)
     device = catalogue.gpu(cfg.gpu)
     catalogue.check_tp(spec, cfg.tp)
@@ -142,7 +157,16 @@ def _attention_groups(spec: ModelSpec, tp: int) -> list[tuple[float, ...]]:
 
 
 def roofline_arrays(cfg: TimingConfig) -> tuple[np.ndarray, np.ndarray]:
-    """``roofline_params`` for a ``timing.type=roofline`` section."""
+    """:func:`roofline_params` for a ``timing.type=roofline`` section.
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+
+    Returns
+    -------
+    params, table : ndarray(float64, ndim=1)
+    """
     spec, device = resolve(cfg)
     return roofline_params(spec, device, cfg.tp, (
         cfg.roofline_flops_efficiency, cfg.roofline_bandwidth_efficiency,
