@@ -68,3 +68,4 @@ def test_wheel_metadata(wheel):
     entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
     assert "replaysim = runners.cli:main" in entry_points
     assert "replaysim-analyze = runners.analyze:main" in entry_points
+    assert "replaysim-models = runners.models:main" in entry_points
