@@ -271,3 +271,123 @@ def test_faster_gpu_is_faster():
         nb.pass_times_nb(model, params, table, summaries, times)
         out[gpu] = times
     assert np.all(out["H200"] <= out["H100-SXM"]) and np.all(out["H200"] > 0)
+
+
+def test_models_command(capsys):
+    from runners import models
+
+    models.main([])
+    out = capsys.readouterr().out
+    assert all(name in out for name in catalogue.model_names() + catalogue.gpu_names())
+    models.main(["--model", "llama-3.1-8b", "--gpu", "H100-SXM"])
+    line = capsys.readouterr().out.strip()
+    spec = catalogue.model_spec("llama-3.1-8b")
+    assert line.startswith("llama-3.1-8b on H100-SXM x tp 1: fits: ") and f"weights {spec.weight_bytes() / 2**30:.2f} GiB" in line
+    models.main(["--gpu", "RTX4090"])
+    assert "llama-3.1-405b on RTX4090 x tp 1: does not fit: " in capsys.readouterr().out
+    for argv in (["--gpu", "h100"], ["--model", "nope"], ["--tp", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            models.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("replaysim-models: error: ") and err.count("\n") == 1
+
+
+def _reference_ms(spec, device, tp, summary):
+    """docs/timing.md's roofline formula written out per layer, without the kernel's grouping."""
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens = summary
+    from simcore.models.describe import DTYPE_BYTES as B
+
+    T, S = prefill_tokens + num_decode, num_prefill + num_decode
+    bw = device.bandwidth_gb_per_s * 1e6
+    act, lin = B[spec.dtype], B[spec.linear_dtype]
+    h = spec.hidden_size
+
+    def roof(flops, nbytes, peak):
+        return max(flops / peak, nbytes / bw)
+
+    def peak(dtype):
+        return device.peak_tflops(dtype) * 1e9
+
+    total = 0.0
+    attn = spec.attention_params()
+    dense = 3 * h * spec.intermediate_size
+    shared = 3 * h * spec.shared_intermediate_size + h * spec.num_experts
+    groups = {"attn": [0, 0.0, 0.0], "dense": [0, 0.0, 0.0], "shared": [0, 0.0, 0.0]}
+    for moe in spec.moe_layers:
+        groups["attn"][0] += 1
+        groups["attn"][1] += attn * lin
+        if moe:
+            groups["shared"][0] += 1
+            groups["shared"][1] += (3 * h * spec.shared_intermediate_size) * lin + h * spec.num_experts * act
+        else:
+            groups["dense"][0] += 1
+            groups["dense"][1] += dense * lin
+    per_layer = {"attn": attn, "dense": dense, "shared": shared}
+    for name, (layers, weight_bytes, _) in groups.items():
+        if layers:
+            total += roof(T * 2 * layers * per_layer[name] / tp, weight_bytes / tp + T * layers * 2 * h * act,
+                          peak(spec.linear_dtype))
+    vocab_weights = spec.vocab_size * h
+    total += roof(S * 2 * vocab_weights / tp, vocab_weights * act / tp + S * (h + spec.vocab_size / tp) * act,
+                  peak(spec.dtype))
+    if spec.num_experts:
+        E, k = spec.num_experts, spec.experts_per_token
+        active = E * (1 - (1 - k / E) ** T)
+        expert = spec.expert_params()
+        total += spec.num_moe_layers * roof(T * k * 2 * expert / tp,
+                                            active * expert * B[spec.expert_dtype] / tp + T * k * 2 * h * act,
+                                            peak(spec.expert_dtype))
+    heads = spec.num_heads // tp
+    kvb = spec.kv_elements_per_token_layer(tp) * B[spec.kv_dtype]
+    for w in spec.windows:
+        flops = nbytes = 0.0
+        if num_prefill:
+            c = prefill_tokens / num_prefill
+            cached = (prefill_kv_tokens - prefill_tokens) / num_prefill
+            if w:
+                pairs = sum(min(x, w) for x in np.arange(cached + 1, cached + c + 0.5))
+            else:
+                pairs = sum(np.arange(cached + 1, cached + c + 0.5))
+            read = min(cached + c, w) if w else cached + c
+            if spec.mla:
+                qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+                flops += num_prefill * (pairs * 2 * heads * (qk + spec.v_head_dim)
+                                        + cached * 2 * spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim))
+                nbytes += num_prefill * ((read + c) * kvb + c * heads * (qk + spec.v_head_dim) * act)
+            else:
+                flops += num_prefill * pairs * 4 * heads * spec.head_dim
+                nbytes += num_prefill * ((read + c) * kvb + c * 2 * heads * spec.head_dim * act)
+        if num_decode:
+            mean = decode_kv_tokens / num_decode
+            reads = num_decode * w if w and mean > w else decode_kv_tokens
+            if spec.mla:
+                width = 2 * spec.kv_lora_rank + spec.qk_rope_head_dim
+                flops += reads * 2 * heads * width
+                nbytes += reads * kvb + num_decode * (kvb + heads * width * act)
+            else:
+                flops += reads * 4 * heads * spec.head_dim
+                nbytes += reads * kvb + num_decode * (kvb + 2 * heads * spec.head_dim * act)
+        total += roof(flops, nbytes, device.tflops["bf16"] * 1e9)
+    return total
+
+
+@pytest.mark.parametrize("name, gpu, tp", [
+    ("llama-3.1-8b", "H100-SXM", 1), ("gemma-2-9b", "L40S", 1), ("gpt-oss-120b", "B200", 2),
+    ("deepseek-v3", "H200", 8), ("llama-4-maverick", "MI325X", 4), ("mixtral-8x7b", "A100-80GB", 2),
+    ("qwen3-30b-a3b", "RTXPRO6000", 1), ("mistral-7b", "RTX4090", 1),
+])
+def test_kernel_matches_the_formula_per_layer(name, gpu, tp):
+    """The kernel's grouped parameters against the formula written out layer by layer, on random
+    passes with integer mean entries (the reference sums the prefill pairs one query at a time)."""
+    spec, device = catalogue.model_spec(name), catalogue.gpu(gpu)
+    params, table = roofline_params(spec, device, tp, ONE)
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        n = int(rng.integers(0, 3))
+        chunk = int(rng.integers(1, 300))
+        cached = int(rng.integers(0, 9000))
+        d = int(rng.integers(0 if n else 1, 40))
+        summary = (n, n * chunk, n * (chunk + cached), d, int(d * rng.integers(1, 20000)))
+        got = nb.roofline_pass_ms_nb(params, table, *summary, summary[1] + summary[3])
+        assert got == pytest.approx(_reference_ms(spec, device, tp, summary), rel=1e-9)
