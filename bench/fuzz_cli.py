@@ -246,6 +246,10 @@ def valid_other(key: str, rng: random.Random):
         return 0.5
     if key == "timing.memory_fraction":
         return 0.5
+    if key == "timing.roofline.kv_dtype":
+        return "fp8"
+    if key.startswith("timing.roofline."):
+        return 0.5
     if key == "engine.aggregated.num_blocks" or key.endswith(".num_blocks"):
         return rng.choice([1000, 2000])
     if key.endswith("schedule_conservativeness"):
