@@ -391,3 +391,27 @@ def test_kernel_matches_the_formula_per_layer(name, gpu, tp):
         summary = (n, n * chunk, n * (chunk + cached), d, int(d * rng.integers(1, 20000)))
         got = nb.roofline_pass_ms_nb(params, table, *summary, summary[1] + summary[3])
         assert got == pytest.approx(_reference_ms(spec, device, tp, summary), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-70b", "gpt-oss-20b", "deepseek-r1", "gemma-2-9b", "llama-4-scout"])
+def test_more_work_never_takes_less_time(name):
+    """Law: adding tokens, decodes or context to a pass never shortens it (every term is non-decreasing)."""
+    spec = catalogue.model_spec(name)
+    params, table = roofline_params(spec, catalogue.gpu("H200"), 8 if spec.num_heads % 8 == 0 else 1, ONE)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(0, 3))
+        chunk, cached = int(rng.integers(1, 2048)), int(rng.integers(0, 20000))
+        d, ctx = int(rng.integers(0 if n else 1, 64)), int(rng.integers(1, 30000))
+        base = (n, n * chunk, n * (chunk + cached), d, d * ctx)
+        t0 = _pass_ms(params, table, *base)
+        more = [
+            (n, n * (chunk + 1), n * (chunk + 1 + cached), d, d * ctx),  # a longer chunk
+            (n, n * chunk, n * (chunk + cached + 7), d, d * ctx),  # more cached
+            (n, n * chunk, n * (chunk + cached), d + 1, (d + 1) * ctx),  # one more decode
+            (n, n * chunk, n * (chunk + cached), d, d * ctx + d),  # longer contexts
+        ]
+        for bigger in more:
+            if n == 0 and bigger[1] == 0 and bigger[3] == d and bigger[4] == d * ctx:
+                continue
+            assert _pass_ms(params, table, *bigger) >= t0 * (1 - 1e-12)
