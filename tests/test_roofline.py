@@ -415,3 +415,11 @@ def test_more_work_never_takes_less_time(name):
             if n == 0 and bigger[1] == 0 and bigger[3] == d and bigger[4] == d * ctx:
                 continue
             assert _pass_ms(params, table, *bigger) >= t0 * (1 - 1e-12)
+
+
+def test_gpu_table_sparse_rates_are_the_datasheets():
+    """The datasheets' with-sparsity figures are twice the dense ones (H100 SXM: FP8 3,958 TFLOPS)."""
+    h100 = catalogue.gpu("H100-SXM")
+    assert h100.sparse_tflops("fp8") == 3958 and h100.sparse_tflops("fp4") is None
+    assert catalogue.gpu("B200").peak_tflops("mxfp4") == 9000 and h100.peak_tflops("mxfp4") == 1979
+    assert catalogue.gpu("A100-80GB").peak_tflops("fp8") == 312

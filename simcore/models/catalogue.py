@@ -4,7 +4,7 @@
 ``config.json`` of about twenty widely deployed models, each with its Hugging
 Face id, the URL of its config, its licence and the copy the fields were taken
 from; ``data/gpus.json`` holds ten GPUs' memory, bandwidth, dense tensor-core
-peaks per precision and interconnect, each citing its vendor datasheet
+peaks per precision (and the with-sparsity factor) and interconnect, each citing its vendor datasheet
 (``data/README.md`` lists both).  A name is matched without regard to case; an
 unknown one is an error listing the valid names; a path to a ``config.json``
 (or a directory holding one) describes the user's own model.
@@ -135,6 +135,12 @@ class Gpu:
     tflops: dict[str, float | None]
     link: str
     link_gb_per_s: float  # the vendor's figure: both directions, all links
+    sparse_factor: float = 2.0  # 2:4 structured sparsity's rate over the dense one (the datasheets' footnote)
+
+    def sparse_tflops(self, precision: str) -> float | None:
+        """The datasheet's with-sparsity TFLOPS of ``precision`` (None: no such tensor cores)."""
+        value = self.tflops.get(precision)
+        return None if not value else value * self.sparse_factor
 
     @property
     def memory_bytes(self) -> float:
@@ -184,7 +190,7 @@ def gpu(name: str, key: str = "timing.gpu") -> Gpu:
         raise ConfigError(f"{key}={name} is not a catalogue GPU; valid names: {', '.join(gpu_names())}")
     row = _gpus()[found]
     return Gpu(found, float(row["memory_gib"]), float(row["bandwidth_gb_per_s"]), dict(row["tflops"]), row["link"],
-               float(row["link_gb_per_s"]))
+               float(row["link_gb_per_s"]), float(row["sparse_factor"]))
 
 
 def check_tp(spec: ModelSpec, tp: int, key: str = "timing.tp") -> None:
