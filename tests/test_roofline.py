@@ -423,3 +423,16 @@ def test_gpu_table_sparse_rates_are_the_datasheets():
     assert h100.sparse_tflops("fp8") == 3958 and h100.sparse_tflops("fp4") is None
     assert catalogue.gpu("B200").peak_tflops("mxfp4") == 9000 and h100.peak_tflops("mxfp4") == 1979
     assert catalogue.gpu("A100-80GB").peak_tflops("fp8") == 312
+
+
+def test_batch_of_models_equals_single_runs():
+    """Configurations of different models (parameter vectors and tables of other lengths) in one batch."""
+    base = {"workload": {"num_requests": 12, "input_tokens": 128, "output_tokens": 6}}
+    cfgs = [dict(base, timing={"type": "roofline", "model": model, "gpu": "H200"})
+            for model in ("llama-3.1-8b", "gpt-oss-20b", "deepseek-v3")]
+    cfgs[2]["timing"]["tp"] = 8
+    cfgs.append(dict(base, timing={"type": "roofline", "model": "llama-3.1-8b", "gpu": "H200",
+                                   "roofline": {"bandwidth_efficiency": 0.5}}))
+    batch = [r.summary for r in simcore.run_batch(cfgs)]
+    assert batch == [simcore.run(cfg).summary for cfg in cfgs]
+    assert batch[3]["mean_e2el_ms"] > batch[0]["mean_e2el_ms"]  # half the bandwidth: slower
