@@ -71,7 +71,7 @@ class Case:
 
 CHOICE_KEYS = {
     "workload.source", "workload.input_dist", "workload.output_dist", "load.type", "engine.mode",
-    "engine.policy", "timing.type", "output.mode", "timing.backend",
+    "engine.policy", "timing.type", "output.mode", "timing.backend", "timing.roofline.kv_dtype",
 }
 STRING_KEYS = {
     "workload.path", "output.dir", "timing.model", "timing.gpu", "timing.backend_version", "timing.profile",
@@ -246,6 +246,10 @@ def valid_other(key: str, rng: random.Random):
         return 0.5
     if key == "timing.memory_fraction":
         return 0.5
+    if key == "timing.roofline.kv_dtype":
+        return "fp8"
+    if key.startswith("timing.roofline."):
+        return 0.5
     if key == "engine.aggregated.num_blocks" or key.endswith(".num_blocks"):
         return rng.choice([1000, 2000])
     if key.endswith("schedule_conservativeness"):
@@ -307,6 +311,10 @@ def combination_cases(rng: random.Random) -> list[Case]:
         ([("engine.mode", "disaggregated"), ("engine.decode.prefix_caching", True)], ("prefix_caching",)),
         ([("engine.policy", "vllm"), ("engine.aggregated.chunked_prefill_size", 512)], ("chunked_prefill_size",)),
         ([("timing.type", "aic")], ("timing.model", "timing.gpu")),
+        ([("timing.type", "roofline")], ("timing.model", "timing.gpu")),
+        ([("timing.type", "roofline"), ("timing.model", "llama-70b"), ("timing.gpu", "H200")], ("timing.model",)),
+        ([("timing.type", "roofline"), ("timing.model", "llama-3.1-70b"), ("timing.gpu", "RTX4090")],
+         ("timing.model", "does not fit")),
         ([("timing.type", "table")], ("timing.profile",)),
         ([("engine.aggregated.num_blocks", "auto")], ("num_blocks",)),
         ([("load.type", "trace")], ("send_ms", "load.type", "trace")),
