@@ -256,7 +256,20 @@ def valid_other(key: str, rng: random.Random):
         return 0.5
     if key in COUNT_KEYS:
         return (default or 4) + rng.randint(1, 3)
+    if isinstance(default, str):  # a name: another of those the key's declaration allows
+        return next(name for name in choices_of(key) if name != default)
+    if isinstance(default, dict) and key.endswith(".kv_offload"):
+        return {"num_blocks": 100, "bandwidth_gb_per_second": 1.0, "bytes_per_token": 1024.0}
     return (default or 1.0) * 2 + rng.choice([0.5, 1.5])
+
+
+def choices_of(key: str) -> list[str]:
+    """The names a choice key allows, as its declaration documents them (``simcore.checks.describe``)."""
+    from simcore.checks import describe
+    from simcore.settings import SimConfig
+
+    values = next(doc.values for doc in describe(SimConfig) if doc.path == key)
+    return [name.strip() for name in values.split("|")]
 
 
 VALID_TABLE = b"request_id,input_tokens,output_tokens\na,8,2\nb,8,2\n"
