@@ -352,3 +352,17 @@ def test_acceptance_length_column_of_a_csv_table(tmp_path):
     path.write_text("request_id,input_tokens,output_tokens,send_ms,acceptance_length\na,4,5,0,x\n")
     with pytest.raises(simcore.ConfigError, match="requests.csv:2: acceptance_length must be a number"):
         simcore.run(config)
+
+
+def test_roofline_prices_proposals_as_decode_rows():
+    """``roofline`` (catalogue Llama-3.1-8B on an H100 SXM): D proposals of B decodes cost what B + D decode
+    rows at the decodes' mean context cost, and more than the B decodes alone."""
+    from simcore.timing import nb
+    from simcore.timing.api import timing_arrays
+
+    cfg = load_config({"timing": {"type": "roofline", "model": "llama-3.1-8b", "gpu": "H100-SXM"}})
+    model, params, table = timing_arrays(cfg.timing)
+    with_drafts = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, 16, 16 * 2001, 2001, 48)
+    as_rows = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, 64, 16 * 2001 + 48 * 2001, 2001)
+    plain = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, 16, 16 * 2001, 2001)
+    assert with_drafts == as_rows > plain
