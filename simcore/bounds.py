@@ -324,6 +324,8 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
         batches = [(1, tokens, capacity, 0, 0, 0), (0, 0, 0, seqs, capacity, capacity)]
         if seqs > 1:
             batches.append((1, tokens, capacity // 2, seqs - 1, capacity // 2, capacity // 2))
+        if pool.speculative is not None:  # every decode verifying its proposals (docs/speculative.md)
+            batches.append((0, 0, 0, seqs, capacity, capacity, seqs * pool.speculative.draft_tokens))
         times = [rank_time_ms_nb(model, params, table, *batch) for batch in batches]
         out.append(max(t if math.isfinite(t) else math.inf for t in times))
     return out
@@ -426,7 +428,20 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
                 (f"timing.pass_overhead_us={t.pass_overhead_us!r}{_allreduce_label(t)}{each}",
                  passes * _linear_pass_terms_ms(cfg, prefill_tokens + pool.max_sequences)),
             ]
-        elif model_ms is not None:
+        spec = pool.speculative
+        if spec is not None:  # docs/speculative.md: the proposals (linear) and the proposer, every pass
+            key = f"engine.{_pool_names(cfg)[index]}.speculative"
+            if t.type == "linear":
+                scale = max(t.prefill_scale, t.decode_scale)
+                terms.append((f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{each} of {pool.max_sequences}"
+                              f" x {spec.draft_tokens} proposals ({key})",
+                              passes * t.per_prefill_token_us * pool.max_sequences * spec.draft_tokens / 1000 * scale))
+            terms.append((f"{key}.proposer_step_ms={spec.proposer_step_ms!r} and proposer_per_seq_us="
+                          f"{spec.proposer_per_seq_us!r} x {spec.proposer_steps} proposer passes of {pool.max_sequences}"
+                          f" sequences{each}",
+                          passes * spec.proposer_steps
+                          * (spec.proposer_step_ms + spec.proposer_per_seq_us * pool.max_sequences / 1000)))
+        if t.type not in ("fixed", "linear") and model_ms is not None:
             layers = f", timing.num_layers={t.num_layers}" if t.type == "table" else ""
             terms.append((f"timing.type={t.type}{layers}: a largest batch of {model_ms[index]:.4g} ms{each}",
                           passes * model_ms[index]))

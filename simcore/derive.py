@@ -170,15 +170,20 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _query_rows(pool: PoolConfig) -> int:
+    """Most decode rows of a pass: one per sequence, ``1 + k`` with speculative decoding (docs/speculative.md)."""
+    return pool.max_sequences * (1 + (0 if pool.speculative is None else pool.speculative.draft_tokens))
+
+
 def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
     """The largest pass of the active pools, rounded up to powers of two (table ranges)."""
     tokens = max(
-        max(p.max_batched_tokens or 0, p.chunked_prefill_size or 0, p.max_prefill_tokens or 0) + p.max_sequences
+        max(p.max_batched_tokens or 0, p.chunked_prefill_size or 0, p.max_prefill_tokens or 0) + _query_rows(p)
         for p in pools
     )
     return dict(
         pass_tokens_limit=_next_pow2(tokens),
-        pass_sequences_limit=_next_pow2(max(p.max_sequences for p in pools)),
+        pass_sequences_limit=_next_pow2(max(_query_rows(p) for p in pools)),
         context_limit=_next_pow2(max(p.sequence_limit for p in pools)),
     )
 
@@ -186,8 +191,8 @@ def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
 def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes for the active pools (docs/timing.md).
 
-    vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``, no speculative decoding):
-    the largest size is ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``;
+    vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``): the largest size is
+    ``min(2 x max_num_seqs x (1 + num_speculative_tokens), 512, max_num_batched_tokens)``;
     the sizes are 1, 2, 4, then every multiple of 8 below 256, then every
     multiple of 16 from 256, up to the largest.
 
@@ -208,7 +213,7 @@ def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
     """
     found = set()
     for pool in pools:
-        largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+        largest = min(2 * _query_rows(pool), 512, pool.max_batched_tokens)
         sizes = [s for s in (1, 2, 4) if s <= largest]
         sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
         found.add(tuple(sizes))

@@ -18,6 +18,7 @@ import numpy as np
 from simcore.checks import (
     choice,
     count,
+    default_of,
     flag,
     is_int,
     key,
@@ -29,6 +30,7 @@ from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
 from simcore.scheduler.policies import SCHEDULING_POLICIES, supporting, supports
 from simcore.scheduler.policies import policy as policy_spec
+from simcore.scheduler.speculative import Speculation, acceptance_rates, read_engine_form
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -64,6 +66,43 @@ class KVOffloadConfig:
     def block_ns(self, block_size: int) -> int:
         """One block's copy, ns: rint(block_size x bytes_per_token / (bandwidth x 1e9) x 1e9)."""
         return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """A pool's speculative decoding (docs/speculative.md); ``config`` null: off."""
+
+    config: Any = key(
+        None,
+        doc="Aggregated or decode pool: speculative decoding in the policy's engine form, verbatim (vLLM's "
+            "--speculative-config JSON, SGLang's --speculative-* arguments, TensorRT-LLM's speculative_config; "
+            "docs/speculative.md); null: off.",
+        values="mapping, JSON object string or null",
+    )
+    acceptance_rates: list | None = key(
+        None,
+        doc="With config: per draft position, the probability that it is accepted (vLLM's per-position "
+            "acceptance rates), non-increasing; or mean_acceptance_length.",
+        values="list of numbers in [0, 1] (one per position) or null",
+    )
+    mean_acceptance_length: float | None = key(
+        None,
+        doc="With config: tokens per verification (1 + accepted / drafts), read through the geometric model; "
+            "or acceptance_rates.",
+        unit="tokens",
+        values="number in [1, 1 + positions] or null",
+    )
+    proposer_step_ms: float = key(
+        0.0,
+        doc="With config: one proposer pass (a draft-model pass, an EAGLE/MTP head, an n-gram lookup) per "
+            "engine step with decodes.",
+        values="number >= 0",
+    )
+    proposer_per_seq_us: float = key(
+        0.0,
+        doc="With config: one proposer pass, per decoding sequence.",
+        values="number >= 0",
+    )
 
 
 @dataclass(frozen=True)
@@ -165,6 +204,8 @@ class PoolConfig:
         doc="vllm, trtllm: a prompt may be split over passes (false: --no-enable-chunked-prefill); null: the policy's default.",
         values="true | false | null",
     )
+    # aggregated or decode pool: speculative decoding (docs/speculative.md); None after parsing: off
+    speculative: Speculation | None = section(SpeculativeConfig)
 
     @property
     def num_ranks(self) -> int:
@@ -256,6 +297,7 @@ def parse_pool(
         reserve_full_isl=_reserve_full_isl(path, raw["reserve_full_isl"], policy),
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
         chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
+        speculative=_speculative(path, raw, policy),
         schedule_conservativeness=None
         if conservativeness is None
         else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -412,3 +454,31 @@ def _kv_offload(path: str, raw: Mapping[str, Any], block_size: int, policy: str)
         raise ConfigError(f"{path}.bytes_per_token={offload.bytes_per_token!r} at bandwidth_gb_per_second="
                           f"{offload.bandwidth_gb_per_second!r}: one block's copy exceeds {MAX_INSTANT_MS:.4g} ms")
     return offload
+
+
+def _speculative(path: str, raw: Mapping[str, Any], policy: str) -> Speculation | None:
+    """The pool's speculative decoding from its engine form (None: off); on a token-emitting pool,
+    without asynchronous scheduling or a CPU tier (not modelled together)."""
+    path = f"{path}.speculative"
+    keys = raw["speculative"]
+    if keys["config"] is None:
+        for name, value in keys.items():
+            if value != default_of(SpeculativeConfig, name):
+                raise ConfigError(f"{path}.{name} needs {path}.config (speculative decoding is off), got {value!r}")
+        return None
+    prefix = path.rsplit(".", 1)[0]
+    if prefix.endswith(".prefill"):
+        raise ConfigError(f"{path}: a P/D prefill pool emits no tokens; set it on engine.decode")
+    if raw["async_scheduling"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
+    if any(value is not None for value in raw["kv_offload"].values()):
+        raise ConfigError(f"{path} is not modelled with {prefix}.kv_offload")
+    method, drafts, positions, lookahead, steps = read_engine_form(
+        f"{path}.config", keys["config"], policy_spec(policy).speculative_form)
+    return Speculation(
+        method=method, draft_tokens=drafts, positions=positions, lookahead=lookahead, proposer_steps=steps,
+        rates=acceptance_rates(path, keys["acceptance_rates"], keys["mean_acceptance_length"], positions),
+        proposer_step_ms=number(f"{path}.proposer_step_ms", keys["proposer_step_ms"], maximum=MAX_INSTANT_MS),
+        proposer_per_seq_us=number(f"{path}.proposer_per_seq_us", keys["proposer_per_seq_us"],
+                                   maximum=MAX_INSTANT_MS),
+    )

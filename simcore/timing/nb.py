@@ -123,7 +123,7 @@ PASS_TERMS_NUM_PARAMS = 14
 @njit(cache=True)
 def rank_time_ms_nb(
     model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
-    decode_kv_max=0,
+    decode_kv_max=0, draft_tokens=0,
 ):
     """Time of one rank's batch, ms.
 
@@ -141,6 +141,11 @@ def rank_time_ms_nb(
         The batch summary of SPEC §8 (tokens, sequences).
     decode_kv_max : int
         The largest ``computed + 1`` of a decode entry (0: not known, no skew term).
+    draft_tokens : int
+        Speculative proposals verified by the decode entries (docs/speculative.md):
+        each decode entry's query is ``1 +`` its proposals.  ``linear`` prices them
+        as prefill tokens (query rows; the entry's KV is read once); ``table``,
+        ``aic`` and ``roofline`` as decode rows at the decodes' mean context.
 
     Returns
     -------
@@ -156,7 +161,11 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
-    tokens = prefill_tokens + num_decode
+    if draft_tokens > 0 and model != TIMING_LINEAR:  # q rows per verification, each at the mean context
+        decode_kv_tokens += draft_tokens * (decode_kv_tokens // num_decode)
+        num_decode += draft_tokens
+        draft_tokens = 0
+    tokens = prefill_tokens + num_decode + draft_tokens
     if model == TIMING_TABLE:
         padded = graph_tokens_nb(params, table, TABLE_NUM_PARAMS, tokens)
         ms = table_pass_ms_nb(
@@ -195,6 +204,7 @@ def rank_time_ms_nb(
     # (prefill tokens beside a prefill entry, decode entries without cache otherwise)
     padded = graph_tokens_nb(params, table, LINEAR_NUM_PARAMS, tokens)
     decodes = num_decode  # the scheduled ones (the skew term's)
+    prefill_tokens += draft_tokens
     if num_prefill > 0:
         prefill_tokens += padded - tokens
     else:
