@@ -802,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=_int_text, default=0, help=f"the optimiser's seed, 0 to {MAX_SEED}")
     parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"))
     try:
-        args = parser.parse_args(list(argv))
+        args = parser.parse_intermixed_args(list(argv))  # overrides before or after the flags
     except _ArgumentsError as exc:
         return _error(exc)
     out = os.path.abspath(args.out)
@@ -812,6 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {_shown(args.seed)}")
         if not 1 <= args.max_evals <= MAX_EVALS:
             raise ConfigError(f"--max-evals must be an integer from 1 to {MAX_EVALS}, got {_shown(args.max_evals)}")
+        if not 0 < args.fit_fraction <= 1:
+            raise ConfigError(f"--fit-fraction must be in (0, 1], got {args.fit_fraction!r}")
         measured = read_measured(args.measured, args.format)
         check_cost(args.max_evals, len(measured.request_id))
         overrides = parse_overrides(args.overrides)

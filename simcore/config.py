@@ -174,7 +174,11 @@ def _merge_into(base: dict, user: Mapping, prefix: str) -> None:
                 raise ConfigError(f"{path} must be a mapping, got {value!r}")
             _merge_into(base[name], value, path + ".")
         else:
-            base[name] = _copied_tree(value)
+            try:
+                base[name] = _copied_tree(value)
+            except Exception:  # noqa: BLE001 - a generator, a lock, an open file: not a config value
+                raise ConfigError(f"{path} must be a number, string, list or mapping, "
+                                  f"got a {type(value).__qualname__}") from None
 
 
 def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
