@@ -265,8 +265,11 @@ def most_probes(options: CapacityOptions) -> int:
     else:
         first, top, doublings = 2, float(options.hi), 0
     lo = float(options.lo)
-    width = (top - lo) if options.integer else (top - lo) / (lo * options.tolerance)
-    halvings = max(0, math.ceil(math.log2(max(width, 1.0)))) + 1
+    if options.integer:
+        bits = math.log2(max(top - lo, 1.0))
+    else:  # log2((top - lo) / (lo x tolerance)), without the product underflowing (lo = 5e-324)
+        bits = math.log2(top - lo) - math.log2(lo) - math.log2(options.tolerance) if top > lo else 0.0
+    halvings = max(0, math.ceil(bits)) + 1
     return first + doublings + halvings
 
 
