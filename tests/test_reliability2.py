@@ -623,3 +623,36 @@ def calibrate_argv(pairs: list[tuple[str, str]], fit: list[str]) -> list[str]:
 CALIBRATE_OPTIONS = st.builds(calibrate_argv, st.lists(st.tuples(st.sampled_from(CALIBRATE_FLAGS), OPTION_TEXT),
                                                        max_size=3),
                               st.sampled_from([[], ["--fit", "timing.decode_scale"], ["--fit", "timing.base_ms=0:5"]]))
+
+
+# ---------------------------------------------------------------- timing.profile (timing.type=table)
+
+
+@pytest.mark.parametrize("file, change, named", [
+    ("dense.csv", (b"embedding", b"emb\xe9dding"), "dense.csv:2: not UTF-8 text"),
+    ("dense.csv", (b"embedding", b"emb\x00dding"), "dense.csv:2: a NUL byte"),
+    ("dense.csv", (b"10.0", b"1e300"), "dense.csv:6: time_us must be a number from 0 to"),
+    ("dense.csv", (b"101", b"1e300"), "dense.csv:3: tokens must be an integer from 1 to 9223372036854775807"),
+    ("attention.csv", (b"\n16,", b"\n1e300,"), "attention.csv:6: prefill_chunk must be an integer"),
+    ("per_sequence.csv", None, "per_sequence.csv:1: a NUL byte"),
+    ("meta.yaml", (b"", b"\xff\xfe"), "meta.yaml:1: not UTF-8 text"),
+    ("meta.yaml", (b"", b"num_layers: [1,\n"), "meta.yaml:2: not valid YAML"),
+    ("meta.yaml", (b"", b"num_layers: " + b"9" * 400 + b"\n"), "meta.yaml: num_layers must be an integer from 1"),
+])
+def test_a_bad_profile_file_names_file_and_line(tmp_path, file, change, named):
+    from tests.test_timing_models import write_profile
+
+    profile = Path(write_profile(tmp_path / "p"))
+    path = profile / file
+    if change is None:
+        path.write_bytes(bytes(range(256)))
+    elif change[0] == b"":
+        path.write_bytes(change[1])
+    else:
+        path.write_bytes(path.read_bytes().replace(*change, 1))
+    timing = {"type": "table", "profile": str(profile)}
+    if file != "meta.yaml":
+        timing["num_layers"] = 2
+    with pytest.raises(ConfigError) as info:
+        simcore.run({"workload": {"num_requests": 4}, "timing": timing})
+    one_line(info.value, f"{profile}/{named}")
