@@ -656,3 +656,24 @@ def test_a_bad_profile_file_names_file_and_line(tmp_path, file, change, named):
     with pytest.raises(ConfigError) as info:
         simcore.run({"workload": {"num_requests": 4}, "timing": timing})
     one_line(info.value, f"{profile}/{named}")
+
+
+# ---------------------------------------------------------------- replaysim-analyze
+
+
+@pytest.mark.parametrize("argv, named, code", [
+    (["{tmp}/bad"], "bad/summary.parquet: not a readable Parquet file", 2),
+    (["{tmp}/nothing"], "holds no summary.parquet", 2),
+    (["{tmp}/bad", "--nope"], "unrecognized arguments: --nope", 2),
+    ([], "the following arguments are required: sweep_dir", 2),
+])
+def test_replaysim_analyze_errors_are_one_line(tmp_path, capsys, argv, named, code):
+    from runners import analyze
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.parquet").write_bytes(b"not parquet")
+    with pytest.raises(SystemExit) as info:
+        analyze.main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == code and len(err) == 1 and err[0].startswith("replaysim-analyze: error:")
+    assert named in err[0], err
