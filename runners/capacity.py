@@ -217,9 +217,10 @@ def axis_maximum(axis: str) -> float:
 
 def parse_options(raw: Mapping[str, Any]) -> CapacityOptions:
     """Validate the ``capacity`` section (unknown keys, types, ranges)."""
-    unknown = sorted(set(raw) - set(CAPACITY_DEFAULTS))
+    unknown = sorted((str(key) for key in set(raw) - set(CAPACITY_DEFAULTS)))
     if unknown:
-        raise ConfigError(f"capacity.{unknown[0]} is not a capacity key (known: {', '.join(CAPACITY_DEFAULTS)})")
+        key = unknown[0] if unknown[0].isprintable() else repr(unknown[0])  # one line
+        raise ConfigError(f"capacity.{key} is not a capacity key (known: {', '.join(CAPACITY_DEFAULTS)})")
     merged = {**CAPACITY_DEFAULTS, **raw}
     axis = merged["axis"]
     if not isinstance(axis, str) or axis not in AXES:

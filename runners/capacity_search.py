@@ -132,6 +132,7 @@ def parse_slo(raw: Mapping[str, Any] | None, quantile: Any) -> Slo:
     limits: dict[str, float] = {}
     for key, value in raw.items():
         if key != GOODPUT_FRACTION and not _LATENCY_SLO.match(str(key)):
+            key = key if isinstance(key, str) and key.isprintable() else repr(key)  # one line
             raise ConfigError(
                 f"capacity.slo.{key} is not an SLO key (known: <mean|median|max|p<P>>_{_KNOWN_METRICS}, "
                 f"{GOODPUT_FRACTION})"

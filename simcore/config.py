@@ -165,7 +165,7 @@ def _merge_into(base: dict, user: Mapping, prefix: str) -> None:
     if not isinstance(user, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {user!r}")
     for name, value in user.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{name if isinstance(name, str) and name.isprintable() else repr(name)}"  # one line
         if name not in base:
             allowed = ", ".join(sorted(base))
             raise ConfigError(f"{path} is not a known key (allowed here: {allowed})")

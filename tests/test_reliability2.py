@@ -677,3 +677,16 @@ def test_replaysim_analyze_errors_are_one_line(tmp_path, capsys, argv, named, co
     err = capsys.readouterr().err.splitlines()
     assert info.value.code == code and len(err) == 1 and err[0].startswith("replaysim-analyze: error:")
     assert named in err[0], err
+
+
+@pytest.mark.parametrize("load, named", [
+    (lambda: load_config({"a\nb": 1}), "'a\\nb' is not a known key"),
+    (lambda: load_config({"workload": {"x\ry": 1}}), "workload.'x\\ry' is not a known key"),
+    (lambda: capacity_options(**{"x\ny": 1}), "capacity.'x\\ny' is not a capacity key"),
+    (lambda: cap.parse_options({"slo": {"p99\n": 1}}), "capacity.slo.'p99\\n' is not an SLO key"),
+])
+def test_a_key_with_a_line_break_is_named_on_one_line(load, named):
+    """Found by the capacity property: the unknown key's own newline split the error line."""
+    with pytest.raises(ConfigError) as info:
+        load()
+    one_line(info.value, named)
