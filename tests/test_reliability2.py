@@ -690,3 +690,28 @@ def test_a_key_with_a_line_break_is_named_on_one_line(load, named):
     with pytest.raises(ConfigError) as info:
         load()
     one_line(info.value, named)
+
+
+# ---------------------------------------------------------------- prompt prefixes of a trace (Mooncake hash_ids)
+
+
+@pytest.mark.parametrize("hash_ids, named", [
+    ([2**63, 3], "mc.jsonl:2: hash_ids must be a list of integers"),
+    ([10**400, 3], "mc.jsonl:2: hash_ids must be a list of integers"),
+    ("ab", "mc.jsonl:2: hash_ids must be a list of integers"),
+    ([1.5, 3], "mc.jsonl:2: hash_ids must be a list of integers"),
+    ([[1], 3], "mc.jsonl:2: hash_ids must be a list of integers"),
+    ([True, 3], "mc.jsonl:2: hash_ids must be a list of integers"),
+    (None, "mc.jsonl:2: hash_ids is missing"),
+    ([1], "mc.jsonl:2: input_length 20 is more than hash_ids cover"),
+])
+def test_bad_prompt_prefixes_of_a_trace_name_file_and_line(tmp_path, hash_ids, named):
+    rows = [{"timestamp": 0, "input_length": 20, "output_length": 5, "hash_ids": [1, 2]},
+            {"timestamp": 1, "input_length": 20, "output_length": 5, "hash_ids": hash_ids}]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config({"workload": {"source": "mooncake", "path": str(path), "block_size": 16},
+                       "load": {"type": "trace"}, "engine": {"aggregated": {"prefix_caching": True}}})
+    with pytest.raises(ConfigError) as info:
+        build_requests(cfg, None, np.random.default_rng(0))
+    one_line(info.value, f"{tmp_path}/{named}")
