@@ -74,9 +74,13 @@ Measured formats (``--format``, default: from the content):
 Fitted keys must take real values (time scales, overheads, bandwidths, stage
 costs); an integer key fails at its first fractional candidate.
 
-Bad input (an unreadable file, a missing field, an unknown key, a bad bound)
-prints one line ``replaysim-calibrate: error: ...`` and exits with code 2,
-writing nothing.
+Bad input (an unreadable file, a field of the wrong type, sign or size, lists of
+different lengths, a repeated ``request_id``, an unknown key, a bad bound, a
+``--seed`` outside 0 to 2**32 - 1, ``--max-evals`` x requests above
+:data:`MAX_SIMULATED_REQUESTS`) prints one line ``replaysim-calibrate: error:
+...`` naming the file and line (or JSON path) or the option, and exits with
+code 2, writing nothing; an ``--out`` that cannot be written exits 74 with one
+line, checked before the fit; Ctrl-C and SIGTERM exit 130 and 143 with one line.
 """
 
 from __future__ import annotations
