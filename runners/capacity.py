@@ -87,18 +87,20 @@ CAPACITY_DEFAULTS: dict[str, Any] = {
 #: ``(key, unit, values, description)``, in :data:`CAPACITY_DEFAULTS`' order.
 CAPACITY_KEY_DOCS: tuple[tuple[str, str, str, str], ...] = (
     ("axis", "", "load.request_rate | load.concurrency", "The load axis whose highest value meeting the SLO is searched."),
-    ("lo", "axis unit", "number > 0 or null", "The first probe; null: 1. A configuration failing there has no capacity."),
-    ("hi", "axis unit", "number > lo or null", "The upper end of the bracket; null: double lo until the SLO fails."),
-    ("tolerance", "", "number > 0", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
-    ("max_doublings", "", "integer >= 1", "Without hi: stop doubling after this many (status unbounded)."),
+    ("lo", "axis unit", "number > 0 (rate: <= 1e9) or null", "The first probe; null: 1. A configuration failing there has no capacity."),
+    ("hi", "axis unit", "number > lo (rate: <= 1e9) or null", "The upper end of the bracket; null: double lo until the SLO fails."),
+    ("tolerance", "", "number >= 1e-9", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
+    ("max_doublings", "", "integer 0 to 64",
+     "Without hi: stop doubling after this many (status unbounded); lo x 2^max_doublings within the axis."),
     ("slo.<metric>", "ms", "number > 0",
      "An upper bound on a summary metric (<mean|median|max|p<P>>_<ttft|tpot|itl|e2el>_ms), or goodput_fraction "
      "as a lower bound. At least one."),
-    ("seeds", "", "integer >= 1", "Workload seeds per probe: seed, seed + 1, ..."),
+    ("seeds", "", "integer >= 1",
+     "Workload seeds per probe: seed, seed + 1, ... (the search: at most 1e6 runs and 1e9 requests)."),
     ("seed_quantile", "", "number in [0, 1]", "Quantile over the seeds at which each SLO metric is judged (1: the worst seed)."),
     ("search", "", "grid | optuna", "grid: every point of the batch axes; optuna: NSGA-II over them."),
-    ("trials", "", "integer >= 1", "optuna: trial budget."),
-    ("population", "", "integer >= 1", "optuna: NSGA-II population, trials bisected together."),
+    ("trials", "", "integer 1 to 1e6", "optuna: trial budget."),
+    ("population", "", "integer 1 to 1e6", "optuna: NSGA-II population, trials bisected together."),
     ("plots", "", "true | false", "Write the PNG plots."),
     ("table_rows", "lines", "integer >= 0", "Terminal lines per section (0: all)."),
 )
