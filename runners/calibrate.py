@@ -624,8 +624,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what the fit minimises (default %(default)s; see the module docstring)")
     parser.add_argument("--out", default="calibration", help="output directory")
     parser.add_argument("--max-evals", type=int, default=2400, help="most simulated candidates")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"))
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the optimiser (differential evolution); the same inputs and seed give "
+                             "the same fit (default %(default)s)")
+    parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"),
+                        help="format of the measured run: jsonl (one JSON object per request), vllm (vllm bench serve "
+                             "--save-result --save-detailed JSON), or auto: vllm when the file is one JSON "
+                             "object with 'ttfts', else jsonl (default %(default)s)")
     args = parser.parse_args(argv)
     try:
         if args.max_evals < 1:
