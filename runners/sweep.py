@@ -37,11 +37,14 @@ from runners.export import (
     aiperf_document,
     vllm_bench_document,
 )
+from runners.html_report import REPORT_FILE, kv_blocks_from, run_report
+from runners.trace import TRACE_FILE, tables_needed, trace_document
 from runners.writer import (
     json_file,
     json_text,
     parquet_file,
     remove_result_set,
+    summary_document,
     verified_set,
     write_atomic,
     write_results,
@@ -61,7 +64,8 @@ FAILURE_FILE = "failure.json"
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY = "summary.parquet"
 #: Files that make up a point's results (removed when the point fails).
-RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, SUMMARY_FILE)
+RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, REPORT_FILE, TRACE_FILE,
+                SUMMARY_FILE)
 #: summary.json keys that are not metrics.
 PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
 STATUSES = ("ok", "failed", "skipped")
@@ -350,15 +354,33 @@ def simulate(
 
 
 def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:
-    """``config``, recording tokens when the detailed ``vllm_bench.json`` export needs them."""
-    if not options.export_detailed(config) or config.output.tokens:
+    """``config``, recording the tables that the detailed ``vllm_bench.json`` export and the trace need.
+
+    The detailed export needs the tokens; ``output.trace=true`` needs the
+    passes and, with a detokenizer, the tokens (:func:`runners.trace.tables_needed`).
+    Tables recorded only for these are not written (:func:`_as_asked`).
+    """
+    tokens = options.export_detailed(config)
+    passes = False
+    if config.output.trace:
+        passes, for_trace = tables_needed(config)
+        tokens = tokens or for_trace
+    tokens, passes = tokens and not config.output.tokens, passes and not config.output.passes
+    if not tokens and not passes:
         return config
     resolved = _plain(config.resolved)
-    resolved["output"]["tokens"] = True
+    resolved["output"]["tokens"] = config.output.tokens or tokens
+    resolved["output"]["passes"] = config.output.passes or passes
     return load_config(resolved)
 
 
 def _as_asked(config: SimConfig, result: simcore.Result) -> tuple[simcore.Result, pa.Table | None]:
+    """The result with ``config`` as its configuration, and the tokens table apart.
+
+    A pass table recorded only for the trace stays in the result (the report
+    and the trace read it); :func:`runners.writer.write_results` writes it
+    only when ``config.output.passes``.
+    """
     if result.config is config:
         return result, result.tokens
     return dataclasses.replace(result, tokens=None, config=config), result.tokens
@@ -471,10 +493,18 @@ def export_documents(result: simcore.Result, tokens: pa.Table | None, options: R
                      detailed: bool) -> dict[str, dict | str]:
     """The export files the options ask for, by name (for :func:`runners.writer.write_results`).
 
+    With them ``trace.json`` (``output.trace=true``) and ``report.html``
+    (``output.report=true``, the default).
+
     ``detailed`` is :meth:`RunnerOptions.export_detailed`, checked before the
     simulation so that a refused combination writes nothing.
     """
     extra: dict[str, dict | str] = {}
+    if result.config.output.trace:
+        extra[TRACE_FILE] = trace_document(result.config, result.requests, result.passes, tokens)
+    if result.config.output.report:
+        extra[REPORT_FILE] = run_report(summary_document(result), result.requests, result.passes, tokens,
+                                        kv_blocks_from(result.config))
     if options.vllm_bench:
         extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
     if options.aiperf:

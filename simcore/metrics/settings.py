@@ -68,6 +68,11 @@ class OutputConfig:
     tokens: bool = key(False, flag)
     # detailed: per-token arrays; bounded: O(requests) memory, ITL percentiles sketched
     mode: str = key("detailed", choice, allowed=OUTPUT_MODES)
+    # report.html beside summary.json (runners/html_report.py); the simulation is the same either way
+    report: bool = key(True, flag)
+    # trace.json, a Chrome/Perfetto trace (runners/trace.py): passes per rank, detokenizer jobs, KV transfers;
+    # the run records the pass table (and, with a detokenizer, the token table) for it
+    trace: bool = key(False, flag)
 
 
 def parse(raw: Mapping[str, Any], path: str = "metrics") -> MetricsConfig:
