@@ -444,6 +444,11 @@ def sweep_report(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], *, alon
     def family(row: Mapping[str, Any]) -> str:
         return ", ".join(f"{k.rsplit('.', 1)[-1]}={_fmt_value(row.get(k))}" for k in family_keys) or "all points"
 
+    def point(row: Mapping[str, Any]) -> str:
+        """A point's label: its family, then its value along the curves."""
+        value = f"{along.rsplit('.', 1)[-1]}={_fmt_value(row.get(along))}" if along else str(row.get("run_id"))
+        return value if not family_keys else f"{family(row)} {value}"
+
     families: dict[str, list[Mapping[str, Any]]] = {}
     for row in ok:
         families.setdefault(family(row), []).append(row)
@@ -479,7 +484,7 @@ def sweep_report(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], *, alon
             continue
         per_user.append(1000.0 / tpot)
         per_gpu.append(throughput / count if count else throughput)
-        names.append(f"{family(row)} {along.rsplit('.', 1)[-1] + '=' + _fmt_value(row.get(along)) if along else ''}")
+        names.append(point(row))
     if per_user:
         front = pareto_front(per_user, per_gpu)
         unit = "output tok/s per GPU" if gpus else "output tok/s"
@@ -497,8 +502,7 @@ def sweep_report(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], *, alon
                                    percent=True, totals=[f"{t:.3g}" for t in totals]))
     if ttft:
         charts.append(svg.cdf("ttft_cdf", "Per-request TTFT CDF per point (completed requests)",
-                              [(f"{family(r)} {_fmt_value(r.get(along)) if along else ''}".strip(),
-                                ttft.get(r["run_id"], np.empty(0))) for r in ok], "TTFT (ms)"))
+                              [(point(r), ttft.get(r["run_id"], np.empty(0))) for r in ok], "TTFT (ms)"))
     fixed = [k for k in keys if k not in varying]
     fixed_text = ", ".join(f"{k}={_fmt_value(ok[0].get(k))}" for k in fixed) if ok and fixed else ""
     head = ["run_id", "status", *varying, "request_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms",

@@ -297,3 +297,60 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
     verdict = saturation_line(summary)
     lines += ["=" * width, *([verdict] if verdict else []), f"Output directory: {out_dir}"]
     return "\n".join(line.rstrip() for line in lines)
+
+
+#: Terminal tables are fitted to this many columns (the full data is in the files).
+TABLE_WIDTH = 100
+
+
+def fit_table(columns: list[tuple[str, list[str], int]], width: int = TABLE_WIDTH, right: bool = True) -> list[str]:
+    """A plain-text table of at most ``width`` columns, the least important columns left out first.
+
+    Parameters
+    ----------
+    columns : list of (header, cells, importance)
+        In display order; a lower importance is left out first (equal ones:
+        the rightmost first).  Cells are text; a cell wider than
+        ``width // 3`` is cut with ``…``.
+    width : int
+        Most characters a line may have.
+    right : bool
+        Right-align the cells (numbers), except the first column's.
+
+    Returns
+    -------
+    list of str
+        The header line, the rows, and, when columns were left out, a last
+        line naming them.
+    """
+    cap = max(8, width // 3)
+
+    def cut(text: str) -> str:
+        return text if len(text) <= cap else text[: cap - 1] + "…"
+
+    prepared = [(cut(h), [cut(c) for c in cells], imp) for h, cells, imp in columns]
+    widths = [max([len(h), *(len(c) for c in cells)]) for h, cells, _ in prepared]
+    kept = list(range(len(prepared)))
+    dropped: list[str] = []
+
+    def line_width() -> int:
+        return sum(widths[i] for i in kept) + 2 * (len(kept) - 1)
+
+    while len(kept) > 1 and line_width() > width:
+        victim = min(kept, key=lambda i: (prepared[i][2], -i))
+        kept.remove(victim)
+        dropped.append(columns[victim][0])
+    rows = len(prepared[0][1]) if prepared else 0
+
+    def render(texts: list[str]) -> str:
+        parts = []
+        for n, (i, text) in enumerate(zip(kept, texts)):
+            parts.append(text.ljust(widths[i]) if n == 0 or not right else text.rjust(widths[i]))
+        return "  ".join(parts).rstrip()
+
+    lines = [render([prepared[i][0] for i in kept])]
+    lines += [render([prepared[i][1][r] for i in kept]) for r in range(rows)]
+    if dropped:
+        lines.append(f"({len(dropped)} column{'s' * (len(dropped) != 1)} left out to fit {width} characters: "
+                     f"{', '.join(reversed(dropped))})")
+    return lines

@@ -120,12 +120,12 @@ class Axes:
         frac = self._frac(np.asarray(y, dtype=float), self.y0, self.y1, self.log_y)
         return self.height - BOTTOM - frac * (self.height - TOP - BOTTOM)
 
-    def frame(self, xlabel: str, ylabel: str, y_ticks: bool = True) -> list[str]:
-        """Grid lines, ticks, tick labels and axis labels (``y_ticks`` False: none on the y axis)."""
+    def frame(self, xlabel: str, ylabel: str, y_ticks: bool = True, x_ticks: bool = True) -> list[str]:
+        """Grid lines, ticks, tick labels and axis labels (``x_ticks``, ``y_ticks`` False: none on that axis)."""
         right, bottom = self.width - RIGHT, self.height - BOTTOM
         parts = [f'<rect x="{LEFT}" y="{TOP}" width="{right - LEFT}" height="{bottom - TOP}" class="frame"/>']
         xticks = _log_ticks(self.x0, self.x1) if self.log_x else nice_ticks(self.x0, self.x1)
-        for value in xticks:
+        for value in xticks if x_ticks else ():
             if not self.x0 - 1e-12 <= value <= self.x1 * (1 + 1e-12) + 1e-12:
                 continue
             x = float(self.px(value))
@@ -267,7 +267,7 @@ def stacked_bars(name: str, title: str, bars: Sequence[tuple[str, Sequence[float
     top = float(values.sum(axis=1).max()) if values.size else 1.0
     axes = Axes(np.asarray([0.0, len(bars)]), np.asarray([0.0, top or 1.0]),
                 y_range=(0.0, 100.0) if percent else None)
-    parts = axes.frame("", ylabel)
+    parts = axes.frame("", ylabel, x_ticks=False)
     slot = (axes.width - LEFT - RIGHT) / len(bars)
     width = max(2.0, min(48.0, 0.7 * slot))
     for i, (label, _) in enumerate(bars):

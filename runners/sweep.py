@@ -37,7 +37,7 @@ from runners.export import (
     aiperf_document,
     vllm_bench_document,
 )
-from runners.html_report import REPORT_FILE, kv_blocks_from, run_report
+from runners.html_report import REPORT_FILE, gpus_of, kv_blocks_from, run_report, sweep_report
 from runners.trace import TRACE_FILE, tables_needed, trace_document
 from runners.writer import (
     json_file,
@@ -750,8 +750,30 @@ def record_lost_points(root: Path) -> list[str]:
     return lost
 
 
+def sweep_page(root: Path, table: pa.Table) -> str | None:
+    """The sweep's ``report.html`` (:func:`runners.html_report.sweep_report`), or None.
+
+    None when no point ran with ``output.report=true``; failed points are
+    listed either way.  GPUs per point (the Pareto plot) from each point's
+    ``summary.json`` config.
+    """
+    gpus: dict[str, int | None] = {}
+    wanted = False
+    for run_id, rel, status in zip(table.column("run_id").to_pylist(), table.column("path").to_pylist(),
+                                   table.column("status").to_pylist()):
+        if status == "failed":
+            continue
+        config = (_read_json(root / rel / SUMMARY_FILE) or {}).get("config") or {}
+        wanted = wanted or bool((config.get("output") or {}).get("report", True))
+        gpus[run_id] = gpus_of(config)
+    if not wanted:
+        return None
+    keys = json.loads((table.schema.metadata or {}).get(b"parameters", b"[]"))
+    return sweep_report(table.to_pylist(), keys, gpus=gpus, where=str(root))
+
+
 def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Table]:
-    """Write ``summary.parquet`` at ``root`` (atomically) and report failed points.
+    """Write ``summary.parquet`` and ``report.html`` at ``root`` (atomically) and report failed points.
 
     Parameters
     ----------
@@ -770,7 +792,11 @@ def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Ta
     root = Path(root)
     record_lost_points(root)
     table = summary_table(root)
-    (path,) = write_atomic(root, [(SWEEP_SUMMARY, parquet_file(table))])
+    writers = [(SWEEP_SUMMARY, parquet_file(table))]
+    page = sweep_page(root, table)
+    if page is not None:
+        writers.insert(0, (REPORT_FILE, lambda path: path.write_text(page, encoding="utf-8")))
+    path = write_atomic(root, writers)[-1]
     if not quiet:
         status = table.column("status").to_pylist()
         counts = ", ".join(f"{status.count(s)} {s}" for s in STATUSES if status.count(s))

@@ -154,4 +154,4 @@ def test_analyze_rejects_a_directory_without_a_sweep(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "runners.analyze", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 2 and "not a replaysim sweep" in done.stderr
+    assert done.returncode == 2 and "not a replaysim run or sweep" in done.stderr
