@@ -45,7 +45,8 @@ def thin(x: np.ndarray, y: np.ndarray, limit: int = MAX_POINTS) -> tuple[np.ndar
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round-number ticks (1, 2 or 5 × 10^k apart) covering [low, high]."""
+    """Round-number ticks (1, 2 or 5 × 10^k apart), from the last multiple of the step at or below
+    ``low`` to the last at or below ``high``."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return []
     if high <= low:
