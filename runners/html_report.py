@@ -47,7 +47,7 @@ td, th { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; ve
 th { background: #f6f6f6; } td.l, th.l { text-align: left; }
 table.kv td:first-child { font-weight: 600; text-align: left; white-space: nowrap; }
 table.kv td { text-align: left; }
-.grid2 { display: flex; flex-wrap: wrap; gap: 12px; }
+.grid2 { display: flex; flex-wrap: wrap; gap: 12px 28px; align-items: flex-start; }
 .note { color: #555; font-size: 13px; } .warn { color: #a40; font-weight: 600; }
 svg.plot { background: #fff; border: 1px solid #e4e4e4; border-radius: 4px; max-width: 100%; height: auto; }
 svg .frame { fill: none; stroke: #999; } svg .grid { stroke: #eee; }
@@ -91,8 +91,9 @@ def _column(table: pa.Table | None, name: str) -> np.ndarray | None:
         pc.fill_null(column.cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
 
 
-def _status(requests: pa.Table) -> np.ndarray:
-    return np.asarray(requests.column("status").cast(pa.string()).to_pylist(), dtype=object)
+def _status_is(requests: pa.Table, status: str) -> np.ndarray:
+    """Whether each request's status is ``status`` (bool array)."""
+    return pc.equal(requests.column("status").cast(pa.string()), status).to_numpy(zero_copy_only=False)
 
 
 # ---------------------------------------------------------------- a run
@@ -120,7 +121,7 @@ def _summary_tables(summary: Mapping[str, Any]) -> str:
         cells.append(_fmt(get(summary_key("max", metric))))
         rows.append(f"<tr><td class=\"l\">{escape(metric.label)}</td>" + "".join(f"<td>{c}</td>" for c in cells)
                     + "</tr>")
-    return first + f"<table data-table=\"latency\">{head}{''.join(rows)}</table>"
+    return f"<div class=\"grid2\">{first}<table data-table=\"latency\">{head}{''.join(rows)}</table></div>"
 
 
 def _itl_values(requests: pa.Table, tokens: pa.Table | None) -> np.ndarray | None:
@@ -141,7 +142,7 @@ def _itl_values(requests: pa.Table, tokens: pa.Table | None) -> np.ndarray | Non
 
 
 def _distributions(summary: Mapping[str, Any], requests: pa.Table, tokens: pa.Table | None) -> list[str]:
-    completed = _status(requests) == "completed"
+    completed = _status_is(requests, "completed")
     charts, notes = [], []
     for metric in DISTRIBUTIONS:
         name = f"{metric.name}_cdf"
@@ -169,7 +170,7 @@ def _distributions(summary: Mapping[str, Any], requests: pa.Table, tokens: pa.Ta
 
 
 def _stages(summary: Mapping[str, Any], requests: pa.Table) -> list[str]:
-    completed = _status(requests) == "completed"
+    completed = _status_is(requests, "completed")
     labels = [stage.removesuffix("_ms") for stage in TTFT_STAGES]
     means = [summary.get(f"mean_{stage}") for stage in TTFT_STAGES]
     chart = svg.hbar("ttft_stages", "Mean TTFT split into its stages (completed requests)",
@@ -244,7 +245,7 @@ def _held_blocks(passes: pa.Table, grid: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _timeline(requests: pa.Table, passes: pa.Table | None, kv_blocks: Mapping[str, int] | None) -> list[str]:
-    status = _status(requests)
+    completed, rejected = _status_is(requests, "completed"), _status_is(requests, "rejected")
     send = _column(requests, "send_ms")
     arrival = _column(requests, "engine_arrival_ms")
     admit = _column(requests, "first_admit_ms")
@@ -255,9 +256,9 @@ def _timeline(requests: pa.Table, passes: pa.Table | None, kv_blocks: Mapping[st
     lo, hi = float(finite.min()), float(finite.max())
     grid = _grid(lo, hi)
     seconds = (grid - lo) / 1000.0
-    not_rejected = status != "rejected"
+    not_rejected = ~rejected
     waiting = _occupancy(np.where(not_rejected, arrival, np.nan), admit, grid)
-    end = np.where(status == "completed", last, np.nan)  # incomplete: open to the end
+    end = np.where(completed, last, np.nan)  # incomplete: open to the end
     running = _occupancy(np.where(not_rejected, admit, np.nan), end, grid)
     charts = [svg.lines("requests_timeline", "Requests at the engine", [
         {"label": "waiting (not admitted)", "x": seconds, "y": waiting},

@@ -19,8 +19,8 @@ import numpy as np
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 DASHES = ("", "6 3", "2 2", "8 3 2 3")
-WIDTH, HEIGHT = 620, 280
-LEFT, RIGHT, TOP, BOTTOM = 64, 170, 30, 46
+WIDTH, HEIGHT = 580, 270
+LEFT, RIGHT, TOP, BOTTOM = 64, 160, 30, 46
 #: Points a line is drawn with at most (longer series are thinned evenly, ends kept).
 MAX_POINTS = 800
 
@@ -29,9 +29,14 @@ def color(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
 
+def _floats(values: Sequence) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values.astype(float, copy=False)
+    return np.asarray([np.nan if v is None else v for v in values], dtype=float)
+
+
 def _finite(xs: Sequence, ys: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray([np.nan if v is None else v for v in xs], dtype=float)
-    y = np.asarray([np.nan if v is None else v for v in ys], dtype=float)
+    x, y = _floats(xs), _floats(ys)
     keep = np.isfinite(x) & np.isfinite(y)
     return x[keep], y[keep]
 
@@ -239,11 +244,14 @@ def cdf(name: str, title: str, series: Sequence[tuple[str, np.ndarray]], xlabel:
     """
     drawn = []
     for label, values in series:
-        values = np.sort(np.asarray(values, dtype=float)[np.isfinite(values)])
+        values = np.asarray(values, dtype=float)
+        values = np.sort(values[np.isfinite(values)])
         if values.size == 0:
             continue
-        fraction = np.arange(1, values.size + 1) / values.size
-        drawn.append({"label": label, "x": values, "y": fraction})
+        index = np.arange(values.size)
+        if values.size > MAX_POINTS:  # evenly spaced order statistics, the first and last kept
+            index = np.unique(np.linspace(0, values.size - 1, MAX_POINTS).round().astype(np.int64))
+        drawn.append({"label": label, "x": values[index], "y": (index + 1) / values.size})
     if not drawn:
         return empty(name, title, "no completed request has a value")
     if log_x is None:
