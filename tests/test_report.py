@@ -211,3 +211,11 @@ def test_the_browser_check_reports_errors_and_network_use(tmp_path):
                     '<body><script>console.error("boom")</script></body></html>')
     errors = browser.inspect(page, None, executable)["errors"]
     assert any("boom" in e for e in errors) and any("cdn.example.com" in e for e in errors)
+
+
+def test_the_trace_changes_no_other_result():
+    base = {"workload": {"num_requests": 24, "output_tokens": 8}, "detokenization": {"base_ms": 1.0}}
+    plain, _ = simulate(load_config(base), RunnerOptions())
+    traced, _ = simulate(load_config({**base, "output": {"trace": True}}), RunnerOptions())
+    assert traced.requests.equals(plain.requests)
+    assert json.dumps(traced.summary, sort_keys=True) == json.dumps(plain.summary, sort_keys=True)
