@@ -107,7 +107,7 @@ def _workload(workload: Mapping[str, Any]) -> str:
                 f" ({_num(sessions.get('new_input_tokens'))} new in / {_num(sessions.get('output_tokens'))} out tokens)")
     path = Path(str(workload.get("path"))).name
     limit = f", first {_num(workload['max_requests'])} requests" if workload.get("max_requests") else ""
-    return f"{source} {path}{limit}"
+    return f"{source} {'table' if source == 'table' else 'trace'} {path}{limit}"
 
 
 def _load(load: Mapping[str, Any]) -> str:
@@ -116,7 +116,7 @@ def _load(load: Mapping[str, Any]) -> str:
         think = f", think time {_num(load['think_time_ms'])} ms" if load.get("think_time_ms") else ""
         return f"closed loop, concurrency {_num(load.get('concurrency'))}{think}"
     if kind == "trace":
-        return f"trace send times × {_num(1.0 / load['speedup']) if load.get('speedup') else '-'} (speedup {_num(load.get('speedup'))})"
+        return f"the workload's send times, speedup {_num(load.get('speedup'))}"
     text = f"{kind}, {_num(load.get('request_rate'))} req/s"
     if kind == "gamma" or load.get("burstiness") not in (None, 1.0):
         text += f", burstiness {_num(load.get('burstiness'))}"
@@ -178,11 +178,11 @@ def cache_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     caching = any(p.get("prefix_caching") for p in pools) or bool(summary.get("prefix_cache_hit_rate"))
     lines = []
     if caching and summary.get("prefix_cache_hit_rate") is not None:
-        text = f"{100 * summary['prefix_cache_hit_rate']:.1f}% of prompt tokens"
+        text = f"{100 * summary['prefix_cache_hit_rate']:.1f}% of prompt tokens reused"
         if summary.get("gpu_prefix_cache_hit_rate") is not None:
             text += (f" (GPU {100 * summary['gpu_prefix_cache_hit_rate']:.1f}%, "
                      f"CPU {100 * (summary.get('cpu_prefix_cache_hit_rate') or 0.0):.1f}%)")
-        lines.append(("Prefix cache hits", text))
+        lines.append(("Prefix cache", text))
     if summary.get("kv_offload_loaded_gb") is not None:
         lines.append(("KV offload", f"{summary['kv_offload_loaded_gb']:.3f} GB loaded CPU -> GPU, "
                                     f"{(summary.get('kv_offload_stored_gb') or 0.0):.3f} GB stored GPU -> CPU"))

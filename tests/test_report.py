@@ -14,7 +14,7 @@ import pytest
 
 import simcore
 from runners import html_report, svg
-from runners.report import described, fit_table, format_summary, warnings_for
+from runners.report import cache_lines, described, fit_table, format_summary, warnings_for
 from runners.sweep import RunnerOptions, export_documents, simulate
 from runners.writer import write_results
 from simcore.config import ConfigError, load_config
@@ -81,6 +81,18 @@ def test_the_header_says_what_was_simulated():
                                    "KV transfer 25 GB/s")
     assert lines["Load"] == "poisson, 20 req/s"
     assert lines["Detokenizer"] == "2 servers, 2.85 ms/job + 61.6 µs/output token"
+
+
+def test_cache_and_offload_figures_appear_only_with_those_features():
+    off = {"prefix_cache_hit_rate": 0.0, "config": {"engine": {"aggregated": {"prefix_caching": False}}}}
+    assert cache_lines(off) == []
+    on = {"prefix_cache_hit_rate": 0.5, "gpu_prefix_cache_hit_rate": 0.375, "cpu_prefix_cache_hit_rate": 0.125,
+          "kv_offload_loaded_gb": 1.5, "kv_offload_stored_gb": 2.25,
+          "config": {"engine": {"aggregated": {"prefix_caching": True}}}}
+    assert cache_lines(on) == [
+        ("Prefix cache", "50.0% of prompt tokens reused (GPU 37.5%, CPU 12.5%)"),
+        ("KV offload", "1.500 GB loaded CPU -> GPU, 2.250 GB stored GPU -> CPU"),
+    ]
 
 
 def test_a_concurrency_far_above_the_requests_is_warned_about():
