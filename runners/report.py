@@ -17,6 +17,8 @@ from simcore.schema import TTFT_STAGES
 
 LABEL = 28
 CELL = 10
+#: Terminal tables are fitted to this many columns (the full data is in the files).
+TABLE_WIDTH = 100
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
@@ -266,6 +268,12 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
     """
     get = summary.get
     percentiles = percentile_names(summary)
+    most = (TABLE_WIDTH - LABEL) // CELL - 1  # percentile columns that fit beside the label and the mean
+    left_out = []
+    if len(percentiles) > most:  # the lowest and the highest ones kept
+        kept = [percentiles[0], *percentiles[len(percentiles) - most + 1:]]
+        left_out = [p for p in percentiles if p not in kept]
+        percentiles = kept
     width = LABEL + CELL * (1 + len(percentiles))
     lines = [" replaysim result ".center(width, "=")]
     config = get("config")
@@ -291,6 +299,8 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
     for metric in (*DISTRIBUTIONS, *split):
         points = (_fmt(get(summary_key(p, metric))) for p in percentiles)
         lines.append(_row(f"  {metric.label}", _fmt(get(summary_key("mean", metric))), *points))
+    if left_out:
+        lines.append(f"  ({', '.join(left_out)} left out to fit {TABLE_WIDTH} columns: see summary.json)")
     lines.append(_row("TTFT stages, mean (ms)"))
     for stage in TTFT_STAGES:
         lines.append(_row(f"  {stage.removesuffix('_ms')}", _fmt(get(f"mean_{stage}"), ".3f")))
@@ -298,9 +308,6 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
     lines += ["=" * width, *([verdict] if verdict else []), f"Output directory: {out_dir}"]
     return "\n".join(line.rstrip() for line in lines)
 
-
-#: Terminal tables are fitted to this many columns (the full data is in the files).
-TABLE_WIDTH = 100
 
 
 def fit_table(columns: list[tuple[str, list[str], int]], width: int = TABLE_WIDTH, right: bool = True) -> list[str]:

@@ -231,3 +231,14 @@ def test_the_trace_changes_no_other_result():
     traced, _ = simulate(load_config({**base, "output": {"trace": True}}), RunnerOptions())
     assert traced.requests.equals(plain.requests)
     assert json.dumps(traced.summary, sort_keys=True) == json.dumps(plain.summary, sort_keys=True)
+
+
+def test_many_percentiles_keep_the_summary_table_within_100_columns():
+    result = simcore.run(load_config({"workload": {"num_requests": 16},
+                                      "metrics": {"percentiles": [1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9]}}))
+    text = format_summary({**result.summary, "config": result.config.resolved}, "/tmp/out")
+    assert max(map(len, text.splitlines())) <= 100
+    header = next(line for line in text.splitlines() if line.startswith("Latency (ms)"))
+    # (100 - 28) // 10 - 1 = 6 percentile columns: the lowest, then the five highest
+    assert header.split()[2:] == ["mean", "p1", "p75", "p90", "p95", "p99", "p99.9"]
+    assert "(p5, p10, p25, p50 left out to fit 100 columns: see summary.json)" in text
