@@ -31,6 +31,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -611,7 +612,8 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
         shown = [c for c in ("run_id", "status", *layout.varying, *HEADLINE) if c in table.columns]
         constant = [k for k in keys if k not in layout.varying]
         if constant and good.height:
-            print("fixed: " + " ".join(f"{k}={_fmt(good[k].to_list()[0])}" for k in constant))
+            fixed = "fixed: " + " ".join(f"{k}={_fmt(good[k].to_list()[0])}" for k in constant)
+            print("\n".join(textwrap.wrap(fixed, width=100, subsequent_indent="       ", break_on_hyphens=False)))
         print("\n".join(printed_table(table, shown)))
         failed = table.filter(pl.col("status") == "failed")
         for row in failed.iter_rows(named=True):

@@ -54,6 +54,7 @@ svg .frame { fill: none; stroke: #999; } svg .grid { stroke: #eee; }
 svg text { font: 11px system-ui, sans-serif; fill: #333; } svg .title { font-size: 13px; font-weight: 600; }
 svg .label { font-size: 12px; } svg .tick { fill: #555; } svg .legend-title { font-weight: 600; }
 svg .point { font-size: 10px; fill: #444; } svg text.note { font-size: 13px; fill: #777; }
+.scroll { overflow-x: auto; } .scroll td { white-space: nowrap; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }
 """
 
@@ -450,6 +451,13 @@ def sweep_report(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], *, alon
         value = f"{along.rsplit('.', 1)[-1]}={_fmt_value(row.get(along))}" if along else str(row.get("run_id"))
         return value if not family_keys else f"{family(row)} {value}"
 
+    def short(row: Mapping[str, Any]) -> str:
+        """A point's values alone (family keys, then the key along the curves): ``200, 16``."""
+        keys = [*family_keys, *([along] if along else [])]
+        return ", ".join(_fmt_value(row.get(k)) for k in keys) if keys else str(row.get("run_id"))
+
+    short_title = ", ".join(k.rsplit(".", 1)[-1] for k in [*family_keys, *([along] if along else [])]) or None
+
     families: dict[str, list[Mapping[str, Any]]] = {}
     for row in ok:
         families.setdefault(family(row), []).append(row)
@@ -495,15 +503,16 @@ def sweep_report(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], *, alon
              "marker": True, "color": "#d62728"},
         ], "output tok/s per user (1000 / mean TPOT)", unit))
     # TTFT stage shares per point
-    stage_rows = [(f"{_fmt_value(r.get(along)) if along else r.get('run_id')}",
-                   [r.get(f"mean_{s}") for s in TTFT_STAGES]) for r in ok]
+    stage_rows = [(short(r), [r.get(f"mean_{s}") for s in TTFT_STAGES]) for r in ok]
     totals = [sum(v or 0.0 for v in values) for _, values in stage_rows]
     charts.append(svg.stacked_bars("ttft_stages", "Mean TTFT by stage: shares per point (total ms above)",
                                    stage_rows, [s.removesuffix("_ms") for s in TTFT_STAGES], "share of mean TTFT (%)",
-                                   percent=True, totals=[f"{t:.3g}" for t in totals]))
+                                   percent=True, totals=[f"{t:.3g}" for t in totals],
+                                   xlabel=f"points: {short_title}" if short_title else ""))
     if ttft:
         charts.append(svg.cdf("ttft_cdf", "Per-request TTFT CDF per point (completed requests)",
-                              [(point(r), ttft.get(r["run_id"], np.empty(0))) for r in ok], "TTFT (ms)"))
+                              [(short(r), ttft.get(r["run_id"], np.empty(0))) for r in ok], "TTFT (ms)",
+                              legend_title=short_title))
     fixed = [k for k in keys if k not in varying]
     fixed_text = ", ".join(f"{k}={_fmt_value(ok[0].get(k))}" for k in fixed) if ok and fixed else ""
     head = ["run_id", "status", *varying, "request_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms",
@@ -520,7 +529,7 @@ def sweep_report(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], *, alon
     if fixed_text:
         body.append(f"<p class=\"note\">fixed: {escape(fixed_text)}</p>")
     body += ["<h2 id=\"plots\">Knee, Pareto and TTFT stages</h2>", "<div class=\"grid2\">" + "".join(charts) + "</div>",
-             "<h2 id=\"points\">Points</h2>", "".join(table)]
+             "<h2 id=\"points\">Points</h2>", "<div class=\"scroll\">" + "".join(table) + "</div>"]
     for row in failed:
         body.append(f"<p class=\"warn\">failed point {escape(str(row.get('run_id')))}: "
                     f"{escape(str(row.get('error_type')))}: {escape(str(row.get('error')))}</p>")

@@ -236,7 +236,7 @@ def lines(name: str, title: str, series: Sequence[dict], xlabel: str, ylabel: st
 
 
 def cdf(name: str, title: str, series: Sequence[tuple[str, np.ndarray]], xlabel: str,
-        log_x: bool | None = None) -> str:
+        log_x: bool | None = None, legend_title: str | None = None) -> str:
     """Empirical CDFs (fraction of values <= x), one step line per (label, values).
 
     The x axis is logarithmic when the positive values span more than 50×
@@ -258,11 +258,11 @@ def cdf(name: str, title: str, series: Sequence[tuple[str, np.ndarray]], xlabel:
         every = np.concatenate([d["x"] for d in drawn])
         log_x = bool((every > 0).all()) and every.max() / every.min() > 50
     return lines(name, title, drawn, xlabel + (" (log scale)" if log_x else ""), "fraction of requests",
-                 log_x=log_x, step=True, y_range=(0.0, 1.0))
+                 log_x=log_x, step=True, y_range=(0.0, 1.0), legend_title=legend_title)
 
 
 def stacked_bars(name: str, title: str, bars: Sequence[tuple[str, Sequence[float]]], parts_names: Sequence[str],
-                 ylabel: str, *, percent: bool = False, totals: Sequence[str] | None = None) -> str:
+                 ylabel: str, *, percent: bool = False, totals: Sequence[str] | None = None, xlabel: str = "") -> str:
     """Vertical stacked bars: ``bars`` are (tick label, one value per part); ``percent`` stacks shares to 100.
 
     ``totals``: a text above each bar.
@@ -276,7 +276,7 @@ def stacked_bars(name: str, title: str, bars: Sequence[tuple[str, Sequence[float
     top = float(values.sum(axis=1).max()) if values.size else 1.0
     axes = Axes(np.asarray([0.0, len(bars)]), np.asarray([0.0, top or 1.0]),
                 y_range=(0.0, 100.0) if percent else None)
-    parts = axes.frame("", ylabel, x_ticks=False)
+    parts = axes.frame(xlabel, ylabel, x_ticks=False)
     slot = (axes.width - LEFT - RIGHT) / len(bars)
     width = max(2.0, min(48.0, 0.7 * slot))
     for i, (label, _) in enumerate(bars):
