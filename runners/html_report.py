@@ -30,10 +30,10 @@ import pyarrow.compute as pc
 
 from runners import svg
 from runners.report import cache_lines, described, saturation_line, warnings_for
+from runners.sweep import REPORT_FILE  # noqa: F401  (re-exported: declared once, with the result files)
 from simcore.metrics.registry import DISTRIBUTIONS, percentile_names, summary_key
 from simcore.schema import TTFT_STAGES
 
-REPORT_FILE = "report.html"
 #: Instants at which the timeline is sampled.
 TIMELINE_SAMPLES = 600
 

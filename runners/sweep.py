@@ -37,8 +37,7 @@ from runners.export import (
     aiperf_document,
     vllm_bench_document,
 )
-from runners.html_report import REPORT_FILE, gpus_of, kv_blocks_from, run_report, sweep_report
-from runners.trace import TRACE_FILE, tables_needed, trace_document
+from runners.trace import TRACE_FILE, tables_needed
 from runners.writer import (
     json_file,
     json_text,
@@ -64,6 +63,8 @@ FAILURE_FILE = "failure.json"
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY = "summary.parquet"
 #: Files that make up a point's results (removed when the point fails).
+#: A run's page (runners.html_report, imported when a page is written).
+REPORT_FILE = "report.html"
 RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, REPORT_FILE, TRACE_FILE,
                 SUMMARY_FILE)
 #: summary.json keys that are not metrics.
@@ -501,8 +502,12 @@ def export_documents(result: simcore.Result, tokens: pa.Table | None, options: R
     """
     extra: dict[str, dict | str] = {}
     if result.config.output.trace:
+        from runners.trace import trace_document
+
         extra[TRACE_FILE] = trace_document(result.config, result.requests, result.passes, tokens)
     if result.config.output.report:
+        from runners.html_report import kv_blocks_from, run_report
+
         extra[REPORT_FILE] = run_report(summary_document(result), result.requests, result.passes, tokens,
                                         kv_blocks_from(result.config))
     if options.vllm_bench:
@@ -757,6 +762,8 @@ def sweep_page(root: Path, table: pa.Table) -> str | None:
     listed either way.  GPUs per point (the Pareto plot) from each point's
     ``summary.json`` config.
     """
+    from runners.html_report import gpus_of, sweep_report
+
     gpus: dict[str, int | None] = {}
     wanted = False
     for run_id, rel, status in zip(table.column("run_id").to_pylist(), table.column("path").to_pylist(),
