@@ -333,3 +333,19 @@ def test_bad_input_found_while_simulating_removes_the_stored_runs(tmp_path, monk
     assert exit_info.value.code == 2
     assert len(calls) == 2
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+def test_the_terminal_table_fits_100_columns_with_long_labels(tmp_path):
+    import pyarrow as pa
+
+    options = cap.parse_options({"slo": {"p99_ttft_ms": 50}})
+    key = "workload.path"
+    capacity = pa.table({
+        "config_id": [0, 1], key: ["/data/" + "a" * 80 + ".csv", "/data/" + "b" * 80 + ".csv"],
+        "capacity": [2.5, 3.0], "status": ["ok", "ok"], "gpus": [1, 1],
+        cap.PER_GPU: [100.0, 120.0], cap.PER_USER: [50.0, 40.0], "on_pareto": [True, True],
+        "non_monotone": [None, "p99_ttft_ms falls 20.00% from 1 to 2 (5 -> 4); " * 4],
+    })
+    text = cap.format_table(capacity, [key], options, tmp_path)
+    assert max(len(line) for line in text.splitlines() if not line.startswith("Output directory")) <= 100
+    assert "path=/data/aaaa" in text and "…" in text
