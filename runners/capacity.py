@@ -511,7 +511,7 @@ def format_table(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
     flagged = [i for i, r in enumerate(rows) if r["non_monotone"]]
     if flagged:
         lines.append(f"not monotone in {options.axis} by more than {options.monotone_tolerance:.2%} "
-                     "(capacity.monotone_tolerance; column non_monotone):")
+                     "(column non_monotone):")
     for i in flagged[: options.table_rows] if options.table_rows else flagged:
         lines += textwrap.wrap(f"config {rows[i]['config_id']} ({labels[i]}): {rows[i]['non_monotone']}",
                                width=TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
