@@ -51,6 +51,8 @@ from runners.capacity_search import (
     parse_slo,
 )
 from runners.hydra_private import args_parser
+from runners.entry import wants_help
+from runners.options import print_help
 from runners.progress import interactive
 from runners.report import TABLE_WIDTH
 from runners.rundir import remove_new_run_dir
@@ -70,7 +72,6 @@ CAPACITY_DEFAULTS: dict[str, Any] = {
     "lo": None,  # null: 1
     "hi": None,  # null: double lo until the SLO fails
     "tolerance": 0.01,
-    # non_monotone notes only a metric improving by more than this share with more load (0.01: 1%)
     "monotone_tolerance": 0.01,
     "max_doublings": 20,
     "slo": {},
@@ -82,6 +83,28 @@ CAPACITY_DEFAULTS: dict[str, Any] = {
     "plots": True,
     "table_rows": 30,
 }
+#: The capacity.* keys documented (``replaysim --help``, docs/options.md, docs/capacity.md):
+#: ``(key, unit, values, description)``, in :data:`CAPACITY_DEFAULTS`' order.
+CAPACITY_KEY_DOCS: tuple[tuple[str, str, str, str], ...] = (
+    ("axis", "", "load.request_rate | load.concurrency", "The load axis whose highest value meeting the SLO is searched."),
+    ("lo", "axis unit", "number > 0 or null", "The first probe; null: 1. A configuration failing there has no capacity."),
+    ("hi", "axis unit", "number > lo or null", "The upper end of the bracket; null: double lo until the SLO fails."),
+    ("tolerance", "", "number > 0", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
+    ("monotone_tolerance", "", "number >= 0",
+     "non_monotone (column and terminal) notes an SLO metric only when it improves with more load by more than "
+     "this share (0.01: 1%)."),
+    ("max_doublings", "", "integer >= 1", "Without hi: stop doubling after this many (status unbounded)."),
+    ("slo.<metric>", "ms", "number > 0",
+     "An upper bound on a summary metric (<mean|median|max|p<P>>_<ttft|tpot|itl|e2el>_ms), or goodput_fraction "
+     "as a lower bound. At least one."),
+    ("seeds", "", "integer >= 1", "Workload seeds per probe: seed, seed + 1, ..."),
+    ("seed_quantile", "", "number in [0, 1]", "Quantile over the seeds at which each SLO metric is judged (1: the worst seed)."),
+    ("search", "", "grid | optuna", "grid: every point of the batch axes; optuna: NSGA-II over them."),
+    ("trials", "", "integer >= 1", "optuna: trial budget."),
+    ("population", "", "integer >= 1", "optuna: NSGA-II population, trials bisected together."),
+    ("plots", "", "true | false", "Write the PNG plots."),
+    ("table_rows", "lines", "integer >= 0", "Terminal lines per section (0: all)."),
+)
 SEARCHES = ("grid", "optuna")
 #: Probes simulated per :func:`simcore.run_batch` call (bounds the results held at once).
 BATCH_CHUNK = 512
@@ -812,6 +835,9 @@ def main() -> None:
     argv = sys.argv[1:]
     if "--version" in argv:
         print(f"{PROG} {cli.installed_version()}", flush=True)
+        return
+    if wants_help(argv):
+        print_help(PROG)
         return
     check_overrides(argv)
     own_report = "HYDRA_FULL_ERROR" not in os.environ

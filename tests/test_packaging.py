@@ -21,7 +21,7 @@ import simcore
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "simcore", "runners")
-PACKAGE_DATA = [p for d in ("runners/conf", "runners/samples") for p in (ROOT / d).rglob("*")
+PACKAGE_DATA = [p for d in ("runners/conf", "runners/samples", "runners/help") for p in (ROOT / d).rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts] + [ROOT / "runners" / "compile_timeline.json"]
 
 
@@ -65,5 +65,6 @@ def test_wheel_metadata(wheel):
     for licence in ("LICENSE", "runners/samples/README.md"):
         assert wheel.read(f"{dist_info}/licenses/{licence}") == (ROOT / licence).read_bytes()
     entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
-    assert "replaysim = runners.cli:main" in entry_points
+    assert "replaysim = runners.entry:replaysim" in entry_points
+    assert "replaysim-capacity = runners.entry:replaysim_capacity" in entry_points
     assert "replaysim-analyze = runners.analyze:main" in entry_points

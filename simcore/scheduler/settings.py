@@ -48,9 +48,18 @@ TOKEN_BUDGETS = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_toke
 class KVOffloadConfig:
     """A rank's CPU tier of KV blocks (vLLM's OffloadingConnector, docs/prefix-caching.md)."""
 
-    num_blocks: int = key(None)  # CPU blocks per rank, at the pool's block_size
-    bandwidth_gb_per_second: float = key(None)  # each direction, GB/s
-    bytes_per_token: float = key(None)  # KV bytes per token
+    num_blocks: int = key(
+        None,
+        doc="vllm with prefix_caching: CPU KV blocks per rank (at the pool's block_size); all three null: no CPU tier.",
+        unit="blocks",
+        values="integer >= 1 or null",
+    )
+    bandwidth_gb_per_second: float = key(
+        None,
+        doc="CPU tier: transfer bandwidth in each direction.",
+        values="number > 0 or null",
+    )
+    bytes_per_token: float = key(None, doc="CPU tier: KV bytes per token.", values="number > 0 or null")
 
     def block_ns(self, block_size: int) -> int:
         """One block's copy, ns: rint(block_size x bytes_per_token / (bandwidth x 1e9) x 1e9)."""
@@ -64,30 +73,98 @@ class PoolConfig:
     Keys left null take the policy's own default (:mod:`simcore.scheduler.policies`).
     """
 
-    replicas: int = key(1)
-    attention_dp: int = key(1)
-    max_batched_tokens: int | None = key(None)  # vllm, trtllm: the per-pass token budget
-    max_sequences: int = key(None)
-    num_blocks: int = key(None)  # null: DEFAULT_KV_TOKENS // block_size; aic: auto
-    block_size: int = key(None)
-    context_length: int | None = key(None)
-    chunked_prefill_size: int | None = key(None)  # sglang
-    max_prefill_tokens: int | None = key(None)  # sglang
-    schedule_conservativeness: float | None = key(None)  # sglang
-    prefix_caching: bool = key(False)  # aggregated or prefill pool (docs/prefix-caching.md)
-    # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md); aggregated or decode pool
-    async_scheduling: bool = key(False)
-    # how a worker spreads its requests over its attention-DP ranks (docs/routing.md)
-    rank_policy: str = key("round_robin")
+    replicas: int = key(
+        1,
+        doc="Identical workers (engine instances) in the pool.",
+        unit="workers",
+        values="integer >= 1",
+    )
+    attention_dp: int = key(
+        1,
+        doc="Data-parallel attention ranks per worker, each with its own scheduler and KV cache.",
+        unit="ranks",
+        values="integer >= 1",
+    )
+    max_batched_tokens: int | None = key(
+        None,
+        doc="vllm, trtllm: tokens scheduled per pass (--max-num-batched-tokens); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    max_sequences: int = key(
+        None,
+        doc="Requests running at once per rank (--max-num-seqs); null: the policy's default.",
+        unit="requests",
+        values="integer >= 1 or null",
+    )
+    num_blocks: int = key(
+        None,
+        doc="KV-cache blocks per rank; null: the default KV capacity / block_size; auto: from GPU memory (aic).",
+        unit="blocks",
+        values="integer >= 1, auto or null",
+    )
+    block_size: int = key(
+        None,
+        doc="Tokens per KV-cache block; null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    context_length: int | None = key(
+        None,
+        doc="Longest sequence (prompt + output) a rank accepts (--max-model-len); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    chunked_prefill_size: int | None = key(
+        None,
+        doc="sglang: prompt tokens per chunk (--chunked-prefill-size); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    max_prefill_tokens: int | None = key(
+        None,
+        doc="sglang: prefill tokens admitted per pass (--max-prefill-tokens); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    schedule_conservativeness: float | None = key(
+        None,
+        doc="sglang: scales the decode tokens reserved when admitting (--schedule-conservativeness); null: the policy's default.",
+        values="number >= 0 or null",
+    )
+    prefix_caching: bool = key(
+        False,
+        doc="Aggregated or prefill pool: reuse the KV of cached prompt blocks (docs/prefix-caching.md).",
+        values="true | false",
+    )
+    async_scheduling: bool = key(
+        False,
+        doc="vllm, aggregated or decode pool: schedule pass k + 1 while pass k runs (--async-scheduling).",
+        values="true | false",
+    )
+    rank_policy: str = key(
+        "round_robin",
+        doc="How a worker spreads its requests over its attention-DP ranks (docs/routing.md).",
+        values="round_robin | least_loaded",
+    )
     # vllm policy with prefix_caching: a CPU tier of KV blocks (docs/prefix-caching.md); None: none
     kv_offload: KVOffloadConfig | None = section(KVOffloadConfig)
-    # vllm policy: admit a waiting request only if its whole sequence fits (docs/semantics.md)
-    reserve_full_isl: bool = key(False)
-    # vllm policy with prefix_caching: hash the full blocks of generated tokens too (docs/prefix-caching.md)
-    cache_generated_blocks: bool = key(False)
-    # vllm, trtllm: a prompt may be split over passes (false: vLLM's --no-enable-chunked-prefill,
-    # docs/semantics.md); null: the policy's default; None after parsing for a policy that does not use it
-    chunked_prefill: bool | None = key(None)
+    reserve_full_isl: bool = key(
+        False,
+        doc="vllm: admit a waiting request only if its whole sequence fits (scheduler_reserve_full_isl).",
+        values="true | false",
+    )
+    cache_generated_blocks: bool = key(
+        False,
+        doc="vllm with prefix_caching: hash the full blocks of generated tokens too.",
+        values="true | false",
+    )
+    # None after parsing for a policy that does not use it
+    chunked_prefill: bool | None = key(
+        None,
+        doc="vllm, trtllm: a prompt may be split over passes (false: --no-enable-chunked-prefill); null: the policy's default.",
+        values="true | false | null",
+    )
 
     @property
     def num_ranks(self) -> int:

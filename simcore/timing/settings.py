@@ -50,40 +50,117 @@ class TimingConfig:
     costs ~40 ns, and each decoding sequence adds sampling/bookkeeping overhead.
     """
 
-    type: str = key("linear")
-    prefill_ms: float = key(30.0)
-    decode_ms: float = key(8.0)
-    base_ms: float = key(5.0)
-    per_prefill_token_us: float = key(30.0)
-    per_decode_seq_us: float = key(20.0)
-    per_kv_token_ns: float = key(40.0)
-    # aic (aiconfigurator-core database): resolved (backend from engine.policy's registry entry, tp 1,
-    # memory_fraction 0.9); None otherwise.
-    model: str | None = key(None, optional=True)  # bundled HF id or a local directory holding config.json
-    gpu: str | None = key(None, optional=True)  # AIC system name, e.g. h200_sxm
-    backend: str | None = key(None, optional=True)  # AIC_BACKENDS; null: engine.policy's
-    backend_version: str | None = key(None, optional=True)  # null: the database's current version
-    tp: int | None = key(None, optional=True)  # one rank's tensor parallelism (all-reduce); null: 1
-    memory_fraction: float | None = key(None, optional=True)  # num_blocks: auto; null: AIC_MEMORY_FRACTION
-    # table (per-operator profile): a directory with dense.csv, attention.csv, per_sequence.csv
-    profile: str | None = key(None, optional=True)
-    num_layers: int | None = key(None, optional=True)  # null: num_layers of the profile's meta.yaml
-    # TP all-reduce (linear, table, aic): ring (latency + 2(n-1)/n x bytes / bandwidth)
-    # or a measured curve; both None: none added (aic: the database's own).
-    hidden_size: int | None = key(None, optional=True)  # null: meta.yaml (table), the model config (aic)
-    dtype_bytes: int = key(2, optional=True)  # bytes per activation element (bf16)
-    allreduce_latency_us: float | None = key(None, at=("allreduce", "latency_us"), optional=True)
-    allreduce_bandwidth_gb_per_second: float | None = key(None, at=("allreduce", "bandwidth_gb_per_second"), optional=True)
-    allreduce_curve: str | None = key(None, at=("allreduce", "curve"), optional=True)
-    # linear, table, aic: model time x scale (prefill passes / decode-only passes) + overhead
-    prefill_scale: float = key(1.0, optional=True)
-    decode_scale: float = key(1.0, optional=True)
-    pass_overhead_us: float = key(0.0, optional=True)
-    # linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their
-    # tokens (ascending, unique; None: no padding; VLLM_DEFAULT_GRAPHS until the pools resolve it)
-    cuda_graph_sizes: tuple[int, ...] | str | None = key(None, optional=True)
-    # linear, table: decode attention + alpha x (at the longest context - at the mean)
-    attention_skew_alpha: float = key(0.0, optional=True)
+    type: str = key(
+        "linear",
+        doc="How a pass's duration is computed: fixed, linear (closed form), table (a per-operator profile) or aic (the aiconfigurator-core database).",
+        values="fixed | linear | aic | table",
+    )
+    prefill_ms: float = key(30.0, doc="fixed: duration of a pass with a prefill entry.", values="number >= 0")
+    decode_ms: float = key(8.0, doc="fixed: added when the pass has a decode entry.", values="number >= 0")
+    base_ms: float = key(5.0, doc="linear: fixed cost of a pass (reading the weights).", values="number >= 0")
+    per_prefill_token_us: float = key(30.0, doc="linear: cost per prompt token in the pass.", values="number >= 0")
+    per_decode_seq_us: float = key(20.0, doc="linear: cost per decoding sequence in the pass.", values="number >= 0")
+    per_kv_token_ns: float = key(
+        40.0,
+        doc="linear: cost per KV token read by the pass's attention.",
+        values="number >= 0",
+    )
+    # aic keys after parsing: resolved (backend from engine.policy's registry entry, tp 1,
+    # memory_fraction 0.9); None for the other types.
+    model: str | None = key(
+        None, optional=True,
+        doc="aic: a bundled Hugging Face model id, or a local directory holding config.json.",
+        values="string or null",
+    )
+    gpu: str | None = key(
+        None, optional=True,
+        doc="aic: the GPU system name (for example h200_sxm).",
+        values="string or null",
+    )
+    backend: str | None = key(
+        None, optional=True,
+        doc="aic: whose kernels the database measured; null: engine.policy's.",
+        values="vllm | sglang | trtllm | null",
+    )
+    backend_version: str | None = key(
+        None, optional=True,
+        doc="aic: the database version; null: its current one.",
+        values="string or null",
+    )
+    tp: int | None = key(
+        None, optional=True,
+        doc="Tensor parallelism of one rank (its all-reduce term); null: 1.",
+        unit="GPUs",
+        values="integer >= 1 or null",
+    )
+    memory_fraction: float | None = key(
+        None, optional=True,
+        doc="num_blocks=auto: fraction of GPU memory for weights plus KV cache; null: 0.9 (vLLM's gpu_memory_utilization).",
+        values="number > 0 or null",
+    )
+    profile: str | None = key(
+        None, optional=True,
+        doc="table: a directory with dense.csv, attention.csv and per_sequence.csv (µs per layer).",
+        values="string or null",
+    )
+    num_layers: int | None = key(
+        None, optional=True,
+        doc="table: layers per pass; null: the profile's meta.yaml.",
+        unit="layers",
+        values="integer >= 1 or null",
+    )
+    hidden_size: int | None = key(
+        None, optional=True,
+        doc="TP all-reduce: the model's hidden size; null: the profile's meta.yaml (table) or the model config (aic).",
+        values="integer >= 1 or null",
+    )
+    dtype_bytes: int = key(
+        2, optional=True,
+        doc="TP all-reduce: bytes per activation element (2: bf16).",
+        unit="bytes",
+        values="integer >= 1",
+    )
+    allreduce_latency_us: float | None = key(
+        None, at=("allreduce", "latency_us"), optional=True,
+        doc="TP all-reduce, ring model: latency per all-reduce.",
+        values="number >= 0 or null",
+    )
+    allreduce_bandwidth_gb_per_second: float | None = key(
+        None, at=("allreduce", "bandwidth_gb_per_second"), optional=True,
+        doc="TP all-reduce, ring model: link bandwidth; with latency_us, latency + 2(n-1)/n x bytes / bandwidth.",
+        values="number > 0 or null",
+    )
+    allreduce_curve: str | None = key(
+        None, at=("allreduce", "curve"), optional=True,
+        doc="TP all-reduce: a measured curve file (bytes, µs) instead of the ring model.",
+        values="string or null",
+    )
+    prefill_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic: multiplies the model's time of passes with a prefill entry.",
+        values="number > 0",
+    )
+    decode_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic: multiplies the model's time of decode-only passes.",
+        values="number > 0",
+    )
+    pass_overhead_us: float = key(
+        0.0, optional=True,
+        doc="linear, table, aic: host time added to every pass.",
+        values="number >= 0",
+    )
+    cuda_graph_sizes: tuple[int, ...] | str | None = key(
+        None, optional=True,
+        doc="linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their tokens (CUDA-graph padding); vllm_default: vLLM's sizes; null: no padding.",
+        unit="tokens",
+        values="list of integers >= 1, vllm_default or null",
+    )
+    attention_skew_alpha: float = key(
+        0.0, optional=True,
+        doc="linear, table: decode attention + alpha x (its time at the longest context - at the mean).",
+        values="number >= 0",
+    )
 
     @property
     def allreduce(self) -> bool:
