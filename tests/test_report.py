@@ -242,3 +242,24 @@ def test_many_percentiles_keep_the_summary_table_within_100_columns():
     # (100 - 28) // 10 - 1 = 6 percentile columns: the lowest, then the five highest
     assert header.split()[2:] == ["mean", "p1", "p75", "p90", "p95", "p99", "p99.9"]
     assert "(p5, p10, p25, p50 left out to fit 100 columns: see summary.json)" in text
+
+
+def test_the_timeline_counts_spans_and_the_pass_running_at_each_instant():
+    import pyarrow as pa
+
+    # spans [0, 2), [1, 3), [1, open): at 0 -> 1, 1 -> 3, 2 -> 2, 3 -> 1; a NaN start never counts
+    starts = np.array([0.0, 1.0, 1.0, np.nan])
+    ends = np.array([2.0, 3.0, np.nan, 1.0])
+    assert html_report._occupancy(starts, ends, np.array([0.0, 1.0, 2.0, 3.0])).tolist() == [1, 3, 2, 1]
+    # rank 0 runs passes [0, 10) of 3 sequences and [12, 20) of 5; rank 1 one pass [0, 20) of 2
+    passes = pa.table({
+        "pool": pa.array(["aggregated"] * 3).dictionary_encode(),
+        "worker": pa.array([0, 0, 0], pa.int32()), "rank": pa.array([0, 1, 0], pa.int32()),
+        "start_ms": [0.0, 0.0, 12.0], "end_ms": [10.0, 20.0, 20.0],
+        "num_prefill": [1, 0, 0], "num_decode": [2, 2, 5], "blocks_in_use": [4, 7, 9],
+    })
+    grid = np.array([5.0, 11.0, 15.0])
+    sizes = np.array([3.0, 2.0, 5.0])
+    assert html_report._per_rank_at(passes, grid, sizes)["aggregated"].tolist() == [5, 2, 7]
+    # KV blocks as of each rank's latest pass start: 4 + 7, then 4 + 7 (held between passes), then 9 + 7
+    assert html_report._held_blocks(passes, grid)["aggregated"].tolist() == [11, 11, 16]
