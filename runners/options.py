@@ -32,6 +32,7 @@ COMMANDS = (
     ("replaysim-capacity", "the highest load meeting an SLO, per configuration of a grid"),
     ("replaysim-calibrate", "fit timing parameters to a measured run (README, Calibration)"),
     ("replaysim-warmup", "compile the kernels into numba's cache ahead of the first run"),
+    ("replaysim-models", "the model and GPU catalogue (timing.type=roofline); memory on a GPU"),
 )
 #: Group headings, in the order of the configuration tree.
 GROUPS = (

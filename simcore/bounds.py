@@ -16,7 +16,7 @@ a full token budget of prompt (``passes <= outputs + requests + inputs /
 budget``).  Recomputation after a preemption is not counted (the fuzz test
 checks the bound against runs that preempt).  Instants are kept below half the
 int64 range, so that the kernel can add one more duration to any instant
-without wrapping.  ``aic`` and ``table`` passes are counted at the model's
+without wrapping.  ``aic``, ``table`` and ``roofline`` passes are counted at the model's
 time for the pool's largest batches (:func:`model_pass_ms`) at the API
 boundary, and at their 1 ns floor in ``load_config`` (no tables loaded there).
 """
@@ -292,7 +292,7 @@ def worst_case_ms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | No
 
 
 def model_pass_ms(cfg: SimConfig) -> list[float] | None:
-    """``aic`` and ``table`` timing: each pool's pass time at its largest batches, from the model itself.
+    """``aic``, ``table`` and ``roofline`` timing: each pool's pass time at its largest batches, from the model itself.
 
     The tables extend their end segments, so a pass is not bounded by the
     largest entry; the model is evaluated, as the kernel does, at the pool's
@@ -309,7 +309,7 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
         ms per pool (inf where the model gives a non-finite time); None for
         ``fixed`` and ``linear``, which :func:`check_run` bounds term by term.
     """
-    if cfg.timing.type not in ("aic", "table"):
+    if cfg.timing.type not in ("aic", "table", "roofline"):
         return None
     from simcore.timing.api import timing_arrays  # lazy: aic needs the optional extra
     from simcore.timing.nb import rank_time_ms_nb

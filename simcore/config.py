@@ -55,9 +55,12 @@ from simcore.timing import settings as timing_settings
 from simcore.timing.settings import (
     AIC_KEYS,
     AIC_MEMORY_FRACTION,
+    AIC_ONLY_KEYS,
     ALLREDUCE_TYPES,
     FIXED_KEYS,
     LINEAR_KEYS,
+    MODEL_KEYS,
+    ROOFLINE_KEYS,
     TABLE_KEYS,
     TIMING_TYPES,
     VLLM_DEFAULT_GRAPHS,
@@ -310,7 +313,12 @@ KEY_SCOPES = (
                  f"engine.mode={mode}", _setting("engine", "mode"))
         for name, mode in _SECTION_MODE.items()
     ),
-    KeyScope("timing", AIC_KEYS, lambda cfg: cfg.timing.type == "aic", "timing.type=aic", _setting("timing", "type")),
+    KeyScope("timing", MODEL_KEYS + ("memory_fraction",), lambda cfg: cfg.timing.type in ("aic", "roofline"),
+             "timing.type=aic or roofline", _setting("timing", "type")),
+    KeyScope("timing", AIC_ONLY_KEYS, lambda cfg: cfg.timing.type == "aic", "timing.type=aic",
+             _setting("timing", "type")),
+    KeyScope("timing.roofline", ROOFLINE_KEYS, lambda cfg: cfg.timing.type == "roofline", "timing.type=roofline",
+             _setting("timing", "type")),
     KeyScope("timing", TABLE_KEYS, lambda cfg: cfg.timing.type == "table", "timing.type=table",
              _setting("timing", "type")),
     KeyScope("workload", ("path",), lambda cfg: cfg.workload.source in FILE_SOURCES,

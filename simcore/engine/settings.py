@@ -141,7 +141,7 @@ def parse(raw: Mapping[str, Any], path: str, timing_type: str) -> EngineConfig:
     path : str
         Its dotted path, for messages.
     timing_type : str
-        timing.type (``num_blocks: auto`` needs ``aic``).
+        timing.type (``num_blocks: auto`` needs ``aic`` or ``roofline``).
 
     Returns
     -------

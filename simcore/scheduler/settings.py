@@ -38,7 +38,7 @@ DEFAULT_KV_TOKENS = 416_000
 #: Per-policy defaults of the pool keys (None: the key is not used), read off
 #: the registry (:data:`simcore.scheduler.policies.SCHEDULING_POLICIES`).
 POLICY_DEFAULTS = {name: dict(spec.defaults) for name, spec in SCHEDULING_POLICIES.items()}
-#: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic.
+#: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic or roofline.
 AUTO_BLOCKS = "auto"
 #: The pool budgets a pass's token count is bounded by (whichever the policy uses).
 TOKEN_BUDGETS = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
@@ -99,7 +99,7 @@ class PoolConfig:
     )
     num_blocks: int = key(
         None,
-        doc="KV-cache blocks per rank; null: the default KV capacity / block_size; auto: from GPU memory (aic).",
+        doc="KV-cache blocks per rank; null: the default KV capacity / block_size; auto: from GPU memory (aic, roofline).",
         unit="blocks",
         values="integer >= 1, auto or null",
     )
@@ -191,7 +191,7 @@ def parse_pool(
     policy : str
         engine.policy (already checked).
     timing_type : str
-        timing.type (already checked): ``num_blocks: auto`` needs ``aic``.
+        timing.type (already checked): ``num_blocks: auto`` needs ``aic`` or ``roofline``.
     active : bool
         Whether engine.mode uses the pool; an inactive pool's ``auto`` becomes 1
         (its keys are refused by the key scopes of :mod:`simcore.config`).
@@ -225,10 +225,10 @@ def parse_pool(
             )
         num_blocks = DEFAULT_KV_TOKENS // block_size
     elif isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS:
-        if timing_type != "aic":
+        if timing_type not in ("aic", "roofline"):
             raise ConfigError(
-                f"{path}.num_blocks=auto derives the KV capacity from the aiconfigurator-core "
-                f"database and needs timing.type=aic, got timing.type={timing_type}"
+                f"{path}.num_blocks=auto derives the KV capacity from a model and a GPU and needs "
+                f"timing.type=aic or roofline, got timing.type={timing_type}"
             )
         num_blocks = AUTO_BLOCKS if active else 1
     conservativeness = pick("schedule_conservativeness")
