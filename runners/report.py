@@ -57,6 +57,8 @@ def _timing(timing: Mapping[str, Any]) -> str:
         text = f"aic (aiconfigurator{f', {backend}{version}' if backend else ''})"
     elif kind == "table":
         text = f"table ({Path(str(timing.get('profile'))).name})"
+    elif kind == "roofline":
+        text = "roofline (the model's FLOPs and bytes against the GPU's peaks)"
     else:
         text = str(kind)
     if timing.get("tp") not in (None, 1):

@@ -81,6 +81,9 @@ def test_the_header_says_what_was_simulated():
                                    "KV transfer 25 GB/s")
     assert lines["Load"] == "poisson, 20 req/s"
     assert lines["Detokenizer"] == "2 servers, 2.85 ms/job + 61.6 µs/output token"
+    roofline = load_config({"timing": {"type": "roofline", "model": "qwen3-30b-a3b", "gpu": "H200"}})
+    assert dict(described(roofline.resolved))["Timing"] == (
+        "roofline (the model's FLOPs and bytes against the GPU's peaks); GPU H200, model qwen3-30b-a3b")
 
 
 def test_cache_and_offload_figures_appear_only_with_those_features():
