@@ -1,4 +1,9 @@
-"""``replaysim-analyze SWEEP_DIR``: a sweep's tidy table and plots (polars + matplotlib).
+"""``replaysim-analyze DIR``: a sweep's tidy table, plots and report, or a single run's report.
+
+Given a run directory (one holding ``summary.json``), it writes that run's
+``report.html`` (:func:`runners.html_report.run_report`) and a one-row
+``table.csv`` of its summary into ``DIR/analysis/`` and prints the summary
+table.  Given a sweep:
 
 Reads ``summary.parquet`` (one row per point) and every point's
 ``requests.parquet`` through one ``pl.scan_parquet`` (each row already carries
@@ -11,7 +16,12 @@ request-level latency statistics in polars with the simulator's conventions
 - ``knee_ttft.png`` / ``knee_tpot.png``: output throughput vs p99 TTFT / TPOT,
   one curve per configuration family (the latency-throughput knee);
 - ``ttft_stages.png``: mean TTFT split into its stages, one stacked bar per point;
-- ``ttft_cdf.png``: per-request TTFT CDFs, one panel per family.
+- ``ttft_cdf.png``: per-request TTFT CDFs, one panel per family;
+- ``report.html``: the same plots as inline SVG, the Pareto plot (tokens/s
+  per GPU against tokens/s per user) and the table, in one self-contained page.
+
+The printed table fits 100 columns: the least important columns are left out
+(the line under it names them); ``table.csv`` has them all.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -30,7 +41,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runners.sweep import SWEEP_SUMMARY, point_files, summary_table
+from runners import html_report
+from runners.report import fit_table, format_summary
+from runners.sweep import SUMMARY_FILE, SWEEP_SUMMARY, point_files, summary_table
 from simcore.metrics.registry import DISTRIBUTIONS, percentile_key, summary_key
 from simcore.schema import TTFT_STAGES
 
@@ -41,6 +54,9 @@ LOAD_AXES = ("load.concurrency", "load.request_rate", "load.speedup")
 #: The distributions with one value per request (a request-table column).
 REQUEST_METRICS = tuple(metric for metric in DISTRIBUTIONS if metric.column)
 HEADLINE = ("request_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms", "mean_e2el_ms")
+#: Importance of the printed columns (higher: kept longer when the table must fit); swept keys rank 5.
+IMPORTANCE = {"run_id": 9, "output_throughput": 8, "p99_ttft_ms": 7, "p99_tpot_ms": 6, "request_throughput": 4,
+              "mean_e2el_ms": 3, "status": 2}
 _PERCENTILE = re.compile(r"^p(\d+(?:\.\d+)?)_ttft_ms$")
 
 
@@ -76,7 +92,8 @@ def load_summary(root: Path) -> tuple[pl.DataFrame, list[str]]:
     elif point_files(root):
         table = summary_table(root)
     else:
-        raise AnalysisError(f"{root} holds no {SWEEP_SUMMARY} and no point.json: not a replaysim sweep")
+        raise AnalysisError(f"{root} holds no {SUMMARY_FILE}, {SWEEP_SUMMARY} or point.json: "
+                            "not a replaysim run or sweep")
     metadata = table.schema.metadata or {}
     try:
         keys = json.loads(metadata.get(b"parameters", b"[]"))
@@ -579,6 +596,8 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
     """
     root = Path(root)
     out = root / "analysis" if out is None else Path(out)
+    if (root / SUMMARY_FILE).is_file():
+        return analyze_run(root, out, quiet=quiet)
     summary, keys = load_summary(root)
     ok = summary.filter(pl.col("status") != "failed")
     percentiles = percentiles_of(summary)
@@ -598,14 +617,14 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
         ):
             if written is not None:
                 files.append(written)
+    files.append(write_sweep_report(root, out, table, keys, layout, requests))
     if not quiet:
         shown = [c for c in ("run_id", "status", *layout.varying, *HEADLINE) if c in table.columns]
         constant = [k for k in keys if k not in layout.varying]
         if constant and good.height:
-            print("fixed: " + " ".join(f"{k}={_fmt(good[k].to_list()[0])}" for k in constant))
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=1000, tbl_hide_dataframe_shape=True,
-                       fmt_str_lengths=40, float_precision=3, tbl_hide_column_data_types=True):
-            print(table.select(shown))
+            fixed = "fixed: " + " ".join(f"{k}={_fmt(good[k].to_list()[0])}" for k in constant)
+            print("\n".join(textwrap.wrap(fixed, width=100, subsequent_indent="       ", break_on_hyphens=False)))
+        print("\n".join(printed_table(table, shown)))
         failed = table.filter(pl.col("status") == "failed")
         for row in failed.iter_rows(named=True):
             print(f"failed point {row['run_id']}: {row['error_type']}: {row['error']}", file=sys.stderr)
@@ -617,11 +636,113 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
     return {"table": table, "files": files, "max_rel_diff": worst}
 
 
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "-" if math.isnan(value) else f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"
+    return _fmt(value)
+
+
+def printed_table(table: pl.DataFrame, shown: Sequence[str]) -> list[str]:
+    """The terminal table of ``shown`` columns, fitted to 100 characters (:func:`runners.report.fit_table`).
+
+    Swept keys are headed by their last part when that is unambiguous.
+    """
+    last = [c.rsplit(".", 1)[-1] for c in shown]
+    columns = []
+    for column, short in zip(shown, last):
+        header = short if last.count(short) == 1 else column
+        columns.append((header, [_cell(v) for v in table[column].to_list()], IMPORTANCE.get(column, 5)))
+    return fit_table(columns)
+
+
+def sweep_gpus(root: Path, table: pl.DataFrame) -> dict[str, int | None]:
+    """GPUs of each point (:func:`runners.html_report.gpus_of` of its ``summary.json`` config), by run id."""
+    gpus: dict[str, int | None] = {}
+    if "path" not in table.columns:
+        return gpus
+    for run_id, rel in zip(table["run_id"].to_list(), table["path"].to_list()):
+        try:
+            config = json.loads((root / str(rel) / SUMMARY_FILE).read_text(encoding="utf-8")).get("config") or {}
+        except (OSError, ValueError):
+            continue
+        gpus[run_id] = html_report.gpus_of(config)
+    return gpus
+
+
+def write_sweep_report(root: Path, out: Path, table: pl.DataFrame, keys: Sequence[str], layout: Layout,
+                       requests: pl.LazyFrame | None) -> Path:
+    """``report.html`` of a sweep into ``out`` (with per-point TTFT CDFs when ``requests`` are given)."""
+    rows = table.to_dicts()
+    ttft = None
+    if requests is not None:
+        ok = [r["run_id"] for r in rows if r.get("status") != "failed"]
+        frame = (requests.filter(pl.col("run_id").is_in(ok) & (pl.col("status").cast(pl.String) == "completed"))
+                 .select("run_id", "ttft_ms").collect())
+        ttft = {key[0]: group["ttft_ms"].to_numpy() for key, group in frame.group_by("run_id")}
+    page = html_report.sweep_report(rows, keys, along=layout.along, gpus=sweep_gpus(root, table), ttft=ttft,
+                                    where=str(root))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / html_report.REPORT_FILE
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def analyze_run(root: Path, out: Path, quiet: bool = False) -> dict[str, object]:
+    """A single run's ``report.html`` and one-row ``table.csv`` into ``out``; prints its summary table.
+
+    Parameters
+    ----------
+    root : Path
+        The run directory (``summary.json``, ``requests.parquet``; ``passes.parquet``
+        and ``tokens.parquet`` are read when present).
+    out : Path
+        Where to write.
+    quiet : bool
+        Print nothing.
+
+    Returns
+    -------
+    dict
+        ``table`` (one-row DataFrame of the summary's scalar metrics) and ``files``.
+    """
+    try:
+        document = json.loads((root / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise AnalysisError(f"{root / SUMMARY_FILE} is not JSON: {exc}") from None
+    if not (root / "requests.parquet").is_file():
+        raise AnalysisError(f"{root} holds {SUMMARY_FILE} but no requests.parquet: not a complete replaysim run")
+
+    def optional(name: str):
+        path = root / f"{name}.parquet"
+        return pq.read_table(path) if path.is_file() else None
+
+    requests = pq.read_table(root / "requests.parquet")
+    page = html_report.run_report(document, requests, optional("passes"), optional("tokens"),
+                                  html_report.kv_blocks_of(document.get("config") or {}), where=str(root))
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / html_report.REPORT_FILE
+    report.write_text(page, encoding="utf-8")
+    scalars = {k: v for k, v in document.items() if not isinstance(v, (dict, list)) and k != "git_sha"}
+    table = pl.DataFrame([scalars])
+    csv = out / "table.csv"
+    table.write_csv(csv)
+    files = [csv, report]
+    if not quiet:
+        print(format_summary(document, root))
+        for path in files:
+            print(f"wrote {path}")
+    return {"table": table, "files": files}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", help="a sweep directory (hydra.sweep.dir) or a batch run's directory")
-    parser.add_argument("--out", help="output directory (default: SWEEP_DIR/analysis)")
+    parser.add_argument("sweep_dir", metavar="DIR",
+                        help="a sweep directory (hydra.sweep.dir), a batch run's directory, or a single run's "
+                             "directory (one holding summary.json)")
+    parser.add_argument("--out", help="output directory (default: DIR/analysis)")
     parser.add_argument("--along", help="swept key the knee curves run along (default: the load axis)")
     parser.add_argument("--no-plots", action="store_true", help="write the table only")
     args = parser.parse_args(argv)

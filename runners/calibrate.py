@@ -803,8 +803,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what the fit minimises (default %(default)s; see the module docstring)")
     parser.add_argument("--out", default="calibration", help="output directory")
     parser.add_argument("--max-evals", type=_int_text, default=2400, help="most simulated candidates")
-    parser.add_argument("--seed", type=_int_text, default=0, help=f"the optimiser's seed, 0 to {MAX_SEED}")
-    parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"))
+    parser.add_argument("--seed", type=_int_text, default=0,
+                        help=f"seed of the optimiser (differential evolution), 0 to {MAX_SEED}; the same inputs and "
+                             "seed give the same fit (default %(default)s)")
+    parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"),
+                        help="format of the measured run: jsonl (one JSON object per request), vllm (vllm bench serve "
+                             "--save-result --save-detailed JSON), or auto: vllm when the file is one JSON "
+                             "object with 'ttfts', else jsonl (default %(default)s)")
     try:
         args = parser.parse_intermixed_args(list(argv))  # overrides before or after the flags
     except _ArgumentsError as exc:

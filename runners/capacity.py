@@ -22,6 +22,9 @@ import math
 import os
 import signal
 import sys
+import textwrap
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,7 @@ from runners.hydra_private import args_parser
 from runners.entry import wants_help
 from runners.options import print_help
 from runners.progress import interactive
+from runners.report import TABLE_WIDTH
 from runners.rundir import claimed_dir, missing_ancestors, remove_new_run_dir
 from runners.sweep import Point, RunnerOptions, job_points, split_options
 from runners.writer import check_writable, parquet_file, write_atomic
@@ -73,6 +77,7 @@ CAPACITY_DEFAULTS: dict[str, Any] = {
     "lo": None,  # null: 1
     "hi": None,  # null: double lo until the SLO fails
     "tolerance": 0.01,
+    "monotone_tolerance": 0.01,
     "max_doublings": 20,
     "slo": {},
     "seeds": 1,
@@ -90,6 +95,9 @@ CAPACITY_KEY_DOCS: tuple[tuple[str, str, str, str], ...] = (
     ("lo", "axis unit", "number > 0 (rate: <= 1e9) or null", "The first probe; null: 1. A configuration failing there has no capacity."),
     ("hi", "axis unit", "number > lo (rate: <= 1e9) or null", "The upper end of the bracket; null: double lo until the SLO fails."),
     ("tolerance", "", "number >= 1e-9", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
+    ("monotone_tolerance", "", "number >= 0",
+     "non_monotone (column and terminal) notes an SLO metric only when it improves with more load by more than "
+     "this share (0.01: 1%)."),
     ("max_doublings", "", "integer 0 to 64",
      "Without hi: stop doubling after this many (status unbounded); lo x 2^max_doublings within the axis."),
     ("slo.<metric>", "ms", "number > 0",
@@ -160,6 +168,7 @@ class CapacityOptions:
     lo: float
     hi: float | None
     tolerance: float
+    monotone_tolerance: float
     max_doublings: int
     slo: Slo
     seeds: int
@@ -250,6 +259,7 @@ def parse_options(raw: Mapping[str, Any]) -> CapacityOptions:
         lo=lo,
         hi=hi,
         tolerance=_number("tolerance", merged["tolerance"], minimum=MIN_TOLERANCE),
+        monotone_tolerance=_number("monotone_tolerance", merged["monotone_tolerance"], positive=False),
         max_doublings=max_doublings,
         slo=parse_slo(merged["slo"], merged["seed_quantile"]),
         seeds=_number("seeds", merged["seeds"], integer=True),
@@ -557,7 +567,7 @@ def capacity_table(found: Sequence[Found], options: CapacityOptions, keys: Seque
         "status": pa.array([f.bracket.status for f in found], type=pa.string()),
         "on_pareto": pa.array(on_front, type=pa.bool_()),
         "probes": pa.array([len(f.bracket.probes) for f in found], type=pa.int64()),
-        "non_monotone": pa.array(["; ".join(n) or None for n in (f.bracket.non_monotone(options.slo) for f in found)],
+        "non_monotone": pa.array(["; ".join(n) or None for n in (f.bracket.non_monotone(options.slo, options.monotone_tolerance) for f in found)],
                                  type=pa.string()),
         "gpus": pa.array(gpus, type=pa.int64()),
         PER_GPU: pa.array(per_gpu, type=pa.float64()),
@@ -578,6 +588,7 @@ def capacity_table(found: Sequence[Found], options: CapacityOptions, keys: Seque
         "seed_quantile": json.dumps(options.slo.quantile),
         "seeds": json.dumps(options.seeds),
         "tolerance": json.dumps(options.tolerance),
+        "monotone_tolerance": json.dumps(options.monotone_tolerance),
     }
     return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields, metadata=metadata))
 
@@ -628,6 +639,9 @@ def format_table(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
     rows = capacity.select(["config_id", "capacity", "status", "gpus", PER_GPU, PER_USER, "on_pareto",
                             "non_monotone"]).to_pylist()
     order = sorted(range(len(rows)), key=lambda i: (not rows[i]["on_pareto"], -(rows[i][PER_GPU] or 0.0)))
+    # the configuration column takes what the others leave of TABLE_WIDTH (its labels cut with …)
+    room = TABLE_WIDTH - 69
+    labels = [label if len(label) <= room else label[: room - 1] + "…" for label in labels]
     width = max([len(label) for label in labels] + [13])
     slo = ", ".join(f"{k} {'>=' if k == GOODPUT_FRACTION else '<='} {v:g}" for k, v in options.slo.limits.items())
     lines = [f"capacity along {options.axis} under {slo}",
@@ -642,9 +656,11 @@ def format_table(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
         lines.append(f"... {len(rows) - len(shown)} more rows in {CAPACITY_FILE}")
     flagged = [i for i, r in enumerate(rows) if r["non_monotone"]]
     if flagged:
-        lines.append(f"not monotone in {options.axis} (largest improvement with more load; column non_monotone):")
+        lines.append(f"not monotone in {options.axis} by more than {options.monotone_tolerance:.2%} "
+                     "(column non_monotone):")
     for i in flagged[: options.table_rows] if options.table_rows else flagged:
-        lines.append(f"  config {rows[i]['config_id']} ({labels[i]}): {rows[i]['non_monotone']}")
+        lines += textwrap.wrap(f"config {rows[i]['config_id']} ({labels[i]}): {rows[i]['non_monotone']}",
+                               width=TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
     if options.table_rows and len(flagged) > options.table_rows:
         lines.append(f"  ... {len(flagged) - options.table_rows} more in {CAPACITY_FILE}")
     lines.append(f"Output directory: {out_dir}")
@@ -715,17 +731,50 @@ def plot_writers(capacity: pa.Table, keys: Sequence[str], options: CapacityOptio
 # ---------------------------------------------------------------- searches
 
 
-class StepBar:
-    """Configurations finished out of the total, a tqdm bar on a terminal."""
+#: Off a terminal, seconds between the search's progress lines.
+HEARTBEAT_S = 5.0
 
-    def __init__(self, total: int):
-        self._bar = tqdm(total=total, desc="capacity", unit="config", disable=not interactive())
+
+class StepBar:
+    """Configurations finished out of the total: a tqdm bar on a terminal, else a line every few seconds.
+
+    Off a terminal (a log file, a batch job) a background thread prints
+    ``replaysim-capacity: 3/12 configurations done, 41.2 s`` on stdout every
+    ``interval`` seconds (:data:`HEARTBEAT_S`) until :meth:`close`, so a long
+    step, during which no configuration finishes, still shows the search is alive.
+    """
+
+    def __init__(self, total: int, interval: float = HEARTBEAT_S, stream=None, enabled: bool | None = None):
+        terminal = interactive() if enabled is None else enabled
+        self._bar = tqdm(total=total, desc="capacity", unit="config", disable=not terminal)
+        self.done, self.total = 0, total
+        self._stream = sys.stdout if stream is None else stream
+        self._start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+        if not terminal:
+            self._thread = threading.Thread(target=self._beat, args=(interval,), name="capacity-progress",
+                                            daemon=True)
+            self._thread.start()
+
+    def line(self) -> str:
+        return (f"{PROG}: {self.done}/{self.total} configurations done, "
+                f"{time.monotonic() - self._start:.1f} s")
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self._stream.write(self.line() + "\n")
+            self._stream.flush()
 
     def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
         self._bar.total = total
         self._bar.update(done - self._bar.n)  # tqdm takes increments
 
     def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         self._bar.close()
 
 

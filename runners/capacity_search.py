@@ -230,12 +230,13 @@ class Bracket:
         """The probe at the capacity."""
         return next((p for p in self.probes if p.value == self.lo), None) if self.capacity is not None else None
 
-    def non_monotone(self, slo: Slo) -> list[str]:
+    def non_monotone(self, slo: Slo, tolerance: float = 0.0) -> list[str]:
         """Each SLO metric that improves somewhere as the axis grows: its largest improvement, as text.
 
         Latencies should not fall, nor the goodput share rise, with more load;
         where they do between two probes, bisection may have stepped over a
-        band where the SLO holds again.
+        band where the SLO holds again.  A metric whose largest improvement
+        is at most ``tolerance`` (a fraction: 0.01 is 1%) is left out.
         """
         probes = sorted(self.probes, key=lambda p: p.value)
         notes = []
@@ -249,7 +250,7 @@ class Bracket:
                 drop = abs(vb - va) / abs(va) if va else math.inf
                 if worst is None or drop > worst[0]:
                     worst = (drop, a, b)
-            if worst is not None:
+            if worst is not None and worst[0] > tolerance:
                 drop, a, b = worst
                 verb = "rises" if sign < 0 else "falls"
                 notes.append(f"{key} {verb} {drop:.2%} from {a.value:g} to {b.value:g} "

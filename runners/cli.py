@@ -75,7 +75,7 @@ from runners.entry import wants_help  # noqa: E402
 from runners.options import print_help  # noqa: E402
 from runners.compile_watch import CompileWatch, load_timeline, timeline_case  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
-from runners.report import format_summary  # noqa: E402
+from runners.report import format_summary, warnings_for  # noqa: E402
 from runners.rundir import claimed_dir, remove_new_run_dir  # noqa: E402
 from runners.sweep import (  # noqa: E402
     Point,
@@ -473,7 +473,10 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
         except OSError as exc:  # a full disk; the temporary files are gone
             progress.close(ok=False)
             fail_environment(exc, out_dir)
-    print(format_summary(result.summary, out_dir), flush=True)
+    document = {**result.summary, "config": result.config.resolved}
+    print(format_summary(document, out_dir), flush=True)
+    for line in warnings_for(document):
+        print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
 
 
 def batch_run(points: list[Point], options: RunnerOptions, root: Path) -> None:

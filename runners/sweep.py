@@ -37,11 +37,13 @@ from runners.export import (
     aiperf_document,
     vllm_bench_document,
 )
+from runners.trace import TRACE_FILE, tables_needed
 from runners.writer import (
     json_file,
     json_text,
     parquet_file,
     remove_result_set,
+    summary_document,
     verified_set,
     write_atomic,
     write_results,
@@ -71,7 +73,10 @@ FAILURE_FILE = "failure.json"
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY = "summary.parquet"
 #: Files that make up a point's results (removed when the point fails).
-RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, SUMMARY_FILE)
+#: A run's page (runners.html_report, imported when a page is written).
+REPORT_FILE = "report.html"
+RESULT_FILES = ("requests.parquet", "passes.parquet", "tokens.parquet", *EXPORT_FILES, REPORT_FILE, TRACE_FILE,
+                SUMMARY_FILE)
 #: summary.json keys that are not metrics.
 PROVENANCE_KEYS = ("config", "version", "seed", "git_sha", "schema_version")
 STATUSES = ("ok", "failed", "skipped")
@@ -360,15 +365,33 @@ def simulate(
 
 
 def _config_to_run(config: SimConfig, options: RunnerOptions) -> SimConfig:
-    """``config``, recording tokens when the detailed ``vllm_bench.json`` export needs them."""
-    if not options.export_detailed(config) or config.output.tokens:
+    """``config``, recording the tables that the detailed ``vllm_bench.json`` export and the trace need.
+
+    The detailed export needs the tokens; ``output.trace=true`` needs the
+    passes and, with a detokenizer, the tokens (:func:`runners.trace.tables_needed`).
+    Tables recorded only for these are not written (:func:`_as_asked`).
+    """
+    tokens = options.export_detailed(config)
+    passes = False
+    if config.output.trace:
+        passes, for_trace = tables_needed(config)
+        tokens = tokens or for_trace
+    tokens, passes = tokens and not config.output.tokens, passes and not config.output.passes
+    if not tokens and not passes:
         return config
     resolved = _plain(config.resolved)
-    resolved["output"]["tokens"] = True
+    resolved["output"]["tokens"] = config.output.tokens or tokens
+    resolved["output"]["passes"] = config.output.passes or passes
     return load_config(resolved)
 
 
 def _as_asked(config: SimConfig, result: simcore.Result) -> tuple[simcore.Result, pa.Table | None]:
+    """The result with ``config`` as its configuration, and the tokens table apart.
+
+    A pass table recorded only for the trace stays in the result (the report
+    and the trace read it); :func:`runners.writer.write_results` writes it
+    only when ``config.output.passes``.
+    """
     if result.config is config:
         return result, result.tokens
     return dataclasses.replace(result, tokens=None, config=config), result.tokens
@@ -481,10 +504,22 @@ def export_documents(result: simcore.Result, tokens: pa.Table | None, options: R
                      detailed: bool) -> dict[str, dict | str]:
     """The export files the options ask for, by name (for :func:`runners.writer.write_results`).
 
+    With them ``trace.json`` (``output.trace=true``) and ``report.html``
+    (``output.report=true``, the default).
+
     ``detailed`` is :meth:`RunnerOptions.export_detailed`, checked before the
     simulation so that a refused combination writes nothing.
     """
     extra: dict[str, dict | str] = {}
+    if result.config.output.trace:
+        from runners.trace import trace_document
+
+        extra[TRACE_FILE] = trace_document(result.config, result.requests, result.passes, tokens)
+    if result.config.output.report:
+        from runners.html_report import kv_blocks_from, run_report
+
+        extra[REPORT_FILE] = run_report(summary_document(result), result.requests, result.passes, tokens,
+                                        kv_blocks_from(result.config))
     if options.vllm_bench:
         extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
     if options.aiperf:
@@ -730,8 +765,32 @@ def record_lost_points(root: Path) -> list[str]:
     return lost
 
 
+def sweep_page(root: Path, table: pa.Table) -> str | None:
+    """The sweep's ``report.html`` (:func:`runners.html_report.sweep_report`), or None.
+
+    None when no point ran with ``output.report=true``; failed points are
+    listed either way.  GPUs per point (the Pareto plot) from each point's
+    ``summary.json`` config.
+    """
+    from runners.html_report import gpus_of, sweep_report
+
+    gpus: dict[str, int | None] = {}
+    wanted = False
+    for run_id, rel, status in zip(table.column("run_id").to_pylist(), table.column("path").to_pylist(),
+                                   table.column("status").to_pylist()):
+        if status == "failed":
+            continue
+        config = (_read_json(root / rel / SUMMARY_FILE) or {}).get("config") or {}
+        wanted = wanted or bool((config.get("output") or {}).get("report", True))
+        gpus[run_id] = gpus_of(config)
+    if not wanted:
+        return None
+    keys = json.loads((table.schema.metadata or {}).get(b"parameters", b"[]"))
+    return sweep_report(table.to_pylist(), keys, gpus=gpus, where=str(root))
+
+
 def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Table]:
-    """Write ``summary.parquet`` at ``root`` (atomically) and report failed points.
+    """Write ``summary.parquet`` and ``report.html`` at ``root`` (atomically) and report failed points.
 
     Parameters
     ----------
@@ -750,7 +809,11 @@ def write_summary(root: str | Path, *, quiet: bool = False) -> tuple[Path, pa.Ta
     root = Path(root)
     record_lost_points(root)
     table = summary_table(root)
-    (path,) = write_atomic(root, [(SWEEP_SUMMARY, parquet_file(table))])
+    writers = [(SWEEP_SUMMARY, parquet_file(table))]
+    page = sweep_page(root, table)
+    if page is not None:
+        writers.insert(0, (REPORT_FILE, lambda path: path.write_text(page, encoding="utf-8")))
+    path = write_atomic(root, writers)[-1]
     if not quiet:
         status = table.column("status").to_pylist()
         counts = ", ".join(f"{status.count(s)} {s}" for s in STATUSES if status.count(s))

@@ -376,7 +376,9 @@ def write_results(
     set that this one lacks are removed, no other file.
     """
     out = Path(out_dir)
-    tables = {"requests": result.requests, "passes": result.passes, "tokens": result.tokens}
+    # a pass table recorded for the trace alone (runners.sweep) is not written
+    passes = result.passes if result.config.output.passes else None
+    tables = {"requests": result.requests, "passes": passes, "tokens": result.tokens}
     writers = [
         (f"{name}.parquet", parquet_file(with_columns(table, columns)))
         for name, table in tables.items()

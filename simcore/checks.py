@@ -346,8 +346,17 @@ def shown(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
 
 
+#: The largest float a count key takes as an integer: every integer up to it is a float64 exactly.
+EXACT_FLOAT_INT = 2**53
+
+
 def count(path: str, value: Any, minimum: int = 1) -> int:
     """An integer key ``>= minimum`` that an int64 holds.
+
+    A float that is exactly an integer (``1e6``, ``64.0``: YAML reads ``1e6``
+    as a float) is taken as that integer when its magnitude is at most
+    :data:`EXACT_FLOAT_INT` (2**53), where every integer is a float64 exactly;
+    a larger float may not be the integer that was typed, and is refused.
 
     Parameters
     ----------
@@ -362,6 +371,11 @@ def count(path: str, value: Any, minimum: int = 1) -> int:
     -------
     int
     """
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        if abs(value) > EXACT_FLOAT_INT:
+            raise ConfigError(f"{path} must be an integer; a float above 2**53 ({shown(value)}) may not be "
+                              "the integer typed: write it out in digits")
+        value = int(value)
     if not is_int(value) or value < minimum:
         raise ConfigError(f"{path} must be an integer >= {minimum}, got {shown(value)}")
     if value > INT64_MAX:

@@ -237,6 +237,11 @@ def _check_combinations(cfg: SimConfig) -> None:
         raise ConfigError(
             "output.tokens=true needs output.mode=detailed: the bounded mode keeps no per-token instants"
         )
+    if cfg.output.mode == "bounded" and cfg.output.trace and cfg.detokenization.enabled:
+        raise ConfigError(
+            "output.trace=true needs output.mode=detailed when the detokenizer is on: its jobs are read "
+            "from per-token instants, which the bounded mode does not keep"
+        )
     transfer = cfg.engine.kv_transfer
     if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None):
         raise ConfigError(

@@ -1,6 +1,7 @@
 """How a number read from a file or the Python API stands for an integer, written once.
 
-Config keys are stricter (a YAML integer only, ``simcore.config``); values
+Config count keys take an integral float up to 2**53 (``1e6``,
+``simcore.checks.count``); values
 read from tables, traces and profiles may be written as integral floats
 (``12.0``, ``1e3``), as CSV writers and JSON encoders often do.
 """

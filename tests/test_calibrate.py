@@ -288,3 +288,12 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("replaysim-calibrate: error:") and message in err[0]
     assert not out.exists()
+
+
+def test_help_describes_every_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        cal.main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "seed of the optimiser" in text and "(default 0)" in text
+    assert "format of the measured run: jsonl" in text and "(default auto)" in text

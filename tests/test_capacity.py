@@ -163,6 +163,31 @@ def test_non_monotone_metric_is_reported():
     assert bracket.non_monotone(rising) == ["goodput_fraction rises 12.50% from 1 to 2 (0.8 -> 0.9)"]
 
 
+def test_improvements_within_the_monotone_tolerance_are_not_noted():
+    slo = parse_slo({"p99_ttft_ms": 50, "p99_tpot_ms": 10}, 1.0)
+    bracket = Bracket(1.0, None, 0.01, False, 5)
+    # ttft falls 30 -> 29.8 (0.67%), tpot 5 -> 4 (20%): with 1% only tpot is noted
+    bracket.probes = [Probe(1.0, True, {"p99_ttft_ms": 30.0, "p99_tpot_ms": 5.0}, {}),
+                      Probe(2.0, True, {"p99_ttft_ms": 29.8, "p99_tpot_ms": 4.0}, {})]
+    assert bracket.non_monotone(slo, 0.01) == ["p99_tpot_ms falls 20.00% from 1 to 2 (5 -> 4)"]
+    assert len(bracket.non_monotone(slo, 0.0)) == 2
+    assert bracket.non_monotone(slo, 0.25) == []
+    assert cap.parse_options({"slo": {"p99_ttft_ms": 50}}).monotone_tolerance == 0.01
+
+
+def test_off_a_terminal_the_search_prints_a_line_every_interval():
+    import io
+    import time
+
+    out = io.StringIO()
+    bar = cap.StepBar(4, interval=0.05, stream=out, enabled=False)
+    bar(1, 4)
+    time.sleep(0.3)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and all(line.startswith("replaysim-capacity: 1/4 configurations done, ") for line in lines)
+
+
 def test_slo_judged_at_the_seed_quantile():
     slo = Slo({"p99_ttft_ms": 3.0, "goodput_fraction": 0.5}, 0.75)
     summaries = [
@@ -308,3 +333,19 @@ def test_bad_input_found_while_simulating_removes_the_stored_runs(tmp_path, monk
     assert exit_info.value.code == 2
     assert len(calls) == 2
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+def test_the_terminal_table_fits_100_columns_with_long_labels(tmp_path):
+    import pyarrow as pa
+
+    options = cap.parse_options({"slo": {"p99_ttft_ms": 50}})
+    key = "workload.path"
+    capacity = pa.table({
+        "config_id": [0, 1], key: ["/data/" + "a" * 80 + ".csv", "/data/" + "b" * 80 + ".csv"],
+        "capacity": [2.5, 3.0], "status": ["ok", "ok"], "gpus": [1, 1],
+        cap.PER_GPU: [100.0, 120.0], cap.PER_USER: [50.0, 40.0], "on_pareto": [True, True],
+        "non_monotone": [None, "p99_ttft_ms falls 20.00% from 1 to 2 (5 -> 4); " * 4],
+    })
+    text = cap.format_table(capacity, [key], options, tmp_path)
+    assert max(len(line) for line in text.splitlines() if not line.startswith("Output directory")) <= 100
+    assert "path=/data/aaaa" in text and "…" in text

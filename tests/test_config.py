@@ -86,3 +86,28 @@ def test_csv_errors_name_file_and_line(tmp_path):
 def test_trace_without_send_times_is_an_error():
     with pytest.raises(ConfigError, match="load.type=trace needs send times"):
         simcore.run({"load": {"type": "trace"}}, requests=pa.table({"input_tokens": [1], "output_tokens": [1]}))
+
+
+@pytest.mark.parametrize("value, expected", [(1e6, 1_000_000), (64.0, 64)])
+def test_a_count_key_takes_a_float_that_is_exactly_an_integer(value, expected):
+    cfg = load_config({"workload": {"num_requests": value}, "load": {"concurrency": 64.0}})
+    assert cfg.workload.num_requests == expected and isinstance(cfg.workload.num_requests, int)
+    assert cfg.load.concurrency == 64 and isinstance(cfg.load.concurrency, int)
+
+
+def test_the_largest_float_a_count_key_takes_is_2_to_the_53():
+    assert load_config({"seed": 2.0**53}).seed == 2**53  # every integer up to 2**53 is a float64 exactly
+    with pytest.raises(ConfigError, match=r"^seed must be an integer; a float above 2\*\*53"):
+        load_config({"seed": 2.0**53 + 2})
+
+
+@pytest.mark.parametrize("value, words", [
+    (1.5, "must be an integer >= 1, got 1.5"),
+    (0.0, "must be an integer >= 1, got 0"),
+    (float("inf"), "must be an integer >= 1, got inf"),
+    (float("nan"), "must be an integer >= 1, got nan"),
+])
+def test_a_count_key_refuses_other_floats(value, words):
+    with pytest.raises(ConfigError, match="^workload.num_requests ") as err:
+        load_config({"workload": {"num_requests": value}})
+    assert words in str(err.value)

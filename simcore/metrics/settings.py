@@ -93,6 +93,18 @@ class OutputConfig:
         "detailed", choice, allowed=OUTPUT_MODES,
         doc="detailed: per-token arrays; bounded: memory O(requests) for million-request runs, ITL percentiles from a sketch within 0.05%.",
     )
+    report: bool = key(
+        True, flag,
+        doc="Write report.html beside summary.json: what was simulated, the summary, latency distributions, "
+            "TTFT stages and a timeline, in one self-contained page (no network). The simulation is the same "
+            "either way.",
+    )
+    trace: bool = key(
+        False, flag,
+        doc="Write trace.json, a Chrome/Perfetto trace: passes per rank, detokenizer jobs per server, KV "
+            "transfers. Records the passes (and, with the detokenizer on, the tokens) for it; with the "
+            "detokenizer on it needs mode=detailed.",
+    )
 
 
 def parse(raw: Mapping[str, Any], path: str = "metrics") -> MetricsConfig:
