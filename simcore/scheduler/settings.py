@@ -88,6 +88,9 @@ class PoolConfig:
     # vllm, trtllm: a prompt may be split over passes (false: vLLM's --no-enable-chunked-prefill,
     # docs/semantics.md); null: the policy's default; None after parsing for a policy that does not use it
     chunked_prefill: bool | None = key(None)
+    # vllm policy: vLLM's --enable-expert-parallel with --data-parallel-size = attention_dp: the ranks
+    # step together through the MoE layers, an idle one running a dummy batch (docs/semantics.md)
+    expert_parallel: bool = key(False)
 
     @property
     def num_ranks(self) -> int:
@@ -179,6 +182,7 @@ def parse_pool(
         reserve_full_isl=_reserve_full_isl(path, raw["reserve_full_isl"], policy),
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
         chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
+        expert_parallel=_expert_parallel(path, raw["expert_parallel"], policy, timing_type),
         schedule_conservativeness=None
         if conservativeness is None
         else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -261,6 +265,17 @@ def _async_scheduling(path: str, value: Any, policy: str) -> bool:
         "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
         "set it on engine.decode or engine.aggregated",
     )
+
+
+def _expert_parallel(path: str, value: Any, policy: str, timing_type: str) -> bool:
+    enabled = flag(f"{path}.expert_parallel", value)
+    if enabled and not supports(policy, "expert_parallel"):
+        raise _unsupported(f"{path}.expert_parallel", "expert_parallel", policy)
+    if enabled and timing_type not in ("fixed", "linear", "table"):
+        raise ConfigError(
+            f"{path}.expert_parallel is modelled with timing.type=fixed, linear or table, got timing.type={timing_type}"
+        )
+    return enabled
 
 
 def _reserve_full_isl(path: str, value: Any, policy: str) -> bool:
