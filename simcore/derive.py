@@ -60,6 +60,8 @@ def derive(cfg: SimConfig) -> SimConfig:
     """
     timing = model_dimensions(cfg.timing)
     engine = cfg.engine
+    if timing.type == "aic":  # the MoE layout of the tables and of num_blocks: auto
+        timing = replace(timing, expert_parallel=any(pool.expert_parallel for pool in engine.pools))
     for name in POOLS[engine.mode]:
         pool = getattr(engine, name)
         if isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS:

@@ -182,7 +182,7 @@ def parse_pool(
         reserve_full_isl=_reserve_full_isl(path, raw["reserve_full_isl"], policy),
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
         chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
-        expert_parallel=_expert_parallel(path, raw["expert_parallel"], policy, timing_type),
+        expert_parallel=_expert_parallel(path, raw["expert_parallel"], policy, timing_type, raw["attention_dp"]),
         schedule_conservativeness=None
         if conservativeness is None
         else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -267,13 +267,14 @@ def _async_scheduling(path: str, value: Any, policy: str) -> bool:
     )
 
 
-def _expert_parallel(path: str, value: Any, policy: str, timing_type: str) -> bool:
+def _expert_parallel(path: str, value: Any, policy: str, timing_type: str, attention_dp: Any) -> bool:
     enabled = flag(f"{path}.expert_parallel", value)
     if enabled and not supports(policy, "expert_parallel"):
         raise _unsupported(f"{path}.expert_parallel", "expert_parallel", policy)
-    if enabled and timing_type not in ("fixed", "linear", "table"):
+    if enabled and timing_type not in ("fixed", "linear", "table") and attention_dp != 1:
         raise ConfigError(
-            f"{path}.expert_parallel is modelled with timing.type=fixed, linear or table, got timing.type={timing_type}"
+            f"{path}.expert_parallel with attention_dp > 1 is modelled with timing.type=fixed, linear or table, "
+            f"got timing.type={timing_type}"
         )
     return enabled
 

@@ -113,6 +113,8 @@ class TimingConfig:
     # aic: the largest pass the tables must cover, from the engine pools (not user keys):
     # tokens per pass (budget + sequences), sequences per pass, tokens per sequence.
     pass_tokens_limit: int | None = field(default=None)
+    # aic: whether the pools run expert parallelism (engine.<pool>.expert_parallel; the MoE layout)
+    expert_parallel: bool = field(default=False)
     pass_sequences_limit: int | None = field(default=None)
     context_limit: int | None = field(default=None)
 
