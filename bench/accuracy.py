@@ -86,6 +86,21 @@ MODELS = {
         params=32_762_123_264, layers=64, kv_heads=8, head_dim=128, max_position=40960,
         aic_model="Qwen/Qwen3-32B", profile="Qwen/Qwen3-32B", hidden=5120,
     ),
+    # config.json as LLMServingSim keeps it (configs/model/Qwen/Qwen3-30B-A3B-Instruct-2507.json at
+    # 5daddb2): hidden 2048, 48 layers (every one MoE: decoder_sparse_step 1, mlp_only_layers []),
+    # 32 query / 4 KV heads of 128, vocabulary 151,936 (untied head), 128 experts of
+    # moe_intermediate_size 768, 8 per token.  Parameters counted from those: embedding and head
+    # 2 x 151,936 x 2,048; per layer q, k, v, o (2,048 x 4,096 + 2 x 2,048 x 512 + 4,096 x 2,048),
+    # q/k norms (2 x 128), two RMSNorms (2 x 2,048), router (2,048 x 128) and the experts
+    # (128 x 3 x 2,048 x 768 = 603,979,776); the final norm (2,048).
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": dict(
+        params=2 * 151_936 * 2_048 + 48 * (2_048 * 4_096 + 2 * 2_048 * 512 + 4_096 * 2_048 + 2 * 128 + 2 * 2_048
+                                          + 2_048 * 128 + 128 * 3 * 2_048 * 768) + 2_048,
+        expert_params=48 * 128 * 3 * 2_048 * 768,
+        layers=48, kv_heads=4, head_dim=128, max_position=262144,
+        aic_model="Qwen/Qwen3-30B-A3B", profile="Qwen/Qwen3-30B-A3B-Instruct-2507", hidden=2048,
+        num_experts=128, top_k=8,
+    ),
 }
 #: GPUs of the runs and their aiconfigurator-core system names (None: not in its database).
 AIC_SYSTEMS = {"RTX4090": None, "RTXPRO6000": "rtx_pro_6000_server"}
@@ -133,12 +148,13 @@ def measured(rows: list[dict]) -> dict[str, float]:
     return result
 
 
-def kv_blocks(meta: dict, cluster: dict, model: dict, tp: int) -> tuple[int, str]:
+def kv_blocks(meta: dict, cluster: dict, model: dict, tp: int, ep: int = 1) -> tuple[int, str]:
     kv = meta.get("kv_cache") or {}
     if kv.get("num_gpu_blocks"):
         return int(kv["num_gpu_blocks"]), "meta.json num_gpu_blocks"
     npu = cluster["nodes"][0]["instances"][0]["npu_mem"]
-    weights = model["params"] * 2 / tp
+    experts = model.get("expert_params", 0)  # under expert parallelism a GPU holds 1/ep of the experts
+    weights = ((model["params"] - experts) / tp + experts / (ep if ep > 1 else tp)) * 2
     per_token = 2 * model["layers"] * (model["kv_heads"] // tp) * model["head_dim"] * 2
     tokens = int((npu["mem_size"] * GIB * npu["mem_util"] - weights) // per_token)
     return tokens // BLOCK_SIZE, f"config.json: ({npu['mem_size']} GiB x {npu['mem_util']} - weights) / KV per token"
@@ -248,7 +264,10 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     model = MODELS[name]
     kwargs = meta["engine_kwargs"]
     tp = int(kwargs.get("tensor_parallel_size") or 1)
-    blocks, blocks_source = kv_blocks(meta, cluster, model, tp)
+    dp = int(kwargs.get("data_parallel_size") or 1)
+    expert_parallel = bool(kwargs.get("enable_expert_parallel"))
+    ep = dp * tp if expert_parallel else 1  # vLLM's EP group: the DP x TP GPUs
+    blocks, blocks_source = kv_blocks(meta, cluster, model, tp, ep)
     arrival = np.array([r["arrival_time"] for r in rows], dtype=np.float64)
     requests = pa.table(
         {
@@ -268,6 +287,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             "context_length": int(kwargs.get("max_model_len") or model["max_position"]),
         },
     }
+    if dp > 1:  # each DP rank its own scheduler and KV; vLLM's front end balances requests over them
+        engine["aggregated"].update(attention_dp=dp, rank_policy="least_loaded", expert_parallel=expert_parallel)
     base = {"load": {"type": "trace"}, "workload": {"num_requests": len(rows)}, "engine": engine}
     profile = os.path.join(root, "profiler", gpu, model["profile"], "bf16", f"tp{tp}")
     asynchronous, async_source = async_scheduling(meta)
@@ -280,6 +301,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     whole, whole_source = reserve_full_isl(meta)
     shipped_engine["aggregated"]["reserve_full_isl"] = whole
     table_timing = {"type": "table", "profile": profile, "num_layers": model["layers"]}
+    if "num_experts" in model:  # the MoE layers, priced from the profile's moe.csv
+        table_timing["moe"] = {"num_experts": model["num_experts"], "top_k": model["top_k"]}
     graphs, graphs_source = cuda_graph_sizes(meta)
     shipped_timing = dict(table_timing, cuda_graph_sizes=graphs)
     prompts, prompts_source = prompt_trace(meta, os.path.join(case, "vllm", "requests.jsonl"))
@@ -300,8 +323,18 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             allreduce={"latency_us": latency_us, "bandwidth_gb_per_second": float(cluster["link_bw"])},
         )
         link = f"TP all-reduce on config.json's link: {cluster['link_bw']} GB/s, {latency_us:g} us"
+    if expert_parallel and dp > 1:
+        latency_us = cluster["link_latency"] / 1000  # config.json: ns
+        shipped_timing.update(
+            hidden_size=model["hidden"],
+            moe=dict(table_timing["moe"], alltoall={"latency_us": latency_us,
+                                                   "bandwidth_gb_per_second": float(cluster["link_bw"])}),
+        )
+        link = (f"expert parallelism over the {dp} DP ranks (each rank idle in a step runs vLLM's dummy batch; "
+                f"DP padding); MoE dispatch and combine on config.json's link: {cluster['link_bw']} GB/s, "
+                f"{latency_us:g} us; requests balanced over the ranks by rank_policy least_loaded")
     result = {
-        "run": f"{gpu} {name.split('/')[-1]} TP{tp}",
+        "run": f"{gpu} {name.split('/')[-1]} TP{tp}" + (f" DP{dp} EP{ep}" if expert_parallel else ""),
         "requests": len(rows),
         "max_num_seqs": int(kwargs["max_num_seqs"]),
         "blocks": blocks,
@@ -325,7 +358,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
         result["predicted"]["before"] = simcore.run(dict(base, timing=table_timing), requests=requests).summary
         shipped = dict(base, engine=shipped_engine, timing=shipped_timing, workload=shipped_workload)
         result["predicted"]["table"] = simcore.run(shipped, requests=_requests(shipped, requests)).summary
-        result["decode_steps"] = decode_step_check(case, rows, shipped)
+        # (a measured step is running / tokens per second on one engine; not with several DP ranks)
+        result["decode_steps"] = decode_step_check(case, rows, shipped) if dp == 1 else {}
         result["interpolation"] = interpolation_check(profile)
         result["seconds"]["table"] = time.perf_counter() - start
         for name, engine_off, timing_off, lengths_only in ABLATIONS:  # what each stated behaviour moves
@@ -341,7 +375,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
             )
             result["notes"].append(f"as shipped without {name}: mean {moved}")
         path = os.path.join(case, "vllm", "requests.jsonl")
-        result["calibrations"] = {loss: calibrate_case(path, shipped, tp, loss) for loss in losses}
+        result["calibrations"] = {loss: calibrate_case(path, shipped, tp, loss, dp if expert_parallel else 1)
+                                  for loss in losses}
         if losses:
             result["sensitivity"] = part_sensitivity(path, shipped, result["calibrations"][losses[0]]["values"])
             result["cross_losses"] = cross_losses(path, shipped, result["calibrations"])
@@ -498,13 +533,16 @@ def _graphs_note(graphs: list[int] | str | None) -> str:
     return str(graphs)
 
 
-def calibrate_case(path: str, shipped: dict, tp: int, loss: str) -> dict:
-    """Fit the scales, the overhead and (TP > 1) the link bandwidth on the run's first half."""
+def calibrate_case(path: str, shipped: dict, tp: int, loss: str, ep_ranks: int = 1) -> dict:
+    """Fit the scales, the overhead and (TP > 1, or expert parallelism over DP ranks) the link
+    bandwidth on the run's first half."""
     from runners import calibrate as cal
 
     names = ["timing.prefill_scale", "timing.decode_scale", "timing.pass_overhead_us"]
     if tp > 1:
         names.append("timing.allreduce.bandwidth_gb_per_second")
+    if ep_ranks > 1:
+        names.append("timing.moe.alltoall.bandwidth_gb_per_second")
     overrides = {key: value for key, value in shipped.items() if key in ("engine", "timing")}
     if "source" in shipped.get("workload", {}):  # the prompts' trace
         overrides["workload"] = {k: v for k, v in shipped["workload"].items() if k != "num_requests"}
