@@ -530,6 +530,9 @@ def _start_pass_nb(w, t, queue, run, state):
             if ps.summary[r, 0] + ps.summary[r, 3] > 0:
                 any_batch = True
             any_preempted = any_preempted or preempted
+            if topology.worker_lockstep[w]:  # the ranks' times together, below
+                ps.summary[r, 5] = rk.blocks_used[g]
+                continue
             ms = rank_time_ms_nb(
                 timing.model,
                 timing.params,
