@@ -12,11 +12,11 @@ timing from the shared data set's RTX PRO 6000 profiles:
   128 experts, top 8), ``expert_parallel`` and the all-to-all on a 16 GB/s, 20 us link.
 
 The kernel path is ``simcore.engine.api.simulate_engine`` (JIT compile excluded by
-a warm-up call), and ``simcore.run`` end to end.  Prints a CSV (case, path,
+a warm-up call), and ``simcore.run`` end to end, the cases interleaved round by round.  Prints a CSV (case, path,
 requests, output_tokens, median_s, us_per_output_token, ratio_vs_dense),
 then the MoE/dense ratios on the last line (target: <= 1.3).
 
-Usage: python bench/bench_moe.py [--runs 5] [--requests 10000]
+Usage: python bench/bench_moe.py [--runs 7] [--requests 10000]
 """
 
 from __future__ import annotations
@@ -56,35 +56,42 @@ def case_config(num_requests: int, timing: dict, expert_parallel: bool) -> dict:
     }
 
 
-def time_case(config: dict, runs: int) -> tuple[float, float, int]:
+def prepared(config: dict):
+    """The case's two timed calls (kernel path, end to end) after a warm-up, and its output tokens."""
     cfg = load_config(config)
     requests = build_requests(cfg, None, np.random.default_rng(cfg.seed))
     run = simulate_engine(cfg, requests, None)  # warm-up: JIT compile or cache load
     assert run.num_preemptions.sum() == 0, "the workload must not preempt"
-    kernel = median_seconds(lambda: simulate_engine(cfg, requests, None), runs)
     simcore.run(config)  # warm-up of the other stages
-    whole = median_seconds(lambda: simcore.run(config), runs)
-    return kernel, whole, int(run.generated.sum())
+    return (lambda: simulate_engine(cfg, requests, None)), (lambda: simcore.run(config)), int(run.generated.sum())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--requests", type=int, default=10_000)
     args = parser.parse_args(argv)
     if not PROFILES.is_dir():
         print(f"no profiles at {PROFILES}", file=sys.stderr)
         return 2
     cases = (("dense", DENSE, False), ("dense_lockstep", DENSE, True), ("moe_ep", MOE, True))
+    calls = {name: prepared(case_config(args.requests, timing, ep)) for name, timing, ep in cases}
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.runs):  # rounds: every case once per round, so a shared machine's load hits all alike
+        for name, _, _ in cases:
+            kernel, whole, _ = calls[name]
+            for path, call in (("simulate_engine", kernel), ("simcore.run", whole)):
+                seconds.setdefault((name, path), []).append(median_seconds(call, 1))
     print("case,path,requests,output_tokens,median_s,us_per_output_token,ratio_vs_dense")
     per_token: dict[tuple[str, str], float] = {}
-    for name, timing, ep in cases:
-        kernel, whole, tokens = time_case(case_config(args.requests, timing, ep), args.runs)
-        for path, seconds in (("simulate_engine", kernel), ("simcore.run", whole)):
-            us = seconds / tokens * 1e6
+    for name, _, _ in cases:
+        tokens = calls[name][2]
+        for path in ("simulate_engine", "simcore.run"):
+            median = float(np.median(seconds[(name, path)]))
+            us = median / tokens * 1e6
             per_token[(name, path)] = us
             ratio = us / per_token[("dense", path)]
-            print(f"{name},{path},{args.requests},{tokens},{seconds:.4f},{us:.4f},{ratio:.3f}")
+            print(f"{name},{path},{args.requests},{tokens},{median:.4f},{us:.4f},{ratio:.3f}")
     print(
         "moe_ep / dense, host us per output token: "
         f"kernel {per_token[('moe_ep', 'simulate_engine')] / per_token[('dense', 'simulate_engine')]:.2f}x, "
