@@ -355,7 +355,8 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
     }
     if os.path.isdir(profile):
         start = time.perf_counter()
-        result["predicted"]["before"] = simcore.run(dict(base, timing=table_timing), requests=requests).summary
+        if "num_experts" not in model:  # (before this column's time the tree had no MoE timing at all)
+            result["predicted"]["before"] = simcore.run(dict(base, timing=table_timing), requests=requests).summary
         shipped = dict(base, engine=shipped_engine, timing=shipped_timing, workload=shipped_workload)
         result["predicted"]["table"] = simcore.run(shipped, requests=_requests(shipped, requests)).summary
         # (a measured step is running / tokens per second on one engine; not with several DP ranks)
@@ -722,6 +723,9 @@ def _recomputed_tokens(result) -> int:
 #: Issue 12's targets: |error| of the mean, per metric, for a column.
 TARGETS = {"as shipped": {"ttft": 0.06, "tpot": 0.03, "e2el": 0.04},
            "calibrated held out": {"ttft": 0.05, "tpot": 0.02, "e2el": 0.03}}
+#: Issue 28's targets for the MoE run with expert parallelism (its label names ``EP``).
+TARGETS_MOE = {"as shipped": {"ttft": 0.08, "tpot": 0.015, "e2el": 0.02},
+               "calibrated held out": {"ttft": 0.05, "tpot": 0.01, "e2el": 0.015}}
 
 
 def calibrated_error(res: dict, loss: str, part: str, name: str) -> float | None:
@@ -730,7 +734,8 @@ def calibrated_error(res: dict, loss: str, part: str, name: str) -> float | None
     return report.get(part, {}).get("calibrated", {}).get(name, {}).get("error")
 
 
-def _target_misses(results: list[dict], loss: str, columns: tuple[str, ...] = tuple(TARGETS)) -> str:
+def _target_misses(results: list[dict], loss: str, columns: tuple[str, ...] = tuple(TARGETS),
+                   targets: dict = TARGETS) -> str:
     """The runs and metrics that miss issue 12's targets (calibrated: the fit with ``loss``), as a sentence."""
     misses = []
     for res in results:
@@ -741,7 +746,7 @@ def _target_misses(results: list[dict], loss: str, columns: tuple[str, ...] = tu
                     error = rel(res["predicted"].get("table"), name, res["measured"][name])
                 else:
                     error = calibrated_error(res, loss, "held_out", name)
-                if error is not None and abs(error) > TARGETS[column][key]:
+                if error is not None and abs(error) > targets[column][key]:
                     misses.append(f"{res['run']} {column} mean {label} {pct(error)}")
     return "Missed: " + "; ".join(misses) + "." if misses else "All met."
 
@@ -1008,9 +1013,15 @@ def render(results: list[dict], versions: dict) -> str:
         "the run's vLLM had them; the prompts' shared leading blocks from the run's own workload "
         "file; "
         "the decode-attention skew fit of the profile's own `meta.yaml`); **aic**: aiconfigurator-core's database with the same engine settings and prompts and, "
-        "at TP2, the same stated link in place of the database's all-reduce; **calibrated**: `replaysim-calibrate`'s fit of `timing.prefill_scale`, "
+        "at TP2, the same stated link in place of the database's all-reduce; the MoE run (DP2, expert "
+        "parallelism) as shipped: its profile's `moe.csv` with the model's 128 experts and top 8, the "
+        "two DP ranks stepping together (dummy batches, DP padding; `docs/semantics.md`, \"Expert "
+        "parallelism\"), each MoE layer's dispatch and combine on the link of its `config.json`, "
+        "requests balanced over the ranks by `rank_policy: least_loaded`, no `before` column (the tree "
+        "had no MoE timing); **calibrated**: `replaysim-calibrate`'s fit of `timing.prefill_scale`, "
         "`timing.decode_scale`, `timing.pass_overhead_us` (and at TP2 "
-        "`timing.allreduce.bandwidth_gb_per_second`) to the first 150 requests by send instant "
+        "`timing.allreduce.bandwidth_gb_per_second`, for the MoE run "
+        "`timing.moe.alltoall.bandwidth_gb_per_second`) to the first 150 requests by send instant "
         "(fit part), scored on them and on the other 150 (held out; their own measured values), "
         f"with its default loss `{DEFAULT_LOSS}` (below, [Calibration losses](#calibration-losses), "
         "every loss it offers); "
@@ -1066,6 +1077,14 @@ def render(results: list[dict], versions: dict) -> str:
         + _target_misses(results, DEFAULT_LOSS),
         "",
     ]
+    moe_runs = [res for res in results if " EP" in res["run"]]
+    if moe_runs:
+        lines += [
+            "Targets (issue 28, the MoE run with expert parallelism): as shipped |error| of mean TTFT <= 8%, "
+            "mean TPOT <= 1.5%, mean E2E <= 2%; calibrated, held out: <= 5% / 1% / 1.5%. "
+            + _target_misses(moe_runs, DEFAULT_LOSS, targets=TARGETS_MOE),
+            "",
+        ]
     lines += _loss_section(results, DEFAULT_LOSS)
     lines += [
         "",
@@ -1200,6 +1219,17 @@ def render(results: list[dict], versions: dict) -> str:
         "(`cache_generated_blocks`, `docs/prefix-caching.md`).",
         "- The replay has no tokenizer or detokenizer stage (the runs drove `AsyncLLM` in-process "
         "and the measured latencies start at `queued_ts`).",
+        "- The MoE run (Qwen3-30B-A3B, two RTX PRO 6000, DP2 with expert parallelism): each DP rank "
+        "has its own scheduler and KV cache (38,590 blocks of 16: (96 GiB x 0.9 - the non-expert weights "
+        "and half the experts) / KV per token, the figure LLMServingSim's log states too); vLLM 0.19's "
+        "front end balances requests over the ranks by `4 x waiting + running` on a snapshot (the "
+        "replay's `least_loaded` is 0.28's score on exact counts, `docs/routing.md`). A step's MoE layers "
+        "see both ranks' tokens: the profile's `moe.csv` (one GPU, all 128 experts, forced routing) is "
+        "queried at the tokens whose pairs reach a GPU's 64 experts and their expected distinct count "
+        "under uniform routing, with no load imbalance (`timing.moe.imbalance` 1; `docs/timing.md`). The "
+        "profile's `dense.csv` has no MLP rows (the experts are in `moe.csv`), and its `qk_norm` counts "
+        "once per layer. The run's per-second decode steps are not compared (two ranks step at once, "
+        "`timeseries.csv` sums them).",
     ]
     return "\n".join(lines) + "\n"
 
