@@ -247,3 +247,9 @@ def test_moe_profile_needs_its_keys_and_expert_parallel():
     # one decode on one GPU holding every expert: 48 layers x moe(1 token, 8 experts) = 48 x 50.2297 us
     assert nb.table_moe_ms_nb(params, table_arr, 1, 1) == pytest.approx(48 * 50.2297 / 1000)
     assert math.isfinite(nb.rank_time_ms_nb(model, params, table_arr, 0, 0, 0, 1, 100))
+
+
+def test_an_absurd_link_is_refused_by_the_run_bound():
+    with pytest.raises(ConfigError, match=r"^timing.moe.alltoall.bandwidth_gb_per_second=1e-300 .* must stay below"):
+        load_config(_lockstep_config(num_layers=4, hidden_size=64, moe={
+            "num_experts": 8, "top_k": 2, "alltoall": {"bandwidth_gb_per_second": 1e-300}}))
