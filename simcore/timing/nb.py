@@ -1103,7 +1103,18 @@ def table_moe_ms_nb(params, table, gathered, group):
 
 @njit(cache=True)
 def model_base_nb(model):
-    """Offset of the pass-terms block in ``params`` (0 for ``fixed``, which has none)."""
+    """Offset of the pass-terms block in ``params`` (0 for ``fixed``, which has none).
+
+    Parameters
+    ----------
+    model : int
+        ``TIMING_*``.
+
+    Returns
+    -------
+    int
+        The model's own parameter count.
+    """
     if model == TIMING_LINEAR:
         return LINEAR_NUM_PARAMS
     if model == TIMING_TABLE:
@@ -1151,7 +1162,20 @@ def alltoall_ms_nb(params, base, gathered, num_dp):
 
 @njit(cache=True)
 def graph_largest_nb(params, table, base):
-    """The largest CUDA-graph capture size (0: no padding)."""
+    """The largest CUDA-graph capture size (0: no padding).
+
+    Parameters
+    ----------
+    params, table : ndarray(float64, ndim=1)
+        The model's parameters (the pass-terms block at ``base``) and tables.
+    base : int
+        Offset of the pass-terms block.
+
+    Returns
+    -------
+    int
+        Tokens.
+    """
     if params.shape[0] < base + PASS_TERMS_NUM_PARAMS or params[base + R_GRAPH_N] == 0.0:
         return 0
     return int(table[int(params[base + R_GRAPH_X]) + int(params[base + R_GRAPH_N]) - 1])
