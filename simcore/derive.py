@@ -18,7 +18,6 @@ This is the only settings module that imports the timing models, so that they
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 from simcore import bounds
@@ -33,7 +32,7 @@ from simcore.scheduler.settings import (
 )
 from simcore.settings import SimConfig
 from simcore.timing import aic
-from simcore.timing.profile import MOE_FILE, read_meta_count, read_num_layers
+from simcore.timing.profile import MOE_FILE, moe_path, read_meta_count, read_num_layers
 from simcore.timing.settings import VLLM_DEFAULT_GRAPHS, TimingConfig
 
 
@@ -116,7 +115,7 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
                 term = "timing.allreduce" if timing.allreduce else "timing.moe.alltoall"
                 raise ConfigError(f"timing.{name} must be set for {term} with timing.type={kind}")
     if kind == "table":
-        has_moe = os.path.isfile(os.path.join(timing.profile, MOE_FILE))
+        has_moe = moe_path(timing.profile) is not None  # its own, or the tp1 sibling's
         if has_moe and not timing.moe:
             raise ConfigError(
                 f"timing.moe.num_experts must be set: {timing.profile} holds {MOE_FILE} (an MoE model; set "

@@ -253,3 +253,18 @@ def test_an_absurd_link_is_refused_by_the_run_bound():
     with pytest.raises(ConfigError, match=r"^timing.moe.alltoall.bandwidth_gb_per_second=1e-300 .* must stay below"):
         load_config(_lockstep_config(num_layers=4, hidden_size=64, moe={
             "num_experts": 8, "top_k": 2, "alltoall": {"bandwidth_gb_per_second": 1e-300}}))
+
+
+@pytest.mark.skipif(not os.path.isdir(MOE_PROFILE), reason="shared data set not present")
+def test_a_tp2_profile_takes_the_tp1_moe_csv():
+    """LLMServingSim profiles the MoE block at TP 1 only: a tp2 directory has no moe.csv of its own."""
+    tp2 = os.path.join(os.path.dirname(MOE_PROFILE), "tp2")
+    assert not os.path.isfile(os.path.join(tp2, "moe.csv"))
+    cfg = load_config({"engine": {"aggregated": {"expert_parallel": True}},
+                       "timing": {"type": "table", "profile": tp2, "num_layers": 48, "tp": 2,
+                                  "moe": {"num_experts": 128, "top_k": 8}}})
+    _, params, table = timing_arrays(cfg.timing)
+    _, params1, table1 = timing_arrays(replace(cfg.timing, profile=MOE_PROFILE))
+    assert params[nb.P_MOE_TP] == 2
+    # the same moe.csv: one MoE layer at a knot of both
+    assert nb.interp2_rising_nb(table, params, 128.0, 64.0) == nb.interp2_rising_nb(table1, params1, 128.0, 64.0) == 456.737

@@ -185,6 +185,29 @@ def _read_attention(path: str):
     return axes, grid
 
 
+def moe_path(profile: str) -> str | None:
+    """The profile's ``moe.csv``: its own, else the one of the sibling ``tp1`` directory, else None.
+
+    LLMServingSim's profiler measures the MoE block at TP 1 only (its
+    ``profiler/core/categories.py``, ``categories_for``: no ``ExpertCategory`` for
+    ``tp != 1``), so a ``tp2`` profile of an MoE model has none of its own.
+
+    Parameters
+    ----------
+    profile : str
+        The profile directory (``.../bf16/tp<N>``).
+
+    Returns
+    -------
+    str or None
+    """
+    own = os.path.join(profile, MOE_FILE)
+    if os.path.isfile(own):
+        return own
+    sibling = os.path.join(os.path.dirname(os.path.normpath(profile)), "tp1", MOE_FILE)
+    return sibling if os.path.isfile(sibling) else None
+
+
 def read_moe(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``moe.csv``: the tokens and activated-experts knots and the filled grid of one MoE layer, us.
 
@@ -417,8 +440,9 @@ def load_profile(path: str, num_layers: int | None = None) -> Profile:
     measured = ~np.isnan(grid)
     filled = fill_grid(axes, grid)
     moe_tokens = moe_experts = moe = None
-    if os.path.isfile(os.path.join(path, MOE_FILE)):
-        moe_tokens, moe_experts, moe = read_moe(os.path.join(path, MOE_FILE))
+    moe_file = moe_path(path)
+    if moe_file is not None:
+        moe_tokens, moe_experts, moe = read_moe(moe_file)
     return Profile(
         path, int(num_layers), dense_x, dense_layer, dense_pass, seq_x, seq_y, axes, filled, measured,
         moe_tokens, moe_experts, moe,
@@ -513,9 +537,11 @@ def table_arrays(path: str, num_layers: int | None) -> tuple[np.ndarray, np.ndar
         As :func:`profile_arrays`.
     """
     stamp = []
-    for name in (DENSE_FILE, SEQUENCE_FILE, ATTENTION_FILE, MOE_FILE, META_FILE):
+    for name in (DENSE_FILE, SEQUENCE_FILE, ATTENTION_FILE, META_FILE):
         file = os.path.join(path, name)
         stamp.append(os.stat(file).st_mtime_ns if os.path.isfile(file) else None)
+    moe_file = moe_path(path)
+    stamp.append(None if moe_file is None else (moe_file, os.stat(moe_file).st_mtime_ns))
     key = (os.path.abspath(path), num_layers, tuple(stamp))
     if key not in _CACHE:
         _CACHE[key] = profile_arrays(load_profile(path, num_layers))
