@@ -12,7 +12,11 @@ compile or cache load excluded); median of the repeats
 (``benchtime.median_seconds``).  Models: ``linear`` (reference), ``table`` (the
 RTX PRO 6000 Llama-3.1-8B profile of the shared data set) and ``aic``
 (Meta-Llama-3.1-8B on h200_sxm, vLLM, default engine limits; tables from the
-disk cache, built on first use; skipped without the ``replaysim[aic]`` extra).
+disk cache, built on first use; skipped without the ``replaysim[aic]`` extra),
+``roofline`` (the catalogue's llama-3.1-8b on H200) and ``roofline_moe``
+(gpt-oss-120b on H200: experts and two attention spans; no pure-Python
+reference here, ``tests/test_roofline.py`` checks it against the formula
+written out layer by layer).
 
 In the same run, the slow reference way of computing the same pass times, on
 the same random summaries, scaled down where it is slow (median of the same
@@ -83,7 +87,8 @@ def linear_reference(mapping: dict, model: int, params: np.ndarray, table: np.nd
     from tests.reference.sim import ReferenceSim
 
     sim = ReferenceSim(merge_config(mapping), [], [], [], None)  # no requests: only the timing model is used
-    summaries = [dict(zip(SUMMARY_KEYS, row)) for row in passes.tolist()]
+    # five columns: the kernel takes the longest decode context as 0 (no skew term), so does the reference
+    summaries = [{**dict(zip(SUMMARY_KEYS, row)), "decode_kv_max": 0} for row in passes.tolist()]
 
     def fn():
         return [sim.rank_time_ms(s) for s in summaries]
@@ -163,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         "linear": {"timing": {"type": "linear"}},
         "table": {"timing": {"type": "table", "profile": PROFILE, "num_layers": 32}},
         "aic": {"timing": {"type": "aic", "model": "meta-llama/Meta-Llama-3.1-8B", "gpu": "h200_sxm"}},
+        "roofline": {"timing": {"type": "roofline", "model": "llama-3.1-8b", "gpu": "H200"}},
+        "roofline_moe": {"timing": {"type": "roofline", "model": "gpt-oss-120b", "gpu": "H200"}},
     }
     results = {}
     print("model,passes,median_s,us_per_pass,reference,reference_passes,reference_us_per_pass,speedup_vs_reference")
@@ -194,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             ref_n, ref_us, speedup = count, f"{ref_us_value:.4f}", f"{ratio:.1f}"
         results[name] = (us, ratio)
         print(f"{name},{args.passes},{seconds:.6f},{us:.4f},{ref_name},{ref_n},{ref_us},{speedup}", flush=True)
-    versus = {"linear": "the pure-Python rank_time_ms", "table": "no pure-Python reference", "aic": "direct aiconfigurator-core calls"}
+    versus = {"linear": "the pure-Python rank_time_ms", "table": "no pure-Python reference", "aic": "direct aiconfigurator-core calls",
+              "roofline": "no pure-Python reference", "roofline_moe": "no pure-Python reference"}
     summary = ", ".join(
         f"{name} {us:.3f} us/pass ({versus[name] if ratio is None else f'x{ratio:.0f} vs {versus[name]}'})"
         for name, (us, ratio) in results.items()

@@ -71,7 +71,7 @@ class Case:
 
 CHOICE_KEYS = {
     "workload.source", "workload.input_dist", "workload.output_dist", "load.type", "engine.mode",
-    "engine.policy", "timing.type", "output.mode", "timing.backend",
+    "engine.policy", "timing.type", "output.mode", "timing.backend", "timing.roofline.kv_dtype",
 }
 STRING_KEYS = {
     "workload.path", "output.dir", "timing.model", "timing.gpu", "timing.backend_version", "timing.profile",
@@ -246,13 +246,30 @@ def valid_other(key: str, rng: random.Random):
         return 0.5
     if key == "timing.memory_fraction":
         return 0.5
+    if key == "timing.roofline.kv_dtype":
+        return "fp8"
+    if key.startswith("timing.roofline."):
+        return 0.5
     if key == "engine.aggregated.num_blocks" or key.endswith(".num_blocks"):
         return rng.choice([1000, 2000])
     if key.endswith("schedule_conservativeness"):
         return 0.5
     if key in COUNT_KEYS:
         return (default or 4) + rng.randint(1, 3)
+    if isinstance(default, str):  # a name: another of those the key's declaration allows
+        return next(name for name in choices_of(key) if name != default)
+    if isinstance(default, dict) and key.endswith(".kv_offload"):
+        return {"num_blocks": 100, "bandwidth_gb_per_second": 1.0, "bytes_per_token": 1024.0}
     return (default or 1.0) * 2 + rng.choice([0.5, 1.5])
+
+
+def choices_of(key: str) -> list[str]:
+    """The names a choice key allows, as its declaration documents them (``simcore.checks.describe``)."""
+    from simcore.checks import describe
+    from simcore.settings import SimConfig
+
+    values = next(doc.values for doc in describe(SimConfig) if doc.path == key)
+    return [name.strip() for name in values.split("|")]
 
 
 VALID_TABLE = b"request_id,input_tokens,output_tokens\na,8,2\nb,8,2\n"
@@ -307,6 +324,10 @@ def combination_cases(rng: random.Random) -> list[Case]:
         ([("engine.mode", "disaggregated"), ("engine.decode.prefix_caching", True)], ("prefix_caching",)),
         ([("engine.policy", "vllm"), ("engine.aggregated.chunked_prefill_size", 512)], ("chunked_prefill_size",)),
         ([("timing.type", "aic")], ("timing.model", "timing.gpu")),
+        ([("timing.type", "roofline")], ("timing.model", "timing.gpu")),
+        ([("timing.type", "roofline"), ("timing.model", "llama-70b"), ("timing.gpu", "H200")], ("timing.model",)),
+        ([("timing.type", "roofline"), ("timing.model", "llama-3.1-70b"), ("timing.gpu", "RTX4090")],
+         ("timing.model", "does not fit")),
         ([("timing.type", "table")], ("timing.profile",)),
         ([("engine.aggregated.num_blocks", "auto")], ("num_blocks",)),
         ([("load.type", "trace")], ("send_ms", "load.type", "trace")),

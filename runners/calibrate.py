@@ -117,6 +117,11 @@ DEFAULT_BOUNDS = {
     "timing.moe.alltoall.latency_us": (0.0, 200.0),
     "timing.moe.alltoall.bandwidth_gb_per_second": (1.0, 400.0),
     "timing.moe.imbalance": (1.0, 2.0),
+    # timing.type=roofline: shares of the datasheet peaks, (0, 1]
+    "timing.roofline.flops_efficiency": (0.05, 1.0),
+    "timing.roofline.bandwidth_efficiency": (0.05, 1.0),
+    "timing.roofline.attention_flops_efficiency": (0.05, 1.0),
+    "timing.roofline.attention_bandwidth_efficiency": (0.05, 1.0),
     "tokenization.base_ms": (0.0, 50.0),
     "tokenization.per_input_us": (0.0, 100.0),
     "detokenization.base_ms": (0.0, 50.0),

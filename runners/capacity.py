@@ -48,6 +48,8 @@ from runners.capacity_search import (
     parse_slo,
 )
 from runners.hydra_private import args_parser
+from runners.entry import wants_help
+from runners.options import print_help
 from runners.progress import interactive
 from runners.rundir import remove_new_run_dir
 from runners.sweep import Point, RunnerOptions, job_points, split_options
@@ -76,6 +78,25 @@ CAPACITY_DEFAULTS: dict[str, Any] = {
     "plots": True,
     "table_rows": 30,
 }
+#: The capacity.* keys documented (``replaysim --help``, docs/options.md, docs/capacity.md):
+#: ``(key, unit, values, description)``, in :data:`CAPACITY_DEFAULTS`' order.
+CAPACITY_KEY_DOCS: tuple[tuple[str, str, str, str], ...] = (
+    ("axis", "", "load.request_rate | load.concurrency", "The load axis whose highest value meeting the SLO is searched."),
+    ("lo", "axis unit", "number > 0 or null", "The first probe; null: 1. A configuration failing there has no capacity."),
+    ("hi", "axis unit", "number > lo or null", "The upper end of the bracket; null: double lo until the SLO fails."),
+    ("tolerance", "", "number > 0", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
+    ("max_doublings", "", "integer >= 1", "Without hi: stop doubling after this many (status unbounded)."),
+    ("slo.<metric>", "ms", "number > 0",
+     "An upper bound on a summary metric (<mean|median|max|p<P>>_<ttft|tpot|itl|e2el>_ms), or goodput_fraction "
+     "as a lower bound. At least one."),
+    ("seeds", "", "integer >= 1", "Workload seeds per probe: seed, seed + 1, ..."),
+    ("seed_quantile", "", "number in [0, 1]", "Quantile over the seeds at which each SLO metric is judged (1: the worst seed)."),
+    ("search", "", "grid | optuna", "grid: every point of the batch axes; optuna: NSGA-II over them."),
+    ("trials", "", "integer >= 1", "optuna: trial budget."),
+    ("population", "", "integer >= 1", "optuna: NSGA-II population, trials bisected together."),
+    ("plots", "", "true | false", "Write the PNG plots."),
+    ("table_rows", "lines", "integer >= 0", "Terminal lines per section (0: all)."),
+)
 SEARCHES = ("grid", "optuna")
 #: Probes simulated per :func:`simcore.run_batch` call (bounds the results held at once).
 BATCH_CHUNK = 512
@@ -765,6 +786,9 @@ def main() -> None:
     argv = sys.argv[1:]
     if "--version" in argv:
         print(f"{PROG} {cli.installed_version()}", flush=True)
+        return
+    if wants_help(argv):
+        print_help(PROG)
         return
     check_overrides(argv)
     own_report = "HYDRA_FULL_ERROR" not in os.environ

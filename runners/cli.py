@@ -71,6 +71,8 @@ import runners.conf_store  # noqa: E402,F401  (registers base_config before Hydr
 from runners import callbacks, params  # noqa: E402
 from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E402  the one module using hydra._internal
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
+from runners.entry import wants_help  # noqa: E402
+from runners.options import print_help  # noqa: E402
 from runners.compile_watch import CompileWatch, load_timeline, timeline_case  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
@@ -639,6 +641,9 @@ def main() -> None:
     argv = sys.argv[1:]
     if "--version" in argv:  # Hydra's parser would print Hydra's version
         print(f"{PROG} {installed_version()}", flush=True)
+        return
+    if wants_help(argv):  # every key documented (runners.options), not Hydra's YAML of defaults
+        print_help(PROG)
         return
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     if signal.getsignal(signal.SIGINT) is _stopped_while_starting:

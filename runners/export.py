@@ -49,11 +49,18 @@ def _status(requests: pa.Table) -> np.ndarray:
     return np.array(requests.column("status").cast(pa.string()).to_pylist(), dtype=object)
 
 
-def _gaps_s(requests: pa.Table, tokens: pa.Table | None) -> tuple[np.ndarray, np.ndarray]:
+def _chunked(result: simcore.Result) -> bool:
+    """Whether the run speculates: a pass's tokens of a request then reach the client as one chunk,
+    and the tools count one inter-token gap per chunk (docs/speculative.md)."""
+    return any(pool.speculative is not None for pool in result.config.engine.pools)
+
+
+def _gaps_s(requests: pa.Table, tokens: pa.Table | None, chunks: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Gaps between consecutive receipts of each request's tokens, in seconds.
 
     Returns the owner (request-table row) of every gap, non-decreasing, and
-    the gaps in receipt order within each request.
+    the gaps in receipt order within each request.  ``chunks``: tokens received
+    at the instant of the one before them are in its chunk (no gap of their own).
     """
     if tokens is None or tokens.num_rows == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
@@ -66,12 +73,15 @@ def _gaps_s(requests: pa.Table, tokens: pa.Table | None) -> tuple[np.ndarray, np
     order = np.lexsort((index, row))
     row, received = row[order], received[order]
     same = row[1:] == row[:-1]
-    return row[1:][same], (received[1:] - received[:-1])[same] / MS_PER_S
+    gaps = received[1:] - received[:-1]
+    if chunks:
+        same &= gaps != 0
+    return row[1:][same], gaps[same] / MS_PER_S
 
 
-def _itls_s(requests: pa.Table, tokens: pa.Table | None) -> list[list[float]]:
+def _itls_s(requests: pa.Table, tokens: pa.Table | None, chunks: bool = False) -> list[list[float]]:
     """vLLM's ``itls``: one list of gaps (s) per request, in request-table order."""
-    owner, gaps = _gaps_s(requests, tokens)
+    owner, gaps = _gaps_s(requests, tokens, chunks)
     bounds = np.searchsorted(owner, np.arange(requests.num_rows + 1))
     return [gaps[bounds[i]:bounds[i + 1]].tolist() for i in range(requests.num_rows)]
 
@@ -183,7 +193,7 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
                 "input_lens": requests.column("input_tokens").to_pylist(),
                 "output_lens": np.where(completed, generated, 0).tolist(),
                 "ttfts": np.where(np.isnan(ttft), 0.0, ttft / MS_PER_S).tolist(),
-                "itls": _itls_s(requests, tokens),
+                "itls": _itls_s(requests, tokens, _chunked(result)),
                 "latencies": np.where(completed & ~np.isnan(e2el), e2el / MS_PER_S, 0.0).tolist(),
                 "start_times": np.where(np.isnan(send_ms), 0.0, send_ms / MS_PER_S).tolist(),
                 "errors": ["" if s == "completed" else s for s in status.tolist()],
@@ -195,6 +205,17 @@ def vllm_bench_document(result: simcore.Result, tokens: pa.Table | None, *, deta
             continue
         for stat in ("mean", "median", "std", *percentiles):
             document[f"{stat}_{metric.vllm}_{metric.unit}"] = summary.get(summary_key(stat, metric))
+    if _chunked(result) and tokens is not None and ITL.vllm is not None:
+        # vLLM's ITL statistics are over its chunks' gaps (of the completed requests), ms
+        owner, gaps = _gaps_s(requests, tokens, chunks=True)
+        gaps = gaps[completed[owner]] * MS_PER_S
+        stats = dict.fromkeys(("mean", "median", "std", *percentiles))
+        if gaps.size:
+            points = np.percentile(gaps, [50, *(float(p[1:]) for p in percentiles)])
+            stats = dict(zip(stats, (float(np.mean(gaps)), float(points[0]), float(np.std(gaps)),
+                                     *(float(point) for point in points[1:]))))
+        for stat, value in stats.items():
+            document[f"{stat}_{ITL.vllm}_{ITL.unit}"] = value
     return document
 
 
@@ -248,8 +269,9 @@ def _record_block(unit: str, values: np.ndarray) -> dict[str, Any]:
     return block
 
 
-def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | None) -> dict[str, Any]:
-    """``inter_chunk_latency``: the pooled gaps (one chunk per token), from the tokens when kept.
+def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | None, chunks: bool = False) -> dict[str, Any]:
+    """``inter_chunk_latency``: the pooled gaps (one chunk per token; ``chunks``: per received chunk),
+    from the tokens when kept.
 
     Without per-token receipts the summary's ITL statistics are used: mean,
     min, max, std and those of aiperf's percentiles that ``metrics.percentiles``
@@ -257,7 +279,7 @@ def _itl_block(summary: dict[str, Any], requests: pa.Table, tokens: pa.Table | N
     """
     if tokens is not None:
         status = _status(requests)
-        owner, gaps = _gaps_s(requests, tokens)
+        owner, gaps = _gaps_s(requests, tokens, chunks)
         return _record_block(ITL.unit, gaps[status[owner] == "completed"] * MS_PER_S)
     block: dict[str, Any] = {"unit": ITL.unit}
     if summary.get(summary_key("mean", ITL)) is None:
@@ -306,7 +328,7 @@ def aiperf_document(result: simcore.Result, tokens: pa.Table | None) -> dict[str
 
     blocks: dict[str, dict[str, Any]] = {
         metric.aiperf: _record_block(metric.unit, column(metric.column)) if metric.column
-        else _itl_block(summary, requests, tokens)
+        else _itl_block(summary, requests, tokens, _chunked(result))
         for metric in _AIPERF_DISTRIBUTIONS
     }
     tpot = column(TPOT.column)

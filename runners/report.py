@@ -83,6 +83,16 @@ def format_summary(summary: Mapping[str, Any], out_dir: str | Path) -> str:
     lines.append(_row("TTFT stages, mean (ms)"))
     for stage in TTFT_STAGES:
         lines.append(_row(f"  {stage.removesuffix('_ms')}", _fmt(get(f"mean_{stage}"), ".3f")))
+    if get("spec_decode_num_drafts") is not None:  # speculative decoding (docs/speculative.md)
+        lines += [
+            _row("Speculative decoding"),
+            _row("  acceptance rate", _fmt(get("spec_decode_acceptance_rate"), ".3f")),
+            _row("  mean acceptance length", _fmt(get("spec_decode_acceptance_length"), ".3f")),
+            _row("  drafted / accepted tokens", f"{get('spec_decode_draft_tokens')}/{get('spec_decode_accepted_tokens')}"),
+        ]
+        positions = [key for key in summary if key.startswith("spec_decode_acceptance_rate_pos_")]
+        if positions:
+            lines.append(_row("  per-position acceptance", " ".join(_fmt(get(key), ".2f") for key in positions)))
     verdict = saturation_line(summary)
     lines += ["=" * width, *([verdict] if verdict else []), f"Output directory: {out_dir}"]
     return "\n".join(line.rstrip() for line in lines)

@@ -55,6 +55,16 @@ RUNNER_DEFAULTS: dict[str, Any] = {
     "sweep": {"batch": {}},
     "export": {"vllm_bench": True, "detailed": False, "aiperf": False},
 }
+#: The runner's keys documented (``replaysim --help``, docs/options.md):
+#: ``(key, unit, values, description)``, in :data:`RUNNER_DEFAULTS`' order.
+RUNNER_KEY_DOCS: tuple[tuple[str, str, str, str], ...] = (
+    ("force", "", "true | false", "Sweeps: rerun points whose summary.json exists (else they are skipped)."),
+    ("sweep.batch.<key>", "", "a list of values of <key>",
+     "In-job batch axis: simulate every value of <key> (several axes: their product) in one process."),
+    ("export.vllm_bench", "", "true | false", "Write vllm_bench.json in the keys and units of vllm bench serve --save-result."),
+    ("export.detailed", "", "true | false", "vllm_bench.json: include its per-request arrays."),
+    ("export.aiperf", "", "true | false", "Write profile_export_aiperf.json and .csv as aiperf does."),
+)
 
 POINT_FILE = "point.json"
 FAILURE_FILE = "failure.json"

@@ -16,7 +16,7 @@ a full token budget of prompt (``passes <= outputs + requests + inputs /
 budget``).  Recomputation after a preemption is not counted (the fuzz test
 checks the bound against runs that preempt).  Instants are kept below half the
 int64 range, so that the kernel can add one more duration to any instant
-without wrapping.  ``aic`` and ``table`` passes are counted at the model's
+without wrapping.  ``aic``, ``table`` and ``roofline`` passes are counted at the model's
 time for the pool's largest batches (:func:`model_pass_ms`) at the API
 boundary, and at their 1 ns floor in ``load_config`` (no tables loaded there).
 """
@@ -292,7 +292,7 @@ def worst_case_ms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | No
 
 
 def model_pass_ms(cfg: SimConfig) -> list[float] | None:
-    """``aic`` and ``table`` timing: each pool's pass time at its largest batches, from the model itself.
+    """``aic``, ``table`` and ``roofline`` timing: each pool's pass time at its largest batches, from the model itself.
 
     The tables extend their end segments, so a pass is not bounded by the
     largest entry; the model is evaluated, as the kernel does, at the pool's
@@ -309,7 +309,7 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
         ms per pool (inf where the model gives a non-finite time); None for
         ``fixed`` and ``linear``, which :func:`check_run` bounds term by term.
     """
-    if cfg.timing.type not in ("aic", "table"):
+    if cfg.timing.type not in ("aic", "table", "roofline"):
         return None
     from simcore.timing.api import timing_arrays  # lazy: aic needs the optional extra
     from simcore.timing.nb import rank_time_ms_nb
@@ -324,6 +324,8 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
         batches = [(1, tokens, capacity, 0, 0, 0), (0, 0, 0, seqs, capacity, capacity)]
         if seqs > 1:
             batches.append((1, tokens, capacity // 2, seqs - 1, capacity // 2, capacity // 2))
+        if pool.speculative is not None:  # every decode verifying its proposals (docs/speculative.md)
+            batches.append((0, 0, 0, seqs, capacity, capacity, seqs * pool.speculative.draft_tokens))
         if pool.expert_parallel:  # every rank at the extreme batch: the MoE layers and all-to-all at their most
             times = [_lockstep_ms(model, params, table, batch, pool.attention_dp) for batch in batches]
         else:
@@ -449,7 +451,20 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
                 terms.append((f"timing.moe.alltoall.bandwidth_gb_per_second={t.moe_alltoall_bandwidth_gb_per_second!r}"
                               f" (latency_us={t.moe_alltoall_latency_us!r}) x {t.moe_num_layers} MoE layers"
                               f" of {gathered:.4g} tokens{each}", passes * t.moe_num_layers * one_us / 1000))
-        elif model_ms is not None:
+        spec = pool.speculative
+        if spec is not None:  # docs/speculative.md: the proposals (linear) and the proposer, every pass
+            key = f"engine.{_pool_names(cfg)[index]}.speculative"
+            if t.type == "linear":
+                scale = max(t.prefill_scale, t.decode_scale)
+                terms.append((f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{each} of {pool.max_sequences}"
+                              f" x {spec.draft_tokens} proposals ({key})",
+                              passes * t.per_prefill_token_us * pool.max_sequences * spec.draft_tokens / 1000 * scale))
+            terms.append((f"{key}.proposer_step_ms={spec.proposer_step_ms!r} and proposer_per_seq_us="
+                          f"{spec.proposer_per_seq_us!r} x {spec.proposer_steps} proposer passes of {pool.max_sequences}"
+                          f" sequences{each}",
+                          passes * spec.proposer_steps
+                          * (spec.proposer_step_ms + spec.proposer_per_seq_us * pool.max_sequences / 1000)))
+        if t.type not in ("fixed", "linear") and model_ms is not None:
             layers = f", timing.num_layers={t.num_layers}" if t.type == "table" else ""
             terms.append((f"timing.type={t.type}{layers}: a largest batch of {model_ms[index]:.4g} ms{each}",
                           passes * model_ms[index]))

@@ -15,7 +15,7 @@ import copy
 import math
 from dataclasses import MISSING, field, fields
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -24,6 +24,11 @@ from simcore.units import INT64_MAX
 
 #: Field metadata names: the key's default, its check, and where it sits in the tree.
 _DEFAULT, _CHECK, _AT, _SECTION = "key_default", "key_check", "key_at", "key_section"
+#: Field metadata names of a key's documentation (docs/options.md, ``replaysim --help``).
+_DOC, _UNIT, _VALUES = "key_doc", "key_unit", "key_values"
+#: Units read from a key's name when it ends so (STYLE: names carry their unit).
+UNIT_SUFFIXES = (("_ms", "ms"), ("_us", "µs"), ("_ns", "ns"), ("_gb_per_second", "GB/s"),
+                 ("bytes_per_token", "bytes/token"), ("_tokens", "tokens"), ("_len", "tokens"))
 
 
 def key(
@@ -32,6 +37,9 @@ def key(
     *,
     at: tuple[str, ...] = (),
     optional: bool = False,
+    doc: str = "",
+    unit: str | None = None,
+    values: str | None = None,
     **options: Any,
 ) -> Any:
     """A dataclass field that is a config key.
@@ -49,6 +57,13 @@ def key(
     optional : bool
         Give the field ``default`` as its Python default too (a parser may leave
         it unset); ``default`` must then be immutable.
+    doc : str
+        What the key sets, in one sentence or two (``replaysim --help``, docs/options.md).
+    unit : str or None
+        Its unit; None: read from the name's suffix (:data:`UNIT_SUFFIXES`), else none.
+    values : str or None
+        The values allowed, in words; None: said by ``check`` and its options
+        (:func:`allowed_values`).
     **options
         Keyword arguments bound to ``check`` (``minimum=0``, ``allowed=...``).
 
@@ -58,11 +73,11 @@ def key(
         A field without a Python default unless ``optional``.
     """
     bound = None if check is None else partial(check, **options)
-    metadata = {_DEFAULT: default, _CHECK: bound, _AT: at}
+    metadata = {_DEFAULT: default, _CHECK: bound, _AT: at, _DOC: doc, _UNIT: unit, _VALUES: values}
     return field(default=default, metadata=metadata) if optional else field(metadata=metadata)
 
 
-def section(cls: type, tree: Callable[[], dict[str, Any]] | None = None) -> Any:
+def section(cls: type, tree: Callable[[], dict[str, Any]] | None = None, doc: str = "") -> Any:
     """A dataclass field holding a nested section of keys.
 
     Parameters
@@ -72,13 +87,15 @@ def section(cls: type, tree: Callable[[], dict[str, Any]] | None = None) -> Any:
     tree : callable or None
         Builds the section's default tree when its keys do not map one to one
         onto ``cls``'s fields; None: ``defaults(cls)``.
+    doc : str
+        What the section holds (``replaysim --help``, docs/options.md).
 
     Returns
     -------
     dataclasses.Field
         A field without a Python default.
     """
-    return field(metadata={_SECTION: tree or partial(defaults, cls), _CHECK: cls})
+    return field(metadata={_SECTION: tree or partial(defaults, cls), _CHECK: cls, _DOC: doc})
 
 
 def default_of(cls: type, name: str) -> Any:
@@ -123,6 +140,101 @@ def defaults(cls: type) -> dict[str, Any]:
                 node = node.setdefault(parent, {})
             node[name] = copy.deepcopy(f.metadata[_DEFAULT])  # a list or dict default is not shared
     return tree
+
+
+class KeyDoc(NamedTuple):
+    """One documented config key (docs/options.md, ``replaysim --help``)."""
+
+    path: str  # dotted, from the root of the tree
+    default: Any
+    type: str  # the field's annotation
+    unit: str  # "" for a count or a name
+    values: str  # the values allowed, in words
+    doc: str
+
+
+def describe(cls: type, path: str = "") -> list[KeyDoc]:
+    """Every key of a settings dataclass, sections included, in field order.
+
+    Parameters
+    ----------
+    cls : type
+        A dataclass whose key fields come from :func:`key` and :func:`section`.
+    path : str
+        Its dotted path (``"engine.aggregated"``); ``""`` for the root.
+
+    Returns
+    -------
+    list of KeyDoc
+        A key with no ``doc`` is listed with an empty one (a test finds it).
+    """
+    found: list[KeyDoc] = []
+    for f in fields(cls):
+        if _SECTION in f.metadata:
+            inner, dotted = f.metadata[_CHECK], f"{path}.{f.name}" if path else f.name
+            # a section whose keys are not fields (built from a registry) documents itself
+            found.extend(inner.key_docs(dotted) if hasattr(inner, "key_docs") else describe(inner, dotted))
+        elif _DEFAULT in f.metadata:
+            at = f.metadata[_AT] or (f.name,)
+            dotted = ".".join((path, *at)) if path else ".".join(at)
+            unit = f.metadata[_UNIT]
+            if unit is None:
+                unit = next((u for suffix, u in UNIT_SUFFIXES if at[-1].endswith(suffix)), "")
+            values = f.metadata[_VALUES]
+            if values is None:
+                values = allowed_values(f.metadata[_CHECK])
+            found.append(KeyDoc(dotted, f.metadata[_DEFAULT], str(f.type), unit, values, f.metadata[_DOC]))
+    return found
+
+
+def section_doc(cls: type, name: str) -> str:
+    """The description given to the section field ``name`` of ``cls``.
+
+    Parameters
+    ----------
+    cls : type
+        A settings dataclass.
+    name : str
+        One of its section fields.
+
+    Returns
+    -------
+    str
+        ``""`` when the section has none.
+    """
+    return cls.__dataclass_fields__[name].metadata.get(_DOC, "")
+
+
+def allowed_values(check: Callable[..., Any] | None) -> str:
+    """The values a key's check accepts, in words ("" when the check cannot say).
+
+    Parameters
+    ----------
+    check : callable or None
+        A check bound to its options by :func:`key`.
+
+    Returns
+    -------
+    str
+    """
+    if not isinstance(check, partial):
+        return ""
+    func, opts = check.func, check.keywords
+    null = " or null" if func in (optional_count, optional_number, optional_str) else ""
+    if func in (count, optional_count):
+        return f"integer >= {opts.get('minimum', 1)}{null}"
+    if func in (number, optional_number):
+        bound = f"> {opts.get('minimum', 0.0):g}" if opts.get("strict") else f">= {opts.get('minimum', 0.0):g}"
+        if opts.get("maximum", math.inf) < math.inf:
+            bound += f", <= {opts['maximum']:.4g}"
+        return f"number {bound}{null}"
+    if func is choice:
+        return " | ".join(opts["allowed"])
+    if func is flag:
+        return "true | false"
+    if func is optional_str:
+        return "string or null"
+    return ""
 
 
 class Later:

@@ -55,9 +55,12 @@ from simcore.timing import settings as timing_settings
 from simcore.timing.settings import (
     AIC_KEYS,
     AIC_MEMORY_FRACTION,
+    AIC_ONLY_KEYS,
     ALLREDUCE_TYPES,
     FIXED_KEYS,
     LINEAR_KEYS,
+    MODEL_KEYS,
+    ROOFLINE_KEYS,
     TABLE_KEYS,
     TIMING_TYPES,
     VLLM_DEFAULT_GRAPHS,
@@ -273,6 +276,12 @@ def _check_expert_parallel(cfg: SimConfig) -> None:
                     f"{pool.attention_dp} attention-DP rank(s) x timing.tp={timing.tp}: moe.csv times one GPU "
                     "holding every expert; experts split by tensor parallelism are not modelled"
                 )
+    for name, pool in zip(names, cfg.engine.pools):
+        if pool.expert_parallel and pool.speculative is not None:
+            raise ConfigError(
+                f"engine.{name}.expert_parallel is not modelled with engine.{name}.speculative (the ranks' "
+                "lock-step prices no proposals)"
+            )
     if timing.alltoall and not any(pool.expert_parallel for pool in cfg.engine.pools):
         raise ConfigError(
             "timing.moe.alltoall has no effect here: it is only used with engine.<pool>.expert_parallel=true"
@@ -326,7 +335,12 @@ KEY_SCOPES = (
                  f"engine.mode={mode}", _setting("engine", "mode"))
         for name, mode in _SECTION_MODE.items()
     ),
-    KeyScope("timing", AIC_KEYS, lambda cfg: cfg.timing.type == "aic", "timing.type=aic", _setting("timing", "type")),
+    KeyScope("timing", MODEL_KEYS + ("memory_fraction",), lambda cfg: cfg.timing.type in ("aic", "roofline"),
+             "timing.type=aic or roofline", _setting("timing", "type")),
+    KeyScope("timing", AIC_ONLY_KEYS, lambda cfg: cfg.timing.type == "aic", "timing.type=aic",
+             _setting("timing", "type")),
+    KeyScope("timing.roofline", ROOFLINE_KEYS, lambda cfg: cfg.timing.type == "roofline", "timing.type=roofline",
+             _setting("timing", "type")),
     KeyScope("timing", TABLE_KEYS, lambda cfg: cfg.timing.type == "table", "timing.type=table",
              _setting("timing", "type")),
     KeyScope("workload", ("path",), lambda cfg: cfg.workload.source in FILE_SOURCES,

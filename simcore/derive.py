@@ -6,8 +6,11 @@ models and the pools determine:
 
 1. the model dimensions: a table profile's ``num_layers`` (and, for the TP
    all-reduce, ``hidden_size``) from its ``meta.yaml``, an aic model's from its
-   config;
-2. ``num_blocks: auto`` of each active pool, from aiconfigurator-core's memory model;
+   config, a roofline model's from the catalogue (with TP and no
+   ``timing.allreduce``: a ring at the GPU's link bandwidth);
+2. ``num_blocks: auto`` of each active pool, from aiconfigurator-core's memory
+   model (aic) or the catalogue's (roofline, which also refuses a model that
+   does not fit the GPU);
 3. the aic tables' ranges (the largest pass of the active pools) and vLLM's
    default CUDA-graph capture sizes;
 4. the worst-case instants and buffer sizes (:func:`simcore.bounds.check_run`).
@@ -31,7 +34,8 @@ from simcore.scheduler.settings import (
     checked_num_blocks,
 )
 from simcore.settings import SimConfig
-from simcore.timing import aic
+from simcore.models import catalogue
+from simcore.timing import aic, roofline
 from simcore.timing.profile import MOE_FILE, moe_path, read_meta_count, read_num_layers
 from simcore.timing.settings import VLLM_DEFAULT_GRAPHS, TimingConfig
 
@@ -63,7 +67,9 @@ def derive(cfg: SimConfig) -> SimConfig:
         timing = replace(timing, expert_parallel=any(pool.expert_parallel for pool in engine.pools))
     for name in POOLS[engine.mode]:
         pool = getattr(engine, name)
-        if isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS:
+        if timing.type == "roofline":
+            engine = replace(engine, **{name: _roofline_memory(f"engine.{name}", pool, timing)})
+        elif isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS:
             engine = replace(engine, **{name: _auto_num_blocks(f"engine.{name}", pool, timing)})
     pools = list(engine.pools)
     if timing.type == "aic":
@@ -95,6 +101,8 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
         Neither the keys nor the profile (or model config) give a dimension.
     """
     kind, num_layers, hidden = timing.type, timing.num_layers, timing.hidden_size
+    if kind == "roofline":
+        return _roofline_dimensions(timing)
     if kind == "table" and num_layers is None:
         num_layers = read_num_layers(timing.profile)
         if num_layers is None:
@@ -133,6 +141,39 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
     return replace(timing, num_layers=num_layers, hidden_size=hidden, moe_num_layers=moe_layers)
 
 
+def _roofline_dimensions(timing: TimingConfig) -> TimingConfig:
+    """The catalogue checks timing.model, gpu and tp; the all-reduce takes the model's dimensions, and
+    with ``timing.tp >= 2`` and no ``timing.allreduce`` a ring at one direction of the GPU's link."""
+    spec, device = roofline.resolve(timing)
+    dims = dict(num_layers=spec.num_layers, hidden_size=spec.hidden_size)
+    if timing.allreduce:
+        return replace(timing, **dims)
+    if timing.tp >= 2:
+        return replace(timing, **dims, allreduce_latency_us=0.0, allreduce_bandwidth_gb_per_second=device.ring_gb_per_s)
+    return timing
+
+
+def _roofline_memory(path: str, pool: PoolConfig, timing: TimingConfig) -> PoolConfig:
+    """roofline: refuse a model that does not fit the GPU; ``num_blocks: auto`` from the catalogue's memory plan."""
+    spec, device = roofline.resolve(timing)
+    budgets = [getattr(pool, name) for name in TOKEN_BUDGETS]
+    max_tokens = max([b for b in budgets if b is not None], default=pool.max_sequences)
+    plan = catalogue.memory_plan(spec, device, timing.tp, timing.memory_fraction, max_tokens, pool.max_sequences)
+    if not plan.fits:
+        raise ConfigError(catalogue.fit_error(timing.model, spec, device, timing.tp, plan))
+    if not (isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS):
+        return pool
+    num_blocks = catalogue.kv_blocks(plan, pool.block_size)
+    if num_blocks < 1:
+        raise ConfigError(
+            f"{path}.num_blocks=auto: {plan.describe()} leaves {max(plan.kv, 0) / catalogue.GIB:.3f} GiB of KV cache, "
+            f"less than one block of {pool.block_size} tokens x {plan.kv_per_token:.0f} bytes"
+        )
+    pool = replace(pool, num_blocks=checked_num_blocks(path, num_blocks, pool.block_size))
+    check_whole_prompt_budget(path, pool)
+    return pool
+
+
 def _auto_num_blocks(path: str, pool: PoolConfig, timing: TimingConfig) -> PoolConfig:
     """``num_blocks: auto``: the KV blocks aiconfigurator-core's memory model gives one rank."""
     budgets = [getattr(pool, name) for name in TOKEN_BUDGETS]
@@ -148,15 +189,20 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _query_rows(pool: PoolConfig) -> int:
+    """Most decode rows of a pass: one per sequence, ``1 + k`` with speculative decoding (docs/speculative.md)."""
+    return pool.max_sequences * (1 + (0 if pool.speculative is None else pool.speculative.draft_tokens))
+
+
 def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
     """The largest pass of the active pools, rounded up to powers of two (table ranges)."""
     tokens = max(
-        max(p.max_batched_tokens or 0, p.chunked_prefill_size or 0, p.max_prefill_tokens or 0) + p.max_sequences
+        max(p.max_batched_tokens or 0, p.chunked_prefill_size or 0, p.max_prefill_tokens or 0) + _query_rows(p)
         for p in pools
     )
     return dict(
         pass_tokens_limit=_next_pow2(tokens),
-        pass_sequences_limit=_next_pow2(max(p.max_sequences for p in pools)),
+        pass_sequences_limit=_next_pow2(max(_query_rows(p) for p in pools)),
         context_limit=_next_pow2(max(p.sequence_limit for p in pools)),
     )
 
@@ -164,8 +210,8 @@ def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
 def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes for the active pools (docs/timing.md).
 
-    vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``, no speculative decoding):
-    the largest size is ``min(2 x max_num_seqs, 512, max_num_batched_tokens)``;
+    vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``): the largest size is
+    ``min(2 x max_num_seqs x (1 + num_speculative_tokens), 512, max_num_batched_tokens)``;
     the sizes are 1, 2, 4, then every multiple of 8 below 256, then every
     multiple of 16 from 256, up to the largest.
 
@@ -186,7 +232,7 @@ def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
     """
     found = set()
     for pool in pools:
-        largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+        largest = min(2 * _query_rows(pool), 512, pool.max_batched_tokens)
         sizes = [s for s in (1, 2, 4) if s <= largest]
         sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
         found.add(tuple(sizes))

@@ -24,14 +24,26 @@ from simcore.workload.settings import LoadConfig, WorkloadConfig
 class SimConfig:
     """Every stage's settings, checked and derived (:func:`simcore.config.load_config`)."""
 
-    seed: int = key(0, count, minimum=0)
-    workload: WorkloadConfig = section(WorkloadConfig)
-    load: LoadConfig = section(LoadConfig)
-    engine: EngineConfig = section(EngineConfig, engine_settings.defaults)
-    timing: TimingConfig = section(TimingConfig)
-    tokenization: TokenizationConfig = section(TokenizationConfig)
-    detokenization: DetokenizationConfig = section(DetokenizationConfig)
-    max_time_ms: float | None = key(None, optional_number, maximum=MAX_INSTANT_MS)
-    metrics: MetricsConfig = section(MetricsConfig)
-    output: OutputConfig = section(OutputConfig)
+    seed: int = key(
+        0, count, minimum=0,
+        doc="Seed of every random draw (lengths, arrival gaps, routing); the same seed gives bit-identical tables.",
+    )
+    workload: WorkloadConfig = section(WorkloadConfig, doc="The requests: generated or read from a file.")
+    load: LoadConfig = section(LoadConfig, doc="When the client sends them: a closed loop, an open loop or a trace's timestamps.")
+    engine: EngineConfig = section(
+        EngineConfig, engine_settings.defaults, doc="The deployment: scheduling policy, pools of workers, routing."
+    )
+    timing: TimingConfig = section(TimingConfig, doc="How long each engine pass takes.")
+    tokenization: TokenizationConfig = section(
+        TokenizationConfig, doc="The server's tokenizer before a request reaches the engine (all 0: off)."
+    )
+    detokenization: DetokenizationConfig = section(
+        DetokenizationConfig, doc="The server's response path: detokenizer jobs per pass before the client receives tokens (all 0: off)."
+    )
+    max_time_ms: float | None = key(
+        None, optional_number, maximum=MAX_INSTANT_MS,
+        doc="Stop simulating at this instant; requests not finished by then are reported as cut off. null: run to the end.",
+    )
+    metrics: MetricsConfig = section(MetricsConfig, doc="What the summary reports.")
+    output: OutputConfig = section(OutputConfig, doc="Which result files are written, and where.")
     resolved: dict = field()  # the merged mapping, for summary.json

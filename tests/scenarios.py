@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+import simcore
+import simcore.engine.api as engine_api
 from simcore.config import load_config
 from simcore.engine.api import simulate_engine
 from simcore.metrics.api import POOL_NAMES, RequestColumns, STATUS_NAMES, summarize
 from simcore.workload.api import RequestTable
+
+MOONCAKE_SAMPLE = Path(__file__).resolve().parents[1] / "runners" / "samples" / "mooncake_conversation_300.jsonl"
 
 
 def _random_pool(rnd: random.Random, num_blocks: int, block_size: int, context_length, policy: str = "vllm") -> dict:
@@ -49,6 +57,7 @@ def random_scenario(
     attention_skew: bool = False,
     chunked_prefill_off: bool = False,
     expert_parallel: bool = False,
+    speculative: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -90,6 +99,10 @@ def random_scenario(
     ``expert_parallel`` (vllm policy) turns on the attention-DP ranks' lock-step on every
     pool, with 1-4 ranks per worker (often one idle: dummy batches), often CUDA-graph
     sizes (DP padding) and an all-to-all on a linear timing; drawn last.
+    ``speculative`` turns on speculative decoding on the emitting pool in the
+    policy's engine form (random method and proposals, acceptance rates or a
+    mean acceptance length, proposer costs; half the fixed timings become
+    linear, so that proposals are priced); drawn last.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -283,6 +296,12 @@ def random_scenario(
                     pool["max_sequences"] = max(pool["max_sequences"], rnd.randint(2, 6))
                 limit = capacity if pool["context_length"] is None else min(pool["context_length"], capacity)
                 pool["max_batched_tokens"] = limit + rnd.choice([0, 0, 1, 3])
+    acceptance_length = None
+    if speculative:
+        positions = _speculative(rnd, config, policy, disaggregated)
+        if rnd.random() < 0.4:  # some requests with their own acceptance (the table's column)
+            acceptance_length = [rnd.choice([math.nan, 1.0, positions + 1.0, rnd.uniform(1.0, positions + 1.0)])
+                                 for _ in inputs]
     if expert_parallel:
         assert policy == "vllm", "expert_parallel is modelled for the vllm policy"
         for name in ("aggregated", "prefill", "decode"):
@@ -304,7 +323,54 @@ def random_scenario(
                                  "bandwidth_gb_per_second": rnd.choice([0.5, 16.0, 123.4])},
                 }
     ids = [f"req-{seed}-{k}" for k in range(n)]
-    return {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids, "hash_ids": hash_ids}
+    scenario = {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids,
+                "hash_ids": hash_ids}
+    if acceptance_length is not None:
+        scenario["acceptance_length"] = acceptance_length
+    return scenario
+
+
+def _speculative(rnd: random.Random, config: dict, policy: str, disaggregated: bool) -> None:
+    """Speculative decoding on the emitting pool, in the policy's engine form (docs/speculative.md)."""
+    if config["timing"]["type"] == "fixed" and rnd.random() < 0.5:
+        _fixed_to_linear(rnd, config)
+    if policy == "sglang":
+        algorithm = rnd.choice(["EAGLE", "EAGLE3", "NGRAM"])
+        if algorithm == "NGRAM":
+            form = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": rnd.randint(2, 6)}
+            positions = form["speculative_num_draft_tokens"] - 1
+        else:
+            steps, topk = rnd.randint(1, 4), rnd.choice([1, 1, 2, 4])
+            form = {"speculative_algorithm": algorithm, "speculative_num_steps": steps, "speculative_eagle_topk": topk,
+                    "speculative_num_draft_tokens": steps + 1 if topk == 1 else steps + rnd.randint(1, 4)}
+            positions = steps
+    elif policy == "trtllm":
+        kind = rnd.choice(["Eagle", "Eagle3", "MTP", "NGram", "DraftTarget"])
+        positions = rnd.randint(1, 5)
+        form = {"decoding_type": kind}
+        form["num_nextn_predict_layers" if kind == "MTP" else "max_draft_len"] = positions
+    else:
+        method = rnd.choice(["ngram", "eagle", "eagle3", "mtp", "draft_model"])
+        positions = rnd.randint(1, 5)
+        form = {"method": method, "num_speculative_tokens": positions}
+        if method == "ngram" and rnd.random() < 0.5:
+            form.update(prompt_lookup_min=2, prompt_lookup_max=4)
+    spec = {"config": form if rnd.random() < 0.5 else json.dumps(form)}
+    draw = rnd.random()
+    if draw < 0.15:
+        spec["acceptance_rates"] = [1.0] * positions
+    elif draw < 0.3:
+        spec["acceptance_rates"] = [0.0] * positions
+    elif draw < 0.7:
+        rates = sorted((rnd.random() for _ in range(positions)), reverse=True)
+        spec["acceptance_rates"] = rates
+    else:
+        spec["mean_acceptance_length"] = rnd.uniform(1.0, positions + 1.0)
+    if rnd.random() < 0.5:
+        spec["proposer_step_ms"] = rnd.choice([0.0, 0.05, 0.3])
+        spec["proposer_per_seq_us"] = rnd.choice([0.0, 2.5, 40.0])
+    config["engine"]["decode" if disaggregated else "aggregated"]["speculative"] = spec
+    return positions
 
 
 def _fixed_to_linear(rnd: random.Random, config: dict) -> None:
@@ -374,6 +440,8 @@ def run_fast(scenario: dict, record_passes: bool = True):
         np.array(scenario["inputs"], dtype=np.int64),
         np.array(scenario["outputs"], dtype=np.int64),
         hash_ids=None if hash_ids is None else pa.array(hash_ids, type=pa.list_(pa.int64())),
+        acceptance_length=None if scenario.get("acceptance_length") is None
+        else np.array(scenario["acceptance_length"], dtype=np.float64),
     )
     send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
     run = simulate_engine(cfg, table, send, record_passes=record_passes)
@@ -474,3 +542,32 @@ def routing_scenario(seed: int, policy: str, disaggregated: bool = False, rank_p
                                                    "power_of_two"])
         }
     return scenario
+
+
+def mooncake_runs(policy_pools: list[tuple[str, dict]]) -> list[tuple[object, object]]:
+    """Run the first 60 requests of the packaged Mooncake sample (at 4x its pace,
+    linear timing, tokens and passes recorded) once per ``(engine.policy,
+    engine.aggregated)`` pair, in order.
+
+    Returns
+    -------
+    list of (run, prepared)
+        Each run's ``simcore.run`` result and the ``engine.api.prepare`` result it used.
+    """
+    prepared = []
+    prepare = engine_api.prepare
+
+    def prepare_noted(*args, **kwargs):
+        prepared.append(prepare(*args, **kwargs))
+        return prepared[-1]
+
+    runs = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_api, "prepare", prepare_noted)
+        for policy, pool in policy_pools:
+            config = {"workload": {"source": "mooncake", "path": str(MOONCAKE_SAMPLE), "num_requests": None,
+                                   "max_requests": 60},
+                      "load": {"type": "trace", "speedup": 4.0}, "timing": {"type": "linear"},
+                      "engine": {"policy": policy, "aggregated": pool}, "output": {"tokens": True, "passes": True}}
+            runs.append(simcore.run(config))
+    return list(zip(runs, prepared))

@@ -30,6 +30,7 @@ NUM_FULL_ISL_SCENARIOS = 300  # mixed with prefix caching, async scheduling and 
 NUM_CHUNK_OFF_SCENARIOS = 300  # mixed with prefix caching, async scheduling, whole-sequence admission and P/D
 NUM_SKEW_SCENARIOS = 300  # mixed with the policies, P/D, async scheduling, CUDA graphs, pass terms
 NUM_EP_SCENARIOS = 300  # mixed with P/D, async scheduling, prefix caching, CUDA graphs, the all-to-all
+NUM_SPEC_SCENARIOS = 120  # per policy; a third disaggregated, a third with prefix caching
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -41,7 +42,8 @@ REQUEST_KEYS = [
 def reference(scenario):
     config = merge_config(scenario["config"])
     return config, reference_simulate(
-        config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids")
+        config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids"),
+        acceptance_length=scenario.get("acceptance_length"),
     )
 
 
@@ -391,3 +393,23 @@ def test_expert_parallel_scenarios_change_pass_times():
             off["config"]["timing"]["hidden_size"] = None
         differ += reference(on)[1]["passes"] != reference(off)[1]["passes"]
     assert differ >= NUM_EP_SCENARIOS // 4, differ
+@pytest.mark.parametrize("policy", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("seed", range(NUM_SPEC_SCENARIOS))
+def test_speculative_matches_reference(policy, seed):
+    """Speculative decoding (docs/speculative.md): every policy, aggregated and P/D, prefix caching on and
+    off, long outputs on a tight cache (preemption, retraction) and the other pools' features."""
+    compare_with_reference(random_scenario(
+        seed, policy=policy, disaggregated=seed % 3 == 2, prefix_caching=seed % 3 == 1, long_outputs=seed % 4 == 0,
+        cuda_graphs=seed % 5 == 0 and policy != "sglang", speculative=True,
+    ))
+
+
+@pytest.mark.parametrize("seed", range(NUM_SPEC_SCENARIOS))
+def test_speculative_with_vllm_features_matches_reference(seed):
+    """Speculative decoding beside vLLM's whole-sequence admission, chunked prefill off, the attention
+    skew, prefix caching and P/D (vllm policy)."""
+    compare_with_reference(random_scenario(
+        seed, disaggregated=seed % 3 == 2, prefix_caching=seed % 4 == 1, reserve_full_isl=seed % 2 == 0,
+        chunked_prefill_off=seed % 5 == 3, attention_skew=seed % 3 == 0, long_outputs=seed % 4 == 2,
+        speculative=True,
+    ))

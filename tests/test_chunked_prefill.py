@@ -6,18 +6,15 @@ implementation in tests/test_against_reference.py (``chunked_prefill_off``)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 import simcore
-import simcore.engine.api as engine_api
 from simcore.config import ConfigError, load_config
 from simcore.scheduler import policies
+from tests.scenarios import mooncake_runs
 
-ROOT = Path(__file__).resolve().parents[1]
-MOONCAKE = ROOT / "runners" / "samples" / "mooncake_conversation_300.jsonl"
 VARIANT = "vllm_no_chunk"
 
 
@@ -128,27 +125,10 @@ def test_the_no_chunk_variant_is_one_registry_entry(no_chunk_variant):
      "async_scheduling": True},
 ])
 def test_the_no_chunk_variant_runs_as_vllm_with_chunking_off(no_chunk_variant, pool):
-    prepared = []
-
-    def prepare_noted(*args, **kwargs):
-        prepared.append(prepare(*args, **kwargs))
-        return prepared[-1]
-
-    prepare = engine_api.prepare
-    runs = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_api, "prepare", prepare_noted)
-        for name, keys in (("vllm", {"chunked_prefill": False}), (VARIANT, {}), ("vllm", {})):
-            config = {"workload": {"source": "mooncake", "path": str(MOONCAKE), "num_requests": None,
-                                   "max_requests": 60},
-                      "load": {"type": "trace", "speedup": 4.0}, "timing": {"type": "linear"},
-                      "engine": {"policy": name, "aggregated": {**pool, **keys}},
-                      "output": {"tokens": True, "passes": True}}
-            runs[name, bool(keys)] = simcore.run(config)
-    base, run, chunked = runs["vllm", True], runs[VARIANT, False], runs["vllm", False]
+    (base, base_prep), (run, prep), (chunked, chunked_prep) = mooncake_runs(
+        [("vllm", {**pool, "chunked_prefill": False}), (VARIANT, pool), ("vllm", pool)])
     assert run.requests.equals(base.requests)
     assert run.tokens.equals(base.tokens) and run.passes.equals(base.passes)
-    base_prep, prep, chunked_prep = prepared
     for field in prep.ranks._fields:
         assert (getattr(prep.ranks, field) == getattr(base_prep.ranks, field)).all(), field
     assert not prep.ranks.chunked_prefill.any() and chunked_prep.ranks.chunked_prefill.all()

@@ -33,7 +33,7 @@ from simcore.config import DEFAULTS, ConfigError, dotted_keys, load_config
         ({"metrics": {"percentiles": [50, 101]}}, "metrics.percentiles"),
         ({"metrics": {"goodput": {"ttft_ms": 0}}}, "metrics.goodput.ttft_ms"),
         ({"max_time_ms": -1}, "max_time_ms"),
-        ({"timing": {"type": "roofline"}}, "timing.type"),
+        ({"timing": {"type": "analytic"}}, "timing.type"),
         ({"output": {"passes": "yes"}}, "output.passes"),
         ({"engine": {"prefill": {"replicas": 2}}}, "engine.prefill.replicas"),
         ({"engine": {"kv_transfer": {"bandwidth_gb_per_second": 10.0, "bytes_per_token": 1.0}}}, "engine.kv_transfer.bandwidth_gb_per_second"),

@@ -21,7 +21,7 @@ import simcore
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "simcore", "runners")
-PACKAGE_DATA = [p for d in ("runners/conf", "runners/samples") for p in (ROOT / d).rglob("*")
+PACKAGE_DATA = [p for d in ("runners/conf", "runners/samples", "runners/help", "simcore/models/data") for p in (ROOT / d).rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts] + [ROOT / "runners" / "compile_timeline.json"]
 
 
@@ -47,7 +47,8 @@ def test_wheel_ships_the_code_configs_and_samples(wheel):
     code = {p.relative_to(ROOT).as_posix() for d in ("simcore", "runners") for p in (ROOT / d).rglob("*.py")}
     data = {p.relative_to(ROOT).as_posix() for p in PACKAGE_DATA}
     assert {"runners/conf/config.yaml", "runners/conf/engine/pd_1p2d.yaml",
-            "runners/samples/mooncake_conversation_300.jsonl", "runners/samples/README.md"} <= data
+            "runners/samples/mooncake_conversation_300.jsonl", "runners/samples/README.md",
+            "simcore/models/data/models.json", "simcore/models/data/gpus.json"} <= data
     assert code | data <= names
     shipped = {n for n in names if ".dist-info/" not in n}
     assert shipped == code | data  # no tests, caches or numba index files
@@ -65,5 +66,7 @@ def test_wheel_metadata(wheel):
     for licence in ("LICENSE", "runners/samples/README.md"):
         assert wheel.read(f"{dist_info}/licenses/{licence}") == (ROOT / licence).read_bytes()
     entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
-    assert "replaysim = runners.cli:main" in entry_points
+    assert "replaysim = runners.entry:replaysim" in entry_points
+    assert "replaysim-capacity = runners.entry:replaysim_capacity" in entry_points
     assert "replaysim-analyze = runners.analyze:main" in entry_points
+    assert "replaysim-models = runners.models:main" in entry_points

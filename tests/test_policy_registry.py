@@ -14,17 +14,15 @@ from pathlib import Path
 
 import pytest
 
-import simcore
-import simcore.engine.api as engine_api
 from simcore.config import ConfigError, load_config, merge_config
 from simcore.scheduler import nb as scheduler_nb
 from simcore.scheduler import policies
 from simcore.scheduler.kv_tree import kv_tree_applies
 from simcore.timing import settings as timing_settings
 from tests.reference.sim import POLICY_POOL_DEFAULTS
+from tests.scenarios import mooncake_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-MOONCAKE = ROOT / "runners" / "samples" / "mooncake_conversation_300.jsonl"
 VARIANT = "vllm_variant"
 
 
@@ -113,26 +111,9 @@ def test_a_variant_keeps_its_bases_defaults_graphs_and_aic_backend(variant):
      "kv_offload": {"num_blocks": 400, "bandwidth_gb_per_second": 0.5, "bytes_per_token": 131072.0}},
 ])
 def test_a_variant_runs_as_its_base(variant, pool):
-    prepared = []
-
-    def prepare_noted(*args, **kwargs):
-        prepared.append(prepare(*args, **kwargs))
-        return prepared[-1]
-
-    prepare = engine_api.prepare
-    runs = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_api, "prepare", prepare_noted)
-        for name in ("vllm", VARIANT):
-            config = {"workload": {"source": "mooncake", "path": str(MOONCAKE), "num_requests": None,
-                                   "max_requests": 60},
-                      "load": {"type": "trace", "speedup": 4.0}, "timing": {"type": "linear"},
-                      "engine": {"policy": name, "aggregated": pool}, "output": {"tokens": True, "passes": True}}
-            runs[name] = simcore.run(config)
-    base, run = runs["vllm"], runs[VARIANT]
+    (base, base_prep), (run, prep) = mooncake_runs([("vllm", pool), (VARIANT, pool)])
     assert run.requests.equals(base.requests)
     assert run.tokens.equals(base.tokens) and run.passes.equals(base.passes)
-    base_prep, prep = prepared
     assert (prep.kv_tree, prep.radix_tree) == (base_prep.kv_tree, base_prep.radix_tree)
     assert prep.offload_shape == base_prep.offload_shape
     for field in prep.ranks._fields:

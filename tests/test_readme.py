@@ -29,6 +29,7 @@ PROGRAMS = {
     "replaysim-analyze": "runners.analyze",
     "replaysim-calibrate": "runners.calibrate",
     "replaysim-capacity": "runners.capacity",
+    "replaysim-models": "runners.models",
 }
 #: Requests per run at most: enough for every metric, small enough for the suite.
 MAX_REQUESTS = 200
@@ -117,6 +118,8 @@ def expected_files(argv: list[str], cwd: Path) -> list[Path]:
         return [out / "calibrated.yaml", out / "calibration.json"]
     if argv[0] == "replaysim-capacity":
         return [cwd / value_of(argv, "output.dir") / name for name in ("capacity.parquet", "pareto.parquet")]
+    if argv[0] == "replaysim-models":
+        return []  # prints only
     if "-m" in argv:
         given = value_of(argv, "hydra.sweep.dir")
         sweeps = [cwd / given] if given is not None else list(cwd.glob("multirun/*/*"))

@@ -258,7 +258,7 @@ def test_timing_config_combinations(tmp_path):
         load_config({"timing": {"type": "aic", "model": "m", "gpu": "g", "backend": "tgi"}})
     with pytest.raises(ConfigError, match="timing.memory_fraction must be in"):
         load_config({"timing": {"type": "aic", "model": "m", "gpu": "g", "memory_fraction": 1.5}})
-    with pytest.raises(ConfigError, match="num_blocks=auto .* needs timing.type=aic"):
+    with pytest.raises(ConfigError, match="num_blocks=auto .* needs timing.type=aic or roofline"):
         load_config({"engine": {"aggregated": {"num_blocks": "auto"}}})
     with pytest.raises(ConfigError, match="timing.profile must be set"):
         load_config({"timing": {"type": "table"}})

@@ -14,9 +14,9 @@ from simcore.checks import count, key, number, optional_count, parse_keys
 
 @dataclass(frozen=True)
 class TokenizationConfig:
-    workers: int = key(1, count)
-    base_ms: float = key(0.0, number)
-    per_input_us: float = key(0.0, number)
+    workers: int = key(1, count, doc="Tokenizer servers per worker (each a FIFO).", unit="servers")
+    base_ms: float = key(0.0, number, doc="Fixed cost of tokenizing one request's prompt.")
+    per_input_us: float = key(0.0, number, doc="Cost per prompt token.")
 
     @property
     def enabled(self) -> bool:
@@ -25,12 +25,23 @@ class TokenizationConfig:
 
 @dataclass(frozen=True)
 class DetokenizationConfig:
-    workers: int = key(1, count)
-    base_ms: float = key(0.0, number)
-    per_output_us: float = key(0.0, number)
-    chunk_size: int | None = key(None, optional_count)
-    first_output_us: float = key(0.0, number)
-    final_output_us: float = key(0.0, number)
+    workers: int = key(
+        1, count,
+        doc="Detokenizer servers per worker (each a FIFO over the passes' outputs).",
+        unit="servers",
+    )
+    base_ms: float = key(
+        0.0, number,
+        doc="Fixed cost of one detokenizer job (one pass's outputs on one server); 0 with the others: the stage is off.",
+    )
+    per_output_us: float = key(0.0, number, doc="Cost per output token in a job.")
+    chunk_size: int | None = key(
+        None, optional_count,
+        doc="Split a server's outputs of one pass into jobs of at most this many (vLLM's output handler: 128); null: one job.",
+        unit="tokens",
+    )
+    first_output_us: float = key(0.0, number, doc="Extra cost per request-first token in a job.")
+    final_output_us: float = key(0.0, number, doc="Extra cost per request-final token in a job.")
 
     @property
     def enabled(self) -> bool:

@@ -23,7 +23,8 @@ from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, R
 from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
-from simcore.scheduler.api import prefix_cache_inputs, rank_inputs
+from simcore.scheduler.api import prefix_cache_inputs, rank_inputs, request_acceptance
+from simcore.scheduler.speculative import MAX_DRAFT_TOKENS
 from simcore.scheduler.radix import radix_prefix_cache
 from simcore.scheduler.kv_tree import kv_tree_prefix_cache
 from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_state
@@ -88,6 +89,9 @@ class EngineRun:
     pass_log: np.ndarray | None
     pass_ms: np.ndarray | None
     offload: OffloadRun | None = None  # the CPU tier's results (None: no tier)
+    # speculative decoding (None: off): verifications, proposals, accepted per position; positions counted
+    spec_counts: np.ndarray | None = None
+    spec_positions: int = 0
 
 
 class Buffers(NamedTuple):
@@ -373,7 +377,7 @@ def prepare(
     token_offset = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(output_tokens, out=token_offset[1:])
     topology, rank_worker = _topology(pools)
-    ranks = rank_inputs(pools, cfg.engine.policy)
+    ranks = rank_inputs(pools, cfg.engine.policy, cfg.seed)
 
     # Placement by send sequence number k over the receiving pool (SPEC §3);
     # under another routing policy the kernel places each request (placed_rank).
@@ -412,6 +416,7 @@ def prepare(
             token_offset=token_offset,
             recv_rank=recv_rank,
             transfer_ns=transfer_ns,
+            spec_alpha=request_acceptance(pools, requests.acceptance_length),
         ),
         load=Load(
             closed_loop=closed and not sessions,
@@ -505,6 +510,7 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
 
     decode = out.decode_rank >= 0
     decode_worker = rank_worker[out.decode_rank]
+    speculation = [pool for pool in cfg.engine.pools if pool.speculative is not None]
     return EngineRun(
         send_ns=send_ns,
         arrival_ns=out.arrival_ns,
@@ -530,6 +536,8 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         worker_role=prep.topology.worker_role,
         pass_log=pass_log,
         pass_ms=pass_ms,
+        spec_counts=out.spec_counts.copy() if speculation else None,
+        spec_positions=max((pool.speculative.positions for pool in speculation), default=0),
     )
 
 
@@ -592,6 +600,7 @@ def allocate_buffers(
         token_emit_ns=filled(per_token, -1),
         token_recv_ns=filled(per_token, -1),
         progress=np.zeros(lead + (1,), dtype=np.int64),
+        spec_counts=np.zeros(lead + (2 + MAX_DRAFT_TOKENS,), dtype=np.int64),
     )
     logs = Logs(
         pass_log=np.zeros(lead + (pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64),

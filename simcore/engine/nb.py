@@ -304,7 +304,7 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
     session_mode = load.session_mode
     max_sequences = ranks.max_sequences.max()
     max_ranks = topology.worker_num_ranks.max()
-    max_outputs = max_ranks * max_sequences
+    max_outputs = max_ranks * max_sequences * (1 + ranks.spec_drafts.max())  # a verification emits 1 + accepted
     bounded = receipts[0].shape[0] > 0
 
     # Asynchronous scheduling: a worker's pass on the GPU and the one queued
@@ -322,6 +322,7 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
         np.full(n, -1, dtype=np.int64),  # wait_prev
         np.zeros(n, dtype=np.int64) if any_async else out.generated,  # planned
         np.zeros((2, n if any_async else 0), dtype=np.bool_),  # sample_flag
+        np.zeros(n, dtype=np.int64),  # drafts
     )
     rank_state = RankState(
         np.full(num_ranks, -1, dtype=np.int64),  # wait_head
@@ -337,12 +338,12 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
     pass_state = PassState(
         np.full(num_workers, -1, dtype=np.int64),  # pass_end
         np.full(num_workers, -1, dtype=np.int64),  # pass_start
-        np.zeros((max_ranks, 7), dtype=np.int64),  # summary
+        np.zeros((max_ranks, 8), dtype=np.int64),  # summary
         np.zeros(max_ranks, dtype=np.float64),  # rank_ms
         np.zeros(num_workers, dtype=np.int64),  # run_slot
         np.zeros(num_workers, dtype=np.bool_),  # queued
         np.zeros(num_workers, dtype=np.float64),  # queued_ms
-        np.zeros((num_workers if any_async else 0, max_ranks, 7), dtype=np.int64),  # queued_summary
+        np.zeros((num_workers if any_async else 0, max_ranks, 8), dtype=np.int64),  # queued_summary
         np.zeros((num_workers if any_async else 0, max_ranks), dtype=np.float64),  # queued_rank_ms
     )
 

@@ -27,6 +27,7 @@ from simcore.scheduler.nb import (
     build_vllm_batch_nb, wait_push_back_nb,
 )
 from simcore.client.nb import detokenize_pass_nb
+from simcore.scheduler.spec_nb import spec_accepted_alpha_nb, spec_accepted_nb, spec_proposer_ms_nb, spec_uniform_nb
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
 from simcore.engine.sessions_nb import (
     session_finals_nb, session_next_instant_nb, session_next_send_nb, session_releases_nb,
@@ -92,7 +93,7 @@ def _steady_decode_nb(run, state):
     steady_block_size = ranks.block_size[0]
     steady_seq_limit = ranks.seq_limit[0]
     status = OK
-    while ps.pass_end[0] >= 0 and rk.wait_head[0] < 0 and rk.run_len[0] <= steady_budget:
+    while ps.pass_end[0] >= 0 and rk.wait_head[0] < 0 and rk.run_len[0] <= steady_budget and ranks.spec_drafts[0] == 0:
         t = ps.pass_end[0]
         if t > load.cap_ns or arr_size > 0 and lp.arr_key[0] <= t:
             break
@@ -202,22 +203,38 @@ def _end_pass_nb(w, t, run, state):
         for i in range(rk.run_len[g]):
             k = rk.running[g, i]
             leaves = False
-            samples = False
+            emits = 0  # tokens the request emits now: 1 if it samples; a verification, 1 + its accepted proposals
+            drafts = 0
             if rq.sched_n[k] > 0:  # synchronous: the pass's tokens are computed now
                 rq.computed[k] += rq.sched_n[k]
                 rq.sched_n[k] = 0
-                samples = rq.computed[k] == requests.input_tokens[k] + out.generated[k]
-                if samples and ranks.policy[g] == POLICY_SGLANG and ranks.prefix_caching[g] and (
+                emits = 1 if rq.computed[k] == requests.input_tokens[k] + out.generated[k] else 0
+                drafts = rq.drafts[k]
+                if drafts > 0:  # its rejected proposals' slots are computed again (docs/speculative.md)
+                    rq.drafts[k] = 0
+                    u = spec_uniform_nb(ranks.spec_key[g], k, requests.token_offset[k] + out.generated[k])
+                    if requests.spec_alpha.shape[0] > 0 and not np.isnan(requests.spec_alpha[k]):
+                        accepted = spec_accepted_alpha_nb(requests.spec_alpha[k], min(drafts, ranks.spec_positions[g]), u)
+                    else:
+                        accepted = spec_accepted_nb(ranks.spec_rates, g, drafts, u)
+                    out.spec_counts[0] += 1
+                    out.spec_counts[1] += drafts
+                    for a in range(accepted):
+                        out.spec_counts[2 + a] += 1
+                    emits = 1 + accepted
+            elif asynchronous:  # computed advanced when the pass was built
+                emits = 1 if rq.sample_flag[slot, k] else 0
+                rq.sample_flag[slot, k] = False
+            for _ in range(emits):
+                if drafts > 0:  # the tokens computed when this one is sampled
+                    rq.computed[k] = requests.input_tokens[k] + out.generated[k]
+                if ranks.policy[g] == POLICY_SGLANG and ranks.prefix_caching[g] and not asynchronous and (
                     rk.extend[g] or out.generated[k] + 1 == requests.output_tokens[k]
                     or requests.input_tokens[k] + out.generated[k] + 1 >= ranks.seq_limit[g]
                 ):
                     # SGLang inserts a prompt once computed and a request as it finishes.
                     radix_insert_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, rq.computed[k],
                                     ranks.block_size[g], rk.blocks_used)
-            elif asynchronous:  # computed advanced when the pass was built
-                samples = rq.sample_flag[slot, k]
-                rq.sample_flag[slot, k] = False
-            if samples:
                 if hidden:
                     leaves = True
                     xfer_size, num_handoffs = _hand_off_nb(k, g, t, xfer_size, num_handoffs, run, state)
@@ -225,6 +242,8 @@ def _end_pass_nb(w, t, run, state):
                     leaves, num_out, num_emitted, send_size = _emit_nb(
                         k, g, t, num_out, num_emitted, send_size, run, state
                     )
+                if leaves:
+                    break
             if not leaves:
                 rk.running[g, keep] = k
                 keep += 1
@@ -523,7 +542,7 @@ def _start_pass_nb(w, t, queue, run, state):
                 raise ValueError("unknown scheduling policy code in Ranks.policy")
             batch_summary_nb(
                 ps.summary, r, g, rk.running, rk.run_len, rq.sched_n, rq.computed, requests.input_tokens, out.generated,
-                ranks.policy[g] == POLICY_SGLANG and rk.extend[g], topology.worker_role[w] == ROLE_DECODE,
+                ranks.policy[g] == POLICY_SGLANG and rk.extend[g], topology.worker_role[w] == ROLE_DECODE, rq.drafts,
             )
             if topology.worker_async[w]:
                 _enqueue_nb(g, slot, preempted, requests.input_tokens, out.generated, rq, rk)
@@ -543,7 +562,10 @@ def _start_pass_nb(w, t, queue, run, state):
                 ps.summary[r, 3],
                 ps.summary[r, 4],
                 ps.summary[r, 6],
+                ps.summary[r, 7],
             )
+            if ranks.spec_drafts[g] > 0:
+                ms += spec_proposer_ms_nb(ranks.spec_proposer, g, ps.summary[r, 3])
             if not (ms >= 0.0 and ms < np.inf):
                 _report_bad_batch_nb(logs.bad_batch, w, r, ps.summary, ms)
                 return BAD_TIMING

@@ -27,8 +27,11 @@ ROUTER_WEIGHTS = ("prefix", "queue", "kv_cache")
 
 @dataclass(frozen=True)
 class KVTransferConfig:
-    bandwidth_gb_per_second: float | None = key(None, optional_number, strict=True)
-    bytes_per_token: float | None = key(None, optional_number)
+    bandwidth_gb_per_second: float | None = key(
+        None, optional_number, strict=True,
+        doc="P/D: link bandwidth for the prompt's KV from prefill to decode; null: transfers take no time.",
+    )
+    bytes_per_token: float | None = key(None, optional_number, doc="P/D: KV bytes moved per prompt token.")
 
     def transfer_ms(self, input_tokens: np.ndarray) -> np.ndarray:
         """SPEC §6: ``input x bytes_per_token / (bandwidth x 1e9) x 1e3`` ms (0 when off)."""
@@ -56,25 +59,41 @@ class RouterConfig:
     default: prefix 3, queue 2, kv-cache 2).
     """
 
-    policy: str = key("round_robin", choice, at=("router", "policy"), allowed=ROUTER_POLICIES)
-    decode_policy: str = key(
-        "round_robin", choice, at=("decode_router", "policy"), allowed=DECODE_ROUTER_POLICIES
+    policy: str = key(
+        "round_robin", choice, at=("router", "policy"), allowed=ROUTER_POLICIES,
+        doc="How requests are routed to the workers of the receiving pool (aggregated, or P/D prefill).",
     )
-    # prefix_aware: prefix, queue, kv_cache
+    decode_policy: str = key(
+        "round_robin", choice, at=("decode_router", "policy"), allowed=DECODE_ROUTER_POLICIES,
+        doc="P/D: how requests are routed to the decode workers.",
+    )
     weights: tuple[float, float, float] = key(
-        {"prefix": 3.0, "queue": 2.0, "kv_cache": 2.0}, _weights, at=("router", "weights")
+        {"prefix": 3.0, "queue": 2.0, "kv_cache": 2.0}, _weights, at=("router", "weights"),
+        doc="prefix_aware: weights of the prefix, queue and KV-cache scorers (llm-d's defaults 3, 2, 2).",
+        values="numbers >= 0: prefix, queue, kv_cache",
     )
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    mode: str = key("aggregated", choice, allowed=ENGINE_MODES)
-    policy: str = key("vllm", choice, allowed=POLICIES)
+    mode: str = key(
+        "aggregated", choice, allowed=ENGINE_MODES,
+        doc="aggregated: one pool of workers doing prefill and decode; disaggregated: a prefill pool and a decode pool with KV transfers.",
+    )
+    policy: str = key(
+        "vllm", choice, allowed=POLICIES,
+        doc="Scheduling policy: whose scheduler each rank runs (docs/policies.md).",
+    )
     aggregated: PoolConfig = section(PoolConfig)
     prefill: PoolConfig = section(PoolConfig)
     decode: PoolConfig = section(PoolConfig)
     kv_transfer: KVTransferConfig = section(KVTransferConfig)
     router: RouterConfig = field()  # keys in engine.router and engine.decode_router (see defaults)
+
+    @classmethod
+    def key_docs(cls, path: str) -> list[checks.KeyDoc]:
+        """The engine's keys, then the routers' (in ``engine.router``, ``engine.decode_router``)."""
+        return checks.describe(cls, path) + checks.describe(RouterConfig, path)
 
     @property
     def pools(self) -> tuple[PoolConfig, ...]:
@@ -122,7 +141,7 @@ def parse(raw: Mapping[str, Any], path: str, timing_type: str) -> EngineConfig:
     path : str
         Its dotted path, for messages.
     timing_type : str
-        timing.type (``num_blocks: auto`` needs ``aic``).
+        timing.type (``num_blocks: auto`` needs ``aic`` or ``roofline``).
 
     Returns
     -------

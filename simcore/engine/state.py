@@ -33,6 +33,7 @@ class Requests(NamedTuple):
     token_offset: I64  # n + 1 offsets of each request's tokens in the per-token arrays
     recv_rank: I64  # global rank that receives the request
     transfer_ns: I64  # KV-transfer duration (P/D), ns
+    spec_alpha: F64  # (n,) or (0,): each request's own acceptance per proposal (NaN: the pool's rates)
 
 
 class Load(NamedTuple):
@@ -95,6 +96,13 @@ class Ranks(NamedTuple):
     reserve_full_isl: BOOL  # vLLM scheduler_reserve_full_isl admission (docs/semantics.md)
     cache_generated_blocks: BOOL  # vLLM caches generated blocks too (docs/prefix-caching.md)
     chunked_prefill: BOOL  # false: a waiting request's whole need must fit the budget (docs/semantics.md)
+    # Speculative decoding (docs/speculative.md; simcore.scheduler.spec_nb): 0 drafts: off
+    spec_drafts: I64  # proposals verified per decode step
+    spec_lookahead: I64  # extra KV slots per scheduled request (vLLM num_lookahead_tokens)
+    spec_rates: F64_2D  # (ranks, MAX_DRAFT_TOKENS) per-position acceptance, 0 past the last position
+    spec_proposer: F64_2D  # (ranks, 3) [proposer passes per step, ms per pass, us per sequence and pass]
+    spec_key: I64  # the acceptance draws' key (counter-based, seeded outside the kernel)
+    spec_positions: I64  # most proposals accepted per step
 
 
 class Timing(NamedTuple):
@@ -126,6 +134,7 @@ class Outputs(NamedTuple):
     placed_rank: I64  # global rank that received each request (-1: not placed by the cap; docs/routing.md)
     placed_worker: I64  # routing policies: the worker picked at the send (-1: round robin, or never sent)
     send_seq: I64  # sessions: each row's send sequence number (-1: never sent); empty without
+    spec_counts: I64  # (2 + MAX_DRAFT_TOKENS,) verifications, proposals, accepted per position
 
 
 class Logs(NamedTuple):
@@ -179,6 +188,7 @@ class RequestState(NamedTuple):
     wait_prev: I64
     planned: I64  # emitted plus in-flight outputs (``Outputs.generated`` itself without async workers)
     sample_flag: BOOL_2D  # (2, n) or (2, 0): async sample slots, whether its chunk samples a token
+    drafts: I64  # speculative proposals verified in the pass being built or run
 
 
 class RankState(NamedTuple):
@@ -200,12 +210,12 @@ class PassState(NamedTuple):
 
     pass_end: I64  # -1: idle
     pass_start: I64
-    summary: I64_2D  # (max ranks, 7) SPEC §8, blocks in use, longest decode
+    summary: I64_2D  # (max ranks, 8) SPEC §8, blocks in use, longest decode, proposals verified
     rank_ms: F64  # (max ranks,)
     run_slot: I64  # async: sample slot of the running pass
     queued: BOOL  # async: a pass is built behind the running one
     queued_ms: F64
-    queued_summary: I64_3D  # (workers or 0, max ranks, 7)
+    queued_summary: I64_3D  # (workers or 0, max ranks, 8)
     queued_rank_ms: F64_2D  # (workers or 0, max ranks)
 
 

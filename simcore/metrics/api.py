@@ -18,7 +18,7 @@ from simcore.metrics.settings import GoodputConfig, MetricsConfig
 from simcore.engine.api import EngineRun
 from simcore.enums import POOL_NAMES
 from simcore.metrics.registry import (
-    CACHE_TIERS, DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, slo_metrics,
+    CACHE_TIERS, SPEC_DECODE, SPEC_POSITION_KEY, DISTRIBUTIONS, ITL, PER_TURN, STATISTICS, TURN_GROUPS, Distribution, per_turn, percentile_key, slo_metrics,
     summary_key,
 )
 from simcore.metrics.receipts import Receipts, completed_mask, exact_itl_percentiles, itl_moments, sketch_percentiles
@@ -350,6 +350,7 @@ def summarize(cols: RequestColumns, input_tokens: np.ndarray, metrics: MetricsCo
         "request_goodput": _goodput(cols, metrics.goodput, per_second),
         "prefix_cache_hit_rate": _hit_rate(run, input_tokens),
         **_tier_summary(run, input_tokens),
+        **_spec_summary(run),
     }
     for metric in DISTRIBUTIONS:
         if metric.column is None:  # pooled over token gaps
@@ -413,6 +414,20 @@ def _tier_summary(run: EngineRun, input_tokens: np.ndarray) -> dict[str, float |
         (float((run.cached_tokens[admitted].sum() - cpu) / prompt), float(cpu / prompt),
          run.offload.loaded_bytes / 1e9, run.offload.stored_bytes / 1e9),
     ))
+
+
+def _spec_summary(run: EngineRun) -> dict[str, float | int | None]:
+    """The ``SPEC_DECODE`` keys and the per-position rates (none without speculative decoding)."""
+    if run.spec_counts is None:
+        return {}
+    counts = run.spec_counts
+    drafts, proposed, accepted = int(counts[0]), int(counts[1]), int(counts[2:].sum())
+    values = (drafts, proposed, accepted, accepted / proposed if proposed else None,
+              1 + accepted / drafts if drafts else None)
+    summary = dict(zip((metric.name for metric in SPEC_DECODE), values))
+    for i in range(run.spec_positions):
+        summary[SPEC_POSITION_KEY.format(i + 1)] = int(counts[2 + i]) / drafts if drafts else None
+    return summary
 
 
 def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | None:

@@ -118,6 +118,21 @@ CACHE_TIERS = (
     CacheTierMetric("kv_offload_stored_gb", "GB", "KV bytes copied GPU -> CPU / 1e9"),
 )
 
+#: Summary keys of speculative decoding (docs/speculative.md), present only when a pool
+#: speculates, as vLLM counts them (vllm/v1/spec_decode/metrics.py: ``num_drafts``,
+#: ``num_draft_tokens``, ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``) over the
+#: verifications that ended by the cap; the rates are null without one.  After them,
+#: ``spec_decode_acceptance_rate_pos_<i>`` for each draft position i = 1..P.
+SPEC_DECODE = (
+    CacheTierMetric("spec_decode_num_drafts", "", "verifications (decode steps with proposals)"),
+    CacheTierMetric("spec_decode_draft_tokens", "tokens", "proposals verified"),
+    CacheTierMetric("spec_decode_accepted_tokens", "tokens", "proposals accepted"),
+    CacheTierMetric("spec_decode_acceptance_rate", "", "accepted / draft_tokens"),
+    CacheTierMetric("spec_decode_acceptance_length", "tokens", "1 + accepted / num_drafts (tokens per step)"),
+)
+#: The per-position key: verifications whose position i was accepted / num_drafts.
+SPEC_POSITION_KEY = "spec_decode_acceptance_rate_pos_{}"
+
 #: The statistics every distribution reports besides its percentiles, in summary order.
 STATISTICS = ("mean", "median", "std", "min", "max")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from simcore.checks import Later, choice, flag, key, number, optional_number, optional_str, parse_keys, section
+from simcore.checks import KeyDoc, Later, choice, flag, key, number, optional_number, optional_str, parse_keys, section
 from simcore.errors import ConfigError
 from simcore.metrics.registry import slo_metrics
 
@@ -43,6 +43,16 @@ class GoodputConfig:
     def enabled(self) -> bool:
         return any(v is not None for _, v in self.targets)
 
+    @staticmethod
+    def key_docs(path: str) -> list[KeyDoc]:
+        """One key per metric that takes a target (read by :func:`simcore.checks.describe`)."""
+        return [
+            KeyDoc(f"{path}.{metric.column}", None, "float | None", metric.unit, "number > 0 or null",
+                   f"Goodput: a request is good only if its {metric.label} is at most this (with every other "
+                   "target); null: no target.")
+            for metric in slo_metrics()
+        ]
+
 
 def _goodput_tree() -> dict[str, Any]:
     # One key per metric that takes a target: its request-table column.
@@ -57,17 +67,32 @@ def _goodput(path: str, raw: Mapping[str, Any]) -> GoodputConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    percentiles: tuple[float, ...] = key([50, 90, 95, 99], _percentiles)
+    percentiles: tuple[float, ...] = key(
+        [50, 90, 95, 99], _percentiles,
+        doc="Percentiles reported for every latency metric (vllm bench serve --metric-percentiles).",
+        values="list of numbers in [0, 100], no repeats",
+    )
     goodput: GoodputConfig = section(GoodputConfig, tree=_goodput_tree)
 
 
 @dataclass(frozen=True)
 class OutputConfig:
-    dir: str | None = key(None, optional_str)
-    passes: bool = key(False, flag)
-    tokens: bool = key(False, flag)
-    # detailed: per-token arrays; bounded: O(requests) memory, ITL percentiles sketched
-    mode: str = key("detailed", choice, allowed=OUTPUT_MODES)
+    dir: str | None = key(
+        None, optional_str,
+        doc="Directory for the result files; null: the run's Hydra directory (outputs/<date>/<time>).",
+    )
+    passes: bool = key(
+        False, flag,
+        doc="Also write passes.parquet: one row per engine pass (batch, tokens, KV use, duration).",
+    )
+    tokens: bool = key(
+        False, flag,
+        doc="Also write tokens.parquet: one row per output token with its emission and receipt instants.",
+    )
+    mode: str = key(
+        "detailed", choice, allowed=OUTPUT_MODES,
+        doc="detailed: per-token arrays; bounded: memory O(requests) for million-request runs, ITL percentiles from a sketch within 0.05%.",
+    )
 
 
 def parse(raw: Mapping[str, Any], path: str = "metrics") -> MetricsConfig:

@@ -19,6 +19,8 @@ from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
 from simcore.scheduler.radix import tree_shaped
 from simcore.scheduler.settings import PoolConfig
+from simcore.errors import ConfigError
+from simcore.scheduler.speculative import MAX_DRAFT_TOKENS, geometric_alpha
 from simcore.workload.table import RequestTable
 
 # SGLang 0.5 defaults (Scheduler.__init__): new_token_ratio starts at 0.7 x
@@ -38,7 +40,63 @@ class PrefixCacheInputs(NamedTuple):
     kv_tree: bool  # vLLM's prefix cache as a node tree (simcore.scheduler.kv_tree)
 
 
-def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
+#: The acceptance draws' spawn key under the run seed (the routers' are 1 and 2).
+SPEC_STREAM = 3
+
+
+def spec_key(seed: int) -> int:
+    """The key of the acceptance draws (``simcore.scheduler.spec_nb``): 63 bits of the run seed's stream 3.
+
+    Parameters
+    ----------
+    seed : int
+        The run seed.
+
+    Returns
+    -------
+    int
+    """
+    state = np.random.SeedSequence(seed, spawn_key=(SPEC_STREAM,)).generate_state(1, dtype=np.uint64)
+    return int(state[0]) & (2**63 - 1)
+
+
+def request_acceptance(pools: Sequence[PoolConfig], acceptance_length: np.ndarray | None) -> np.ndarray:
+    """Each request's own per-proposal acceptance ``alpha`` (``Requests.spec_alpha``), from its mean
+    acceptance length (the request table's ``acceptance_length``; the geometric model, docs/speculative.md).
+
+    Parameters
+    ----------
+    pools : sequence of PoolConfig
+        The active pools; the last one emits the tokens.
+    acceptance_length : ndarray(float64, ndim=1) or None
+        Per request, tokens per verification (NaN: the pool's rates).
+
+    Returns
+    -------
+    ndarray(float64, ndim=1)
+        Per request (NaN: the pool's rates); empty without the column.
+
+    Raises
+    ------
+    ConfigError
+        The column without speculative decoding, or a value above 1 + the pool's positions.
+    """
+    if acceptance_length is None:
+        return np.zeros(0, dtype=np.float64)
+    emitting = pools[-1]
+    name = "aggregated" if len(pools) == 1 else "decode"
+    if emitting.speculative is None:
+        raise ConfigError(f"the request table's acceptance_length column needs engine.{name}.speculative.config")
+    positions = emitting.speculative.positions
+    above = acceptance_length > positions + 1
+    if above.any():
+        i = int(np.argmax(above))
+        raise ConfigError(f"acceptance_length must be at most 1 + {positions} (engine.{name}.speculative: "
+                          f"{positions} positions) at row {i}, got {float(acceptance_length[i])!r}")
+    return np.ascontiguousarray(geometric_alpha(acceptance_length, positions), dtype=np.float64)
+
+
+def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Ranks:
     """Per global rank (the pools' ranks in worker order): the scheduler limits and the policy's kernel code.
 
     Parameters
@@ -47,6 +105,8 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
         The active pools in worker-index order (aggregated; or prefill, then decode).
     policy : str
         ``engine.policy``.
+    seed : int
+        The run seed (the key of the speculative acceptance draws).
 
     Returns
     -------
@@ -73,6 +133,13 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
     prefix_caching = np.zeros(len(ranks), dtype=np.bool_)
     prefix_caching[: pools[0].num_ranks] = pools[0].prefix_caching
+    rates = np.zeros((len(ranks), MAX_DRAFT_TOKENS), dtype=np.float64)
+    proposer = np.zeros((len(ranks), 3), dtype=np.float64)
+    for g, pool in enumerate(ranks):
+        speculation = pool.speculative
+        if speculation is not None:
+            rates[g, : speculation.positions] = speculation.rates
+            proposer[g] = (speculation.proposer_steps, speculation.proposer_step_ms, speculation.proposer_per_seq_us)
     return Ranks(
         max_batched_tokens=per_rank("max_batched_tokens"),
         max_sequences=per_rank("max_sequences"),
@@ -88,6 +155,13 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str) -> Ranks:
         cache_generated_blocks=np.array([pool.cache_generated_blocks for pool in ranks], dtype=np.bool_),
         # a policy that does not use the key (None) chunks in its own way
         chunked_prefill=np.array([pool.chunked_prefill is not False for pool in ranks], dtype=np.bool_),
+        spec_drafts=np.array([0 if p.speculative is None else p.speculative.draft_tokens for p in ranks], dtype=np.int64),
+        spec_lookahead=np.array([0 if p.speculative is None else p.speculative.lookahead for p in ranks], dtype=np.int64),
+        spec_rates=rates,
+        spec_proposer=proposer,
+        spec_key=np.full(len(ranks), spec_key(seed), dtype=np.int64),
+        spec_positions=np.array([0 if p.speculative is None else p.speculative.positions for p in ranks],
+                                dtype=np.int64),
     )
 
 

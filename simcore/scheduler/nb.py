@@ -16,6 +16,7 @@ from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
 from simcore.scheduler.kv_nb import kv_allocate_nb
 from simcore.scheduler.kv_tree_nb import prefix_hits_nb, prefix_register_nb, prefix_release_nb, prefix_take_hits_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
+from simcore.scheduler.spec_nb import spec_query_nb
 from simcore.scheduler.offload_nb import (
     BLOCKED,
     PROCEED,
@@ -171,6 +172,9 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
     caching = ranks.prefix_caching[g]
     reserve_full = ranks.reserve_full_isl[g]
     chunking = ranks.chunked_prefill[g]
+    spec_drafts = ranks.spec_drafts[g]
+    lookahead = ranks.spec_lookahead[g]
+    drafts = rq.drafts
     first_admit_ns = out.first_admit_ns
     num_preemptions = out.num_preemptions
     cached_tokens = out.cached_tokens
@@ -200,7 +204,13 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         n_tok = min(input_tokens[k] + planned[k] - computed[k], budget)
         if n_tok == 0:
             break
-        grow = _grow_nb(computed[k] + n_tok, held[k], block_size)
+        slots = computed[k] + n_tok
+        if spec_drafts > 0:  # a decode step verifies its proposals; lookahead slots for the proposer
+            if n_tok == 1:
+                n_tok = min(spec_query_nb(spec_drafts, planned[k], computed[k], input_tokens[k] + planned[k],
+                                          rank_seq_limit[g]), budget)
+            slots = min(computed[k] + n_tok + lookahead, rank_seq_limit[g])
+        grow = _grow_nb(slots, held[k], block_size)
         self_preempted = False
         while grow > num_blocks - blocks_used[g]:
             run_len[g] -= 1
@@ -224,6 +234,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             reusable = _reusable_nb(no_evict, computed[k] + n_tok, input_tokens[k])
             prefix_register_nb(pc, g, num_ranks, k, reusable, block_size, blocks_used)
         sched_n[k] = n_tok
+        if spec_drafts > 0 and n_tok > 1 and computed[k] == input_tokens[k] + planned[k] - 1:
+            drafts[k] = n_tok - 1
         budget -= n_tok
         i += 1
     offload = caching and offload_enabled_nb(pc, g)
@@ -238,7 +250,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
     if no_evict:
         for i in range(run_len[g]):
             k = running[g, i]
-            promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role) - held[k]
+            promised += _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role,
+                                      spec_drafts + lookahead) - held[k]
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
     # With a CPU tier, requests loading their KV stay queued and are passed over;
     # with chunked prefill off, so are those whose whole need exceeds the budget left.
@@ -265,14 +278,18 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             k = wait_next[k]  # vLLM: skipped (put back at the head of waiting in order), no chunk
             continue
         n_tok = min(known - start, budget)
-        grow = _grow_nb(start + n_tok, held[k] + hits, block_size)
+        slots = start + n_tok
+        if lookahead > 0 and not fresh:  # vLLM: lookahead slots unless num_computed_tokens == 0
+            slots = min(slots + lookahead, rank_seq_limit[g])
+        grow = _grow_nb(slots, held[k] + hits, block_size)
         must_fit = grow
         if reserve_full:  # the whole sequence, not only the chunk scheduled now
-            must_fit = _grow_nb(known, held[k] + hits, block_size)
+            must_fit = max(grow, _grow_nb(known, held[k] + hits, block_size))
         if must_fit + cached_hits > num_blocks - blocks_used[g]:
             break
         if no_evict:
-            footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role)
+            footprint = _footprint_nb(k, input_tokens, output_tokens, rank_seq_limit[g], block_size, prefill_role,
+                                      spec_drafts + lookahead)
             if footprint > num_blocks - blocks_used[g] - promised:
                 break
             promised += footprint - grow - hits
@@ -314,15 +331,17 @@ def _reusable_nb(trtllm, tokens, input_tokens):
 
 
 @njit(cache=True)
-def _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill_role):
+def _footprint_nb(k, input_tokens, output_tokens, seq_limit, block_size, prefill_role, spec_slots):
     """Blocks request k holds at most until it completes on this rank (no-evict).
 
     A prefill-role rank keeps only the prompt; elsewhere the prompt plus every
-    requested output token, capped at the sequence limit L.
+    requested output token, capped at the sequence limit L.  With speculative
+    decoding (``spec_slots``: proposals plus lookahead slots per step) the last
+    step also holds its proposals: ``spec_slots - 1`` more tokens.
     """
     if prefill_role:
         return _blocks_for_nb(input_tokens[k], block_size)
-    return _blocks_for_nb(min(input_tokens[k] + output_tokens[k], seq_limit), block_size)
+    return _blocks_for_nb(min(input_tokens[k] + output_tokens[k] + max(spec_slots - 1, 0), seq_limit), block_size)
 
 
 @njit(cache=True)
@@ -497,14 +516,17 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
     if scheduled > 0:
         return False
 
-    # Decode batch: every running request but the chunked one.
+    # Decode batch: every running request but the chunked one (with its proposals).
+    spec_drafts = ranks.spec_drafts[g]
+    seq_limit = ranks.seq_limit[g]
     needed = 0
     decoders = 0
     for i in range(run_len[g]):
         k = running[g, i]
         if k != chunked:
             decoders += 1
-            needed += _grow_nb(computed[k] + 1, held[k], block_size)
+            q = spec_query_nb(spec_drafts, generated[k], computed[k], input_tokens[k] + generated[k], seq_limit)
+            needed += _grow_nb(computed[k] + q, held[k], block_size)
     retracted = False
     while needed > num_blocks - blocks_used[g] and decoders > 1:
         # Victim: fewest generated tokens, then the longest prompt, then the latest.
@@ -522,7 +544,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
             ):
                 victim_i = i
         v = running[g, victim_i]
-        needed -= _grow_nb(computed[v] + 1, held[v], block_size)
+        q = spec_query_nb(spec_drafts, generated[v], computed[v], input_tokens[v] + generated[v], seq_limit)
+        needed -= _grow_nb(computed[v] + q, held[v], block_size)
         _retract_nb(g, victim_i, running, run_len, blocks_used, held, computed,
                     num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc)
         decoders -= 1
@@ -552,10 +575,12 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
     for i in range(run_len[g]):
         k = running[g, i]
         if k != chunked:
-            grow = _grow_nb(computed[k] + 1, held[k], block_size)
+            q = spec_query_nb(spec_drafts, generated[k], computed[k], input_tokens[k] + generated[k], seq_limit)
+            grow = _grow_nb(computed[k] + q, held[k], block_size)
             kv_allocate_nb(pc, g, grow, blocks_used, num_blocks)
             held[k] += grow
-            sched_n[k] = 1
+            sched_n[k] = q
+            rq.drafts[k] = q - 1
     return retracted
 
 
@@ -611,7 +636,7 @@ def reset_ratio_if_idle_nb(first_rank, num_ranks, decode_role, wait_head, rank_i
 
 @njit(cache=True)
 def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_tokens,
-                     generated, extend_batch, decode_role):
+                     generated, extend_batch, decode_role, drafts):
     """Rank g's batch summary (SPEC §8) into ``summary[r]``, from ``sched_n``.
 
     Computed once per rank and pass, after the builder: a helper taking arrays,
@@ -648,6 +673,9 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
         The batch is an SGLang extend batch.
     decode_role : bool
         The rank is in a P/D decode pool.
+    drafts : ndarray(int64, ndim=1)
+        Speculative proposals each request verifies in this pass: its entry is
+        a decode entry of ``1 + drafts`` tokens; column 7 receives their sum.
     """
     num_prefill = 0
     prefill_tokens = 0
@@ -655,12 +683,16 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     num_decode = 0
     decode_kv_tokens = 0
     decode_kv_max = 0
+    draft_tokens = 0
     for i in range(run_len[g]):
         k = running[g, i]
         n_tok = sched_n[k]
         if n_tok == 0:
             continue
-        if extend_batch:
+        if drafts[k] > 0:
+            is_decode = True
+            draft_tokens += drafts[k]
+        elif extend_batch:
             # A decode rank's request with nothing generated there yet is an entrant.
             is_decode = decode_role and generated[k] == 0
         else:
@@ -679,3 +711,4 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
     summary[r, 3] = num_decode
     summary[r, 4] = decode_kv_tokens
     summary[r, 6] = decode_kv_max
+    summary[r, 7] = draft_tokens

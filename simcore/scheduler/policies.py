@@ -63,6 +63,8 @@ class Policy:
     vllm_graph_sizes: bool = False  # timing.cuda_graph_sizes=vllm_default (vLLM's capture sizes)
     # pool.expert_parallel: the attention-DP ranks step together through the MoE layers (docs/semantics.md)
     expert_parallel: bool = False
+    # the engine form of pool.speculative.config (simcore.scheduler.speculative.SPEC_FORMS)
+    speculative_form: str = "vLLM --speculative-config"
 
     def __post_init__(self):
         if self.kernel not in KERNEL_CODES or self.prefix_cache not in PREFIX_CACHES:
@@ -119,10 +121,12 @@ SCHEDULING_POLICIES: dict[str, Policy] = {policy.name: policy for policy in (
         "sglang", kernel="sglang", aic_backend="sglang", prefix_cache="radix",
         defaults=_defaults(max_sequences=4096, block_size=1, chunked_prefill_size=8192, max_prefill_tokens=16384,
                            schedule_conservativeness=1.0),
+        speculative_form="SGLang --speculative-*",
     ),
     Policy(
         "trtllm", kernel="trtllm", aic_backend="trtllm", prefix_cache="blocks",
         defaults=_defaults(max_batched_tokens=8192, max_sequences=2048, block_size=32, chunked_prefill=True),
+        speculative_form="TensorRT-LLM speculative_config",
     ),
 )}
 #: The policy names: a live view, so that a policy registered later (a test's) is accepted.

@@ -18,6 +18,7 @@ import numpy as np
 from simcore.checks import (
     choice,
     count,
+    default_of,
     flag,
     is_int,
     key,
@@ -29,6 +30,7 @@ from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
 from simcore.scheduler.policies import SCHEDULING_POLICIES, supporting, supports
 from simcore.scheduler.policies import policy as policy_spec
+from simcore.scheduler.speculative import Speculation, acceptance_rates, read_engine_form
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -38,7 +40,7 @@ DEFAULT_KV_TOKENS = 416_000
 #: Per-policy defaults of the pool keys (None: the key is not used), read off
 #: the registry (:data:`simcore.scheduler.policies.SCHEDULING_POLICIES`).
 POLICY_DEFAULTS = {name: dict(spec.defaults) for name, spec in SCHEDULING_POLICIES.items()}
-#: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic.
+#: The string ``engine.<pool>.num_blocks`` accepts with timing.type=aic or roofline.
 AUTO_BLOCKS = "auto"
 #: The pool budgets a pass's token count is bounded by (whichever the policy uses).
 TOKEN_BUDGETS = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_tokens")
@@ -48,13 +50,59 @@ TOKEN_BUDGETS = ("max_batched_tokens", "chunked_prefill_size", "max_prefill_toke
 class KVOffloadConfig:
     """A rank's CPU tier of KV blocks (vLLM's OffloadingConnector, docs/prefix-caching.md)."""
 
-    num_blocks: int = key(None)  # CPU blocks per rank, at the pool's block_size
-    bandwidth_gb_per_second: float = key(None)  # each direction, GB/s
-    bytes_per_token: float = key(None)  # KV bytes per token
+    num_blocks: int = key(
+        None,
+        doc="vllm with prefix_caching: CPU KV blocks per rank (at the pool's block_size); all three null: no CPU tier.",
+        unit="blocks",
+        values="integer >= 1 or null",
+    )
+    bandwidth_gb_per_second: float = key(
+        None,
+        doc="CPU tier: transfer bandwidth in each direction.",
+        values="number > 0 or null",
+    )
+    bytes_per_token: float = key(None, doc="CPU tier: KV bytes per token.", values="number > 0 or null")
 
     def block_ns(self, block_size: int) -> int:
         """One block's copy, ns: rint(block_size x bytes_per_token / (bandwidth x 1e9) x 1e9)."""
         return int(np.rint(block_size * self.bytes_per_token / (self.bandwidth_gb_per_second * 1e9) * 1e9))
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """A pool's speculative decoding (docs/speculative.md); ``config`` null: off."""
+
+    config: Any = key(
+        None,
+        doc="Aggregated or decode pool: speculative decoding in the policy's engine form, verbatim (vLLM's "
+            "--speculative-config JSON, SGLang's --speculative-* arguments, TensorRT-LLM's speculative_config; "
+            "docs/speculative.md); null: off.",
+        values="mapping, JSON object string or null",
+    )
+    acceptance_rates: list | None = key(
+        None,
+        doc="With config: per draft position, the probability that it is accepted (vLLM's per-position "
+            "acceptance rates), non-increasing; or mean_acceptance_length.",
+        values="list of numbers in [0, 1] (one per position) or null",
+    )
+    mean_acceptance_length: float | None = key(
+        None,
+        doc="With config: tokens per verification (1 + accepted / drafts), read through the geometric model; "
+            "or acceptance_rates.",
+        unit="tokens",
+        values="number in [1, 1 + positions] or null",
+    )
+    proposer_step_ms: float = key(
+        0.0,
+        doc="With config: one proposer pass (a draft-model pass, an EAGLE/MTP head, an n-gram lookup) per "
+            "engine step with decodes.",
+        values="number >= 0",
+    )
+    proposer_per_seq_us: float = key(
+        0.0,
+        doc="With config: one proposer pass, per decoding sequence.",
+        values="number >= 0",
+    )
 
 
 @dataclass(frozen=True)
@@ -64,33 +112,106 @@ class PoolConfig:
     Keys left null take the policy's own default (:mod:`simcore.scheduler.policies`).
     """
 
-    replicas: int = key(1)
-    attention_dp: int = key(1)
-    max_batched_tokens: int | None = key(None)  # vllm, trtllm: the per-pass token budget
-    max_sequences: int = key(None)
-    num_blocks: int = key(None)  # null: DEFAULT_KV_TOKENS // block_size; aic: auto
-    block_size: int = key(None)
-    context_length: int | None = key(None)
-    chunked_prefill_size: int | None = key(None)  # sglang
-    max_prefill_tokens: int | None = key(None)  # sglang
-    schedule_conservativeness: float | None = key(None)  # sglang
-    prefix_caching: bool = key(False)  # aggregated or prefill pool (docs/prefix-caching.md)
-    # vllm policy: schedule pass k + 1 while pass k runs (docs/semantics.md); aggregated or decode pool
-    async_scheduling: bool = key(False)
-    # how a worker spreads its requests over its attention-DP ranks (docs/routing.md)
-    rank_policy: str = key("round_robin")
+    replicas: int = key(
+        1,
+        doc="Identical workers (engine instances) in the pool.",
+        unit="workers",
+        values="integer >= 1",
+    )
+    attention_dp: int = key(
+        1,
+        doc="Data-parallel attention ranks per worker, each with its own scheduler and KV cache.",
+        unit="ranks",
+        values="integer >= 1",
+    )
+    max_batched_tokens: int | None = key(
+        None,
+        doc="vllm, trtllm: tokens scheduled per pass (--max-num-batched-tokens); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    max_sequences: int = key(
+        None,
+        doc="Requests running at once per rank (--max-num-seqs); null: the policy's default.",
+        unit="requests",
+        values="integer >= 1 or null",
+    )
+    num_blocks: int = key(
+        None,
+        doc="KV-cache blocks per rank; null: the default KV capacity / block_size; auto: from GPU memory (aic, roofline).",
+        unit="blocks",
+        values="integer >= 1, auto or null",
+    )
+    block_size: int = key(
+        None,
+        doc="Tokens per KV-cache block; null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    context_length: int | None = key(
+        None,
+        doc="Longest sequence (prompt + output) a rank accepts (--max-model-len); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    chunked_prefill_size: int | None = key(
+        None,
+        doc="sglang: prompt tokens per chunk (--chunked-prefill-size); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    max_prefill_tokens: int | None = key(
+        None,
+        doc="sglang: prefill tokens admitted per pass (--max-prefill-tokens); null: the policy's default.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    schedule_conservativeness: float | None = key(
+        None,
+        doc="sglang: scales the decode tokens reserved when admitting (--schedule-conservativeness); null: the policy's default.",
+        values="number >= 0 or null",
+    )
+    prefix_caching: bool = key(
+        False,
+        doc="Aggregated or prefill pool: reuse the KV of cached prompt blocks (docs/prefix-caching.md).",
+        values="true | false",
+    )
+    async_scheduling: bool = key(
+        False,
+        doc="vllm, aggregated or decode pool: schedule pass k + 1 while pass k runs (--async-scheduling).",
+        values="true | false",
+    )
+    rank_policy: str = key(
+        "round_robin",
+        doc="How a worker spreads its requests over its attention-DP ranks (docs/routing.md).",
+        values="round_robin | least_loaded",
+    )
     # vllm policy with prefix_caching: a CPU tier of KV blocks (docs/prefix-caching.md); None: none
     kv_offload: KVOffloadConfig | None = section(KVOffloadConfig)
-    # vllm policy: admit a waiting request only if its whole sequence fits (docs/semantics.md)
-    reserve_full_isl: bool = key(False)
-    # vllm policy with prefix_caching: hash the full blocks of generated tokens too (docs/prefix-caching.md)
-    cache_generated_blocks: bool = key(False)
-    # vllm, trtllm: a prompt may be split over passes (false: vLLM's --no-enable-chunked-prefill,
-    # docs/semantics.md); null: the policy's default; None after parsing for a policy that does not use it
-    chunked_prefill: bool | None = key(None)
-    # vllm policy: vLLM's --enable-expert-parallel with --data-parallel-size = attention_dp: the ranks
-    # step together through the MoE layers, an idle one running a dummy batch (docs/semantics.md)
-    expert_parallel: bool = key(False)
+    reserve_full_isl: bool = key(
+        False,
+        doc="vllm: admit a waiting request only if its whole sequence fits (scheduler_reserve_full_isl).",
+        values="true | false",
+    )
+    cache_generated_blocks: bool = key(
+        False,
+        doc="vllm with prefix_caching: hash the full blocks of generated tokens too.",
+        values="true | false",
+    )
+    # None after parsing for a policy that does not use it
+    chunked_prefill: bool | None = key(
+        None,
+        doc="vllm, trtllm: a prompt may be split over passes (false: --no-enable-chunked-prefill); null: the policy's default.",
+        values="true | false | null",
+    )
+    # aggregated or decode pool: speculative decoding (docs/speculative.md); None after parsing: off
+    speculative: Speculation | None = section(SpeculativeConfig)
+    expert_parallel: bool = key(
+        False,
+        doc="vllm: --enable-expert-parallel with --data-parallel-size = attention_dp: the ranks step together "
+        "through the MoE layers, an idle one running a dummy batch (docs/semantics.md).",
+        values="true | false",
+    )
 
     @property
     def num_ranks(self) -> int:
@@ -117,7 +238,7 @@ def parse_pool(
     policy : str
         engine.policy (already checked).
     timing_type : str
-        timing.type (already checked): ``num_blocks: auto`` needs ``aic``.
+        timing.type (already checked): ``num_blocks: auto`` needs ``aic`` or ``roofline``.
     active : bool
         Whether engine.mode uses the pool; an inactive pool's ``auto`` becomes 1
         (its keys are refused by the key scopes of :mod:`simcore.config`).
@@ -151,10 +272,10 @@ def parse_pool(
             )
         num_blocks = DEFAULT_KV_TOKENS // block_size
     elif isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS:
-        if timing_type != "aic":
+        if timing_type not in ("aic", "roofline"):
             raise ConfigError(
-                f"{path}.num_blocks=auto derives the KV capacity from the aiconfigurator-core "
-                f"database and needs timing.type=aic, got timing.type={timing_type}"
+                f"{path}.num_blocks=auto derives the KV capacity from a model and a GPU and needs "
+                f"timing.type=aic or roofline, got timing.type={timing_type}"
             )
         num_blocks = AUTO_BLOCKS if active else 1
     conservativeness = pick("schedule_conservativeness")
@@ -183,6 +304,7 @@ def parse_pool(
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
         chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
         expert_parallel=_expert_parallel(path, raw["expert_parallel"], policy, timing_type, raw["attention_dp"]),
+        speculative=_speculative(path, raw, policy),
         schedule_conservativeness=None
         if conservativeness is None
         else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
@@ -351,3 +473,31 @@ def _kv_offload(path: str, raw: Mapping[str, Any], block_size: int, policy: str)
         raise ConfigError(f"{path}.bytes_per_token={offload.bytes_per_token!r} at bandwidth_gb_per_second="
                           f"{offload.bandwidth_gb_per_second!r}: one block's copy exceeds {MAX_INSTANT_MS:.4g} ms")
     return offload
+
+
+def _speculative(path: str, raw: Mapping[str, Any], policy: str) -> Speculation | None:
+    """The pool's speculative decoding from its engine form (None: off); on a token-emitting pool,
+    without asynchronous scheduling or a CPU tier (not modelled together)."""
+    path = f"{path}.speculative"
+    keys = raw["speculative"]
+    if keys["config"] is None:
+        for name, value in keys.items():
+            if value != default_of(SpeculativeConfig, name):
+                raise ConfigError(f"{path}.{name} needs {path}.config (speculative decoding is off), got {value!r}")
+        return None
+    prefix = path.rsplit(".", 1)[0]
+    if prefix.endswith(".prefill"):
+        raise ConfigError(f"{path}: a P/D prefill pool emits no tokens; set it on engine.decode")
+    if raw["async_scheduling"]:
+        raise ConfigError(f"{path} is not modelled with {prefix}.async_scheduling=true")
+    if any(value is not None for value in raw["kv_offload"].values()):
+        raise ConfigError(f"{path} is not modelled with {prefix}.kv_offload")
+    method, drafts, positions, lookahead, steps = read_engine_form(
+        f"{path}.config", keys["config"], policy_spec(policy).speculative_form)
+    return Speculation(
+        method=method, draft_tokens=drafts, positions=positions, lookahead=lookahead, proposer_steps=steps,
+        rates=acceptance_rates(path, keys["acceptance_rates"], keys["mean_acceptance_length"], positions),
+        proposer_step_ms=number(f"{path}.proposer_step_ms", keys["proposer_step_ms"], maximum=MAX_INSTANT_MS),
+        proposer_per_seq_us=number(f"{path}.proposer_per_seq_us", keys["proposer_per_seq_us"],
+                                   maximum=MAX_INSTANT_MS),
+    )

@@ -8,7 +8,7 @@ import numpy as np
 
 from simcore.timing.allreduce import pass_terms_block
 from simcore.timing import nb
-from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_TABLE
+from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_ROOFLINE, TIMING_TABLE
 
 if TYPE_CHECKING:  # annotations only
     from simcore.timing.settings import TimingConfig
@@ -33,14 +33,15 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
     Returns
     -------
     model : int
-        ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE`` or ``TIMING_AIC``.
+        ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE``, ``TIMING_AIC`` or ``TIMING_ROOFLINE``.
     params : ndarray(float64, ndim=1)
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms, per_prefill_token_us,
         per_decode_seq_us, per_kv_token_ns]``; table/aic: offsets and sizes into ``table``;
-        linear, table and aic are followed by the pass-terms block (``nb.R_*``: scales,
+        roofline: the ``nb.RF_*`` layout; linear, table, aic and roofline are followed
+        by the pass-terms block (``nb.R_*``: scales,
         overhead, TP all-reduce, CUDA-graph padding).
     table : ndarray(float64, ndim=1)
-        Flat lookup tables (empty for fixed and linear).
+        Flat lookup tables (empty for fixed and linear; roofline: its operator groups).
     """
     if cfg.type == "fixed":
         return TIMING_FIXED, np.array([cfg.prefill_ms, cfg.decode_ms], dtype=np.float64), NO_TABLE
@@ -68,6 +69,11 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
 
         model = TIMING_AIC
         params, table = aic_arrays(cfg)
+    elif cfg.type == "roofline":
+        from simcore.timing.roofline import roofline_arrays
+
+        model = TIMING_ROOFLINE
+        params, table = roofline_arrays(cfg)
     else:
         raise ValueError(f"timing.type {cfg.type!r} has no kernel")  # config validation prevents this
     block, appended = pass_terms_block(cfg, table.shape[0])

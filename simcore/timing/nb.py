@@ -28,6 +28,7 @@ TIMING_FIXED = 0
 TIMING_LINEAR = 1
 TIMING_TABLE = 2
 TIMING_AIC = 3
+TIMING_ROOFLINE = 4
 
 # ``table`` (per-operator profile) parameter layout: params[P_*].
 P_NUM_LAYERS = 0
@@ -86,6 +87,29 @@ A_AR_CTX = 18  # the database's per-layer all-reduces inside NA, at T tokens (A_
 A_AR_GEN = 19  # the same inside NG, at batch B (A_NG_N knots), ms
 AIC_NUM_PARAMS = 20
 
+# ``roofline`` parameter layout: params[RF_*] (simcore.timing.roofline builds it).
+RF_NUM_GEMM = 0  # GEMM groups (attention projections, dense MLP, shared experts, lm_head)
+RF_GEMM = 1  # offset in ``table`` of the groups, RF_GEMM_WIDTH each
+RF_MOE_LAYERS = 2  # MoE layers (0: none)
+RF_EXPERTS = 3  # routed experts E
+RF_TOPK = 4  # experts per token k
+RF_EXPERT_FLOPS = 5  # FLOPs of one expert for one token (one rank)
+RF_EXPERT_BYTES = 6  # weight bytes of one expert (one rank)
+RF_EXPERT_IO = 7  # activation bytes per routed token
+RF_MOE_FLOPS_PER_MS = 8  # effective peak of the experts' GEMMs, FLOP/ms
+RF_MOE_BYTES_PER_MS = 9  # effective memory bandwidth, bytes/ms
+RF_NUM_ATTN = 10  # attention layer groups (one per distinct span)
+RF_ATTN = 11  # offset in ``table`` of the groups, RF_ATTN_WIDTH each
+RF_ATTN_FLOPS_PER_MS = 12  # effective peak of attention, FLOP/ms
+RF_ATTN_BYTES_PER_MS = 13  # effective memory bandwidth of attention, bytes/ms
+ROOFLINE_NUM_PARAMS = 14
+# One GEMM group in ``table``: [rows (0: the pass's tokens, 1: its sequences), FLOPs per row,
+# weight bytes, activation bytes per row, effective FLOP/ms, effective bytes/ms].
+RF_GEMM_WIDTH = 6
+# One attention group: [layers, span (0: full), prefill FLOPs per query-key pair, decode FLOPs per
+# pair, prefill FLOPs per cached key, KV bytes per token, q/o bytes per prefill token, per decode].
+RF_ATTN_WIDTH = 8
+
 LINEAR_NUM_PARAMS = 4
 # Pass-terms block (linear, table, aic), stored right after the model's own
 # parameters (at LINEAR_NUM_PARAMS, TABLE_NUM_PARAMS or AIC_NUM_PARAMS): time
@@ -119,14 +143,14 @@ ALLTOALL_NUM_PARAMS = 4
 @njit(cache=True)
 def rank_time_ms_nb(
     model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
-    decode_kv_max=0,
+    decode_kv_max=0, draft_tokens=0,
 ):
     """Time of one rank's batch, ms.
 
     Parameters
     ----------
     model : int
-        ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE`` or ``TIMING_AIC``.
+        ``TIMING_FIXED``, ``TIMING_LINEAR``, ``TIMING_TABLE``, ``TIMING_AIC`` or ``TIMING_ROOFLINE``.
     params : ndarray(float64, ndim=1)
         fixed: ``[prefill_ms, decode_ms]``; linear: ``[base_ms,
         per_prefill_token_us, per_decode_seq_us, per_kv_token_ns]``; table and
@@ -137,6 +161,11 @@ def rank_time_ms_nb(
         The batch summary of SPEC §8 (tokens, sequences).
     decode_kv_max : int
         The largest ``computed + 1`` of a decode entry (0: not known, no skew term).
+    draft_tokens : int
+        Speculative proposals verified by the decode entries (docs/speculative.md):
+        each decode entry's query is ``1 +`` its proposals.  ``linear`` prices them
+        as prefill tokens (query rows; the entry's KV is read once); ``table``,
+        ``aic`` and ``roofline`` as decode rows at the decodes' mean context.
 
     Returns
     -------
@@ -152,7 +181,11 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
-    tokens = prefill_tokens + num_decode
+    if draft_tokens > 0 and model != TIMING_LINEAR:  # q rows per verification, each at the mean context
+        decode_kv_tokens += draft_tokens * (decode_kv_tokens // num_decode)
+        num_decode += draft_tokens
+        draft_tokens = 0
+    tokens = prefill_tokens + num_decode + draft_tokens
     if model == TIMING_TABLE:
         padded = graph_tokens_nb(params, table, TABLE_NUM_PARAMS, tokens)
         ms = table_pass_ms_nb(
@@ -166,6 +199,12 @@ def rank_time_ms_nb(
                 decode_kv_max,
             )
         return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, padded)
+    if model == TIMING_ROOFLINE:
+        padded = graph_tokens_nb(params, table, ROOFLINE_NUM_PARAMS, tokens)
+        ms = roofline_pass_ms_nb(
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded
+        )
+        return pass_terms_ms_nb(params, table, ROOFLINE_NUM_PARAMS, ms, num_prefill, padded)
     if model == TIMING_AIC:
         # timing.allreduce replaces the database's own per-layer all-reduces
         replaced = params.shape[0] >= AIC_NUM_PARAMS + PASS_TERMS_NUM_PARAMS and params[AIC_NUM_PARAMS + R_COUNT] != 0.0
@@ -186,6 +225,7 @@ def rank_time_ms_nb(
     # (prefill tokens beside a prefill entry, decode entries without cache otherwise)
     padded = graph_tokens_nb(params, table, LINEAR_NUM_PARAMS, tokens)
     decodes = num_decode  # the scheduled ones (the skew term's)
+    prefill_tokens += draft_tokens
     if num_prefill > 0:
         prefill_tokens += padded - tokens
     else:
@@ -980,6 +1020,169 @@ def aic_context_ops_nb(params, table, tokens, without_allreduce):
     return ms
 
 
+# ---------------------------------------------------------------- roofline
+
+
+@njit(cache=True)
+def roofline_ms_nb(flops, nbytes, flops_per_ms, bytes_per_ms):
+    """``max(flops / flops_per_ms, bytes / bytes_per_ms)``: the slower of compute and memory, ms.
+
+    Parameters
+    ----------
+    flops, nbytes : float
+        Work and memory traffic of the operator group.
+    flops_per_ms, bytes_per_ms : float
+        Effective peaks.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
+    compute = flops / flops_per_ms
+    memory = nbytes / bytes_per_ms
+    return compute if compute > memory else memory
+
+
+@njit(cache=True)
+def span_sum_nb(first, last, span):
+    """``sum(min(x, span) for x in first..last)`` (``span`` 0: no cap), in float64.
+
+    The keys the queries at positions ``first - 1 .. last - 1`` attend to under
+    causal attention limited to the last ``span`` tokens.
+
+    Parameters
+    ----------
+    first, last : float
+        Keys visible to the first and the last query without a span.
+    span : float
+        The attention span, tokens (0: none).
+
+    Returns
+    -------
+    float
+        Query-key pairs.
+    """
+    if last < first:
+        return 0.0
+    a = float(first)
+    b = float(last)
+    if span <= 0.0 or b <= span:
+        return (a + b) * (b - a + 1.0) / 2.0
+    if a >= span:
+        return span * (b - a + 1.0)
+    return (a + span) * (span - a + 1.0) / 2.0 + span * (b - span)
+
+
+@njit(cache=True)
+def roofline_attention_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode,
+                             decode_kv_tokens):
+    """Attention of all layers, ms: per layer group, one roofline of the pass's attention work.
+
+    The mean prefill entry (chunk ``c``, cached ``h``) attends ``span_sum(h + 1,
+    h + c, span)`` query-key pairs and reads ``min(h + c, span)`` tokens' KV
+    plus writes ``c``; a decode reads ``min(context, span)`` tokens' KV (the
+    decodes' mean context where a span caps it, their exact sum otherwise).
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The ``RF_*`` layout.
+    table : ndarray(float64, ndim=1)
+        Holds the attention groups.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The batch summary of SPEC §8.
+
+    Returns
+    -------
+    float
+        Time, ms.
+    """
+    chunk, cached = mean_prefill_nb(num_prefill, prefill_tokens, prefill_kv_tokens)
+    mean_ctx = 0.0
+    if num_decode > 0:
+        mean_ctx = decode_kv_tokens / num_decode
+    groups = int(params[RF_NUM_ATTN])
+    off = int(params[RF_ATTN])
+    ms = 0.0
+    for g in range(groups):
+        row = off + g * RF_ATTN_WIDTH
+        span = table[row + 1]
+        kv_bytes = table[row + 5]
+        flops = 0.0
+        nbytes = 0.0
+        if num_prefill > 0:
+            pairs = span_sum_nb(cached + 1.0, cached + chunk, span)
+            read = cached + chunk
+            if span > 0.0 and read > span:
+                read = span
+            flops += num_prefill * (pairs * table[row + 2] + cached * table[row + 4])
+            nbytes += num_prefill * ((read + chunk) * kv_bytes + chunk * table[row + 6])
+        if num_decode > 0:
+            if span > 0.0 and mean_ctx > span:
+                reads = num_decode * span
+            else:
+                reads = float(decode_kv_tokens)
+            flops += reads * table[row + 3]
+            nbytes += reads * kv_bytes + num_decode * (kv_bytes + table[row + 7])
+        ms += table[row] * roofline_ms_nb(flops, nbytes, params[RF_ATTN_FLOPS_PER_MS], params[RF_ATTN_BYTES_PER_MS])
+    return ms
+
+
+@njit(cache=True)
+def roofline_pass_ms_nb(
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, dense_tokens
+):
+    """Pass time from FLOPs and bytes against the GPU's peaks, ms (docs/timing.md, ``roofline``).
+
+    ``sum over GEMM groups of max(rows x FLOPs per row / F, (weights + rows x
+    io) / B) + MoE layers x max(T k x expert FLOPs / F, (A(T) x expert bytes +
+    T k x io) / B) + attention``, with rows = ``T = dense_tokens`` (the padded
+    pass) or ``S = num_prefill + num_decode`` (``lm_head``), and ``A(T) = E (1 -
+    (1 - k / E)^T)`` the expected number of experts the pass's tokens activate.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The ``RF_*`` layout.
+    table : ndarray(float64, ndim=1)
+        The GEMM and attention groups.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The batch summary of SPEC §8.
+    dense_tokens : int
+        Tokens the GEMMs run at (prefill tokens + decodes, padded to a CUDA-graph size).
+
+    Returns
+    -------
+    float
+        The rank's time, ms.
+    """
+    tokens = float(dense_tokens)
+    seqs = float(num_prefill + num_decode)
+    ms = 0.0
+    off = int(params[RF_GEMM])
+    for g in range(int(params[RF_NUM_GEMM])):
+        row = off + g * RF_GEMM_WIDTH
+        rows = tokens if table[row] == 0.0 else seqs
+        ms += roofline_ms_nb(rows * table[row + 1], table[row + 2] + rows * table[row + 3], table[row + 4],
+                             table[row + 5])
+    layers = params[RF_MOE_LAYERS]
+    if layers > 0.0:
+        experts = params[RF_EXPERTS]
+        k = params[RF_TOPK]
+        routed = tokens * k
+        active = experts * (1.0 - (1.0 - k / experts) ** tokens)
+        ms += layers * roofline_ms_nb(
+            routed * params[RF_EXPERT_FLOPS],
+            active * params[RF_EXPERT_BYTES] + routed * params[RF_EXPERT_IO],
+            params[RF_MOE_FLOPS_PER_MS],
+            params[RF_MOE_BYTES_PER_MS],
+        )
+    return ms + roofline_attention_ms_nb(
+        params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+    )
+
+
 @njit(cache=True)
 def pass_times_nb(model, params, table, summaries, out):
     """``rank_time_ms_nb`` over rows ``[num_prefill, prefill_tokens, prefill_kv_tokens,
@@ -1121,6 +1324,8 @@ def model_base_nb(model):
         return TABLE_NUM_PARAMS
     if model == TIMING_AIC:
         return AIC_NUM_PARAMS
+    if model == TIMING_ROOFLINE:
+        return ROOFLINE_NUM_PARAMS
     return 0
 
 

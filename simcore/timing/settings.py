@@ -19,15 +19,24 @@ from simcore.errors import ConfigError
 from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.policies import supporting, supports
 
-TIMING_TYPES = ("fixed", "linear", "aic", "table")
+TIMING_TYPES = ("fixed", "linear", "aic", "table", "roofline")
 #: The timing keys of each table-driven model (set with another timing.type: an error).
 AIC_KEYS = ("model", "gpu", "backend", "backend_version", "memory_fraction")
+#: The keys aic and roofline share (a model and a GPU); the aic-only ones.
+MODEL_KEYS = ("model", "gpu")
+AIC_ONLY_KEYS = ("backend", "backend_version")
+#: roofline's own keys (timing.roofline.*): efficiency factors and the KV cache's dtype.
+ROOFLINE_EFFICIENCIES = ("flops_efficiency", "bandwidth_efficiency", "attention_flops_efficiency",
+                         "attention_bandwidth_efficiency")
+ROOFLINE_KEYS = ROOFLINE_EFFICIENCIES + ("kv_dtype",)
+#: timing.roofline.kv_dtype values (null: the model's serving dtype; vLLM --kv-cache-dtype).
+KV_DTYPES = ("bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: aiconfigurator-core's backends (timing.backend); null takes the policy's (``Policy.aic_backend``).
 AIC_BACKENDS = ("vllm", "sglang", "trtllm")
 TABLE_KEYS = ("profile",)
 #: Timing types that can add a TP all-reduce term (timing.allreduce; for aic it
 #: replaces the database's own per-layer all-reduces).
-ALLREDUCE_TYPES = ("linear", "table", "aic")
+ALLREDUCE_TYPES = ("linear", "table", "aic", "roofline")
 #: The coefficients of the two closed-form timing models.
 FIXED_KEYS = ("prefill_ms", "decode_ms")
 LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_token_ns")
@@ -50,50 +59,174 @@ class TimingConfig:
     costs ~40 ns, and each decoding sequence adds sampling/bookkeeping overhead.
     """
 
-    type: str = key("linear")
-    prefill_ms: float = key(30.0)
-    decode_ms: float = key(8.0)
-    base_ms: float = key(5.0)
-    per_prefill_token_us: float = key(30.0)
-    per_decode_seq_us: float = key(20.0)
-    per_kv_token_ns: float = key(40.0)
-    # aic (aiconfigurator-core database): resolved (backend from engine.policy's registry entry, tp 1,
-    # memory_fraction 0.9); None otherwise.
-    model: str | None = key(None, optional=True)  # bundled HF id or a local directory holding config.json
-    gpu: str | None = key(None, optional=True)  # AIC system name, e.g. h200_sxm
-    backend: str | None = key(None, optional=True)  # AIC_BACKENDS; null: engine.policy's
-    backend_version: str | None = key(None, optional=True)  # null: the database's current version
-    tp: int | None = key(None, optional=True)  # one rank's tensor parallelism (all-reduce); null: 1
-    memory_fraction: float | None = key(None, optional=True)  # num_blocks: auto; null: AIC_MEMORY_FRACTION
-    # table (per-operator profile): a directory with dense.csv, attention.csv, per_sequence.csv
-    profile: str | None = key(None, optional=True)
-    num_layers: int | None = key(None, optional=True)  # null: num_layers of the profile's meta.yaml
-    # TP all-reduce (linear, table, aic): ring (latency + 2(n-1)/n x bytes / bandwidth)
-    # or a measured curve; both None: none added (aic: the database's own).
-    hidden_size: int | None = key(None, optional=True)  # null: meta.yaml (table), the model config (aic)
-    dtype_bytes: int = key(2, optional=True)  # bytes per activation element (bf16)
-    allreduce_latency_us: float | None = key(None, at=("allreduce", "latency_us"), optional=True)
-    allreduce_bandwidth_gb_per_second: float | None = key(None, at=("allreduce", "bandwidth_gb_per_second"), optional=True)
-    allreduce_curve: str | None = key(None, at=("allreduce", "curve"), optional=True)
-    # linear, table, aic: model time x scale (prefill passes / decode-only passes) + overhead
-    prefill_scale: float = key(1.0, optional=True)
-    decode_scale: float = key(1.0, optional=True)
-    pass_overhead_us: float = key(0.0, optional=True)
-    # linear, table, aic: passes of at most max(sizes) tokens run at the smallest size >= their
-    # tokens (ascending, unique; None: no padding; VLLM_DEFAULT_GRAPHS until the pools resolve it)
-    cuda_graph_sizes: tuple[int, ...] | str | None = key(None, optional=True)
-    # linear, table: decode attention + alpha x (at the longest context - at the mean)
-    attention_skew_alpha: float = key(0.0, optional=True)
-    # mixture of experts (docs/timing.md): table prices its MoE layers from the profile's moe.csv
-    # with the model's routed experts and top-k; under expert parallelism (engine.<pool>.expert_parallel)
-    # linear and table add the dispatch and combine of every MoE layer over the link.
-    moe_num_experts: int | None = key(None, at=("moe", "num_experts"), optional=True)  # config.json num_experts
-    moe_top_k: int | None = key(None, at=("moe", "top_k"), optional=True)  # config.json num_experts_per_tok
-    moe_num_layers: int | None = key(None, at=("moe", "num_layers"), optional=True)  # null: timing.num_layers
-    moe_imbalance: float = key(1.0, at=("moe", "imbalance"), optional=True)  # busiest rank's expert load / mean
-    moe_alltoall_latency_us: float | None = key(None, at=("moe", "alltoall", "latency_us"), optional=True)
+    type: str = key(
+        "linear",
+        doc="How a pass's duration is computed: fixed, linear (closed form), table (a per-operator profile), aic (the aiconfigurator-core database) or roofline (FLOPs and bytes against a catalogue GPU's peaks).",
+        values="fixed | linear | aic | table | roofline",
+    )
+    prefill_ms: float = key(30.0, doc="fixed: duration of a pass with a prefill entry.", values="number >= 0")
+    decode_ms: float = key(8.0, doc="fixed: added when the pass has a decode entry.", values="number >= 0")
+    base_ms: float = key(5.0, doc="linear: fixed cost of a pass (reading the weights).", values="number >= 0")
+    per_prefill_token_us: float = key(30.0, doc="linear: cost per prompt token in the pass.", values="number >= 0")
+    per_decode_seq_us: float = key(20.0, doc="linear: cost per decoding sequence in the pass.", values="number >= 0")
+    per_kv_token_ns: float = key(
+        40.0,
+        doc="linear: cost per KV token read by the pass's attention.",
+        values="number >= 0",
+    )
+    # aic keys after parsing: resolved (backend from engine.policy's registry entry, tp 1,
+    # memory_fraction 0.9); None for the other types.
+    model: str | None = key(
+        None, optional=True,
+        doc="aic: a bundled Hugging Face model id, or a local directory holding config.json; roofline: a catalogue model (replaysim-models) or a config.json path.",
+        values="string or null",
+    )
+    gpu: str | None = key(
+        None, optional=True,
+        doc="aic: the GPU system name (for example h200_sxm); roofline: a catalogue GPU (for example H200).",
+        values="string or null",
+    )
+    backend: str | None = key(
+        None, optional=True,
+        doc="aic: whose kernels the database measured; null: engine.policy's.",
+        values="vllm | sglang | trtllm | null",
+    )
+    backend_version: str | None = key(
+        None, optional=True,
+        doc="aic: the database version; null: its current one.",
+        values="string or null",
+    )
+    tp: int | None = key(
+        None, optional=True,
+        doc="Tensor parallelism of one rank (its all-reduce term); null: 1.",
+        unit="GPUs",
+        values="integer >= 1 or null",
+    )
+    memory_fraction: float | None = key(
+        None, optional=True,
+        doc="num_blocks=auto (and roofline's fit check): fraction of GPU memory for weights plus KV cache; null: 0.9 (vLLM's gpu_memory_utilization).",
+        values="number > 0 or null",
+    )
+    roofline_flops_efficiency: float = key(
+        1.0, at=("roofline", "flops_efficiency"), optional=True,
+        doc="roofline: share of the datasheet dense TFLOPS the GEMMs and experts reach (1: the bound itself).",
+        values="number in (0, 1]",
+    )
+    roofline_bandwidth_efficiency: float = key(
+        1.0, at=("roofline", "bandwidth_efficiency"), optional=True,
+        doc="roofline: share of the datasheet memory bandwidth the GEMMs and experts reach (1: the bound itself).",
+        values="number in (0, 1]",
+    )
+    roofline_attention_flops_efficiency: float = key(
+        1.0, at=("roofline", "attention_flops_efficiency"), optional=True,
+        doc="roofline: share of the 16-bit TFLOPS attention reaches (1: the bound itself).",
+        values="number in (0, 1]",
+    )
+    roofline_attention_bandwidth_efficiency: float = key(
+        1.0, at=("roofline", "attention_bandwidth_efficiency"), optional=True,
+        doc="roofline: share of the memory bandwidth attention reaches (1: the bound itself).",
+        values="number in (0, 1]",
+    )
+    roofline_kv_dtype: str | None = key(
+        None, at=("roofline", "kv_dtype"), optional=True,
+        doc="roofline: the KV cache's dtype (vLLM --kv-cache-dtype); null: the model's.",
+        values="bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2 | null",
+    )
+    profile: str | None = key(
+        None, optional=True,
+        doc="table: a directory with dense.csv, attention.csv and per_sequence.csv (µs per layer).",
+        values="string or null",
+    )
+    num_layers: int | None = key(
+        None, optional=True,
+        doc="table: layers per pass; null: the profile's meta.yaml.",
+        unit="layers",
+        values="integer >= 1 or null",
+    )
+    hidden_size: int | None = key(
+        None, optional=True,
+        doc="TP all-reduce: the model's hidden size; null: the profile's meta.yaml (table) or the model config (aic, roofline).",
+        values="integer >= 1 or null",
+    )
+    dtype_bytes: int = key(
+        2, optional=True,
+        doc="TP all-reduce: bytes per activation element (2: bf16).",
+        unit="bytes",
+        values="integer >= 1",
+    )
+    allreduce_latency_us: float | None = key(
+        None, at=("allreduce", "latency_us"), optional=True,
+        doc="TP all-reduce, ring model: latency per all-reduce.",
+        values="number >= 0 or null",
+    )
+    allreduce_bandwidth_gb_per_second: float | None = key(
+        None, at=("allreduce", "bandwidth_gb_per_second"), optional=True,
+        doc="TP all-reduce, ring model: link bandwidth; with latency_us, latency + 2(n-1)/n x bytes / bandwidth.",
+        values="number > 0 or null",
+    )
+    allreduce_curve: str | None = key(
+        None, at=("allreduce", "curve"), optional=True,
+        doc="TP all-reduce: a measured curve file (bytes, µs) instead of the ring model.",
+        values="string or null",
+    )
+    prefill_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic, roofline: multiplies the model's time of passes with a prefill entry.",
+        values="number > 0",
+    )
+    decode_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic, roofline: multiplies the model's time of decode-only passes.",
+        values="number > 0",
+    )
+    pass_overhead_us: float = key(
+        0.0, optional=True,
+        doc="linear, table, aic, roofline: host time added to every pass.",
+        values="number >= 0",
+    )
+    cuda_graph_sizes: tuple[int, ...] | str | None = key(
+        None, optional=True,
+        doc="linear, table, aic, roofline: passes of at most max(sizes) tokens run at the smallest size >= their tokens (CUDA-graph padding); vllm_default: vLLM's sizes; null: no padding.",
+        unit="tokens",
+        values="list of integers >= 1, vllm_default or null",
+    )
+    attention_skew_alpha: float = key(
+        0.0, optional=True,
+        doc="linear, table: decode attention + alpha x (its time at the longest context - at the mean).",
+        values="number >= 0",
+    )
+    # mixture of experts (docs/timing.md): table prices its MoE layers from the profile's moe.csv;
+    # under expert parallelism (engine.<pool>.expert_parallel) linear and table add the all-to-all.
+    moe_num_experts: int | None = key(
+        None, at=("moe", "num_experts"), optional=True,
+        doc="table (moe.csv), linear (the all-to-all): the model's routed experts (config.json num_experts).",
+        values="integer >= 1 or null",
+    )
+    moe_top_k: int | None = key(
+        None, at=("moe", "top_k"), optional=True,
+        doc="table, linear: experts per token (config.json num_experts_per_tok); set with moe.num_experts.",
+        values="integer >= 1 or null",
+    )
+    moe_num_layers: int | None = key(
+        None, at=("moe", "num_layers"), optional=True,
+        doc="MoE layers of the model; null: timing.num_layers (every layer).",
+        unit="layers",
+        values="integer >= 1 or null",
+    )
+    moe_imbalance: float = key(
+        1.0, at=("moe", "imbalance"), optional=True,
+        doc="table: the busiest GPU's expert load over the mean (moe.csv queried at that many tokens).",
+        values="number in [1, num_experts]",
+    )
+    moe_alltoall_latency_us: float | None = key(
+        None, at=("moe", "alltoall", "latency_us"), optional=True,
+        doc="expert parallelism: fixed cost of each MoE layer's dispatch and combine collective.",
+        values="number >= 0 or null",
+    )
     moe_alltoall_bandwidth_gb_per_second: float | None = key(
-        None, at=("moe", "alltoall", "bandwidth_gb_per_second"), optional=True
+        None, at=("moe", "alltoall", "bandwidth_gb_per_second"), optional=True,
+        doc="expert parallelism: link bandwidth of the dispatch and combine (needs engine.<pool>.expert_parallel).",
+        values="number > 0 or null",
     )
 
     @property
@@ -147,6 +280,8 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
     """
     kind = choice(f"{path}.type", raw["type"], TIMING_TYPES)
     extra: dict[str, Any] = {}
+    if kind == "roofline":
+        extra = _roofline(raw, path)
     if kind == "aic":
         for name, example in (("model", "meta-llama/Meta-Llama-3.1-8B"), ("gpu", "h200_sxm")):
             if raw[name] is None:
@@ -159,10 +294,7 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
             if not is_number(version):
                 raise ConfigError(f"{path}.backend_version must be a version string, got {version!r}")
             version = str(version)
-        fraction = raw["memory_fraction"]
-        fraction = AIC_MEMORY_FRACTION if fraction is None else number(f"{path}.memory_fraction", fraction, strict=True)
-        if fraction > 1:
-            raise ConfigError(f"{path}.memory_fraction must be in (0, 1], got {raw['memory_fraction']!r}")
+        fraction = _memory_fraction(raw, path)
         extra = dict(
             model=optional_str(f"{path}.model", raw["model"]),
             gpu=optional_str(f"{path}.gpu", raw["gpu"]),
@@ -190,6 +322,47 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
         **{name: number(f"{path}.{name}", raw[name]) for name in FIXED_KEYS + LINEAR_KEYS},
         **extra,
     )
+
+
+def _memory_fraction(raw: Mapping[str, Any], path: str) -> float:
+    fraction = raw["memory_fraction"]
+    fraction = AIC_MEMORY_FRACTION if fraction is None else number(f"{path}.memory_fraction", fraction, strict=True)
+    if fraction > 1:
+        raise ConfigError(f"{path}.memory_fraction must be in (0, 1], got {raw['memory_fraction']!r}")
+    return fraction
+
+
+def _roofline(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """timing.model, timing.gpu (required; checked against the catalogue by simcore.derive),
+    timing.memory_fraction and timing.roofline.*."""
+    for name, example in (("model", "llama-3.1-8b"), ("gpu", "H100-SXM")):
+        if raw[name] is None:
+            raise ConfigError(
+                f"{path}.{name} must be set for {path}.type=roofline (e.g. {path}.{name}={example}; "
+                "replaysim-models lists the catalogue)"
+            )
+    for name in ("num_layers", "hidden_size"):
+        if raw[name] is not None:
+            raise ConfigError(
+                f"{path}.{name} is the model's own with {path}.type=roofline (read from {path}.model), "
+                f"got {shown(raw[name])}"
+            )
+    sub = raw["roofline"]
+    out: dict[str, Any] = dict(
+        model=optional_str(f"{path}.model", raw["model"]),
+        gpu=optional_str(f"{path}.gpu", raw["gpu"]),
+        memory_fraction=_memory_fraction(raw, path),
+    )
+    for name in ROOFLINE_EFFICIENCIES:
+        value = number(f"{path}.roofline.{name}", sub[name], strict=True)
+        if value > 1:
+            raise ConfigError(
+                f"{path}.roofline.{name} must be in (0, 1] (a share of the datasheet peak), got {shown(sub[name])}"
+            )
+        out[f"roofline_{name}"] = value
+    if sub["kv_dtype"] is not None:
+        out["roofline_kv_dtype"] = choice(f"{path}.roofline.kv_dtype", sub["kv_dtype"], KV_DTYPES)
+    return out
 
 
 def _moe(raw: Mapping[str, Any], path: str, kind: str) -> dict[str, Any]:
@@ -261,7 +434,7 @@ def _pass_terms(
         optional_count(f"{path}.{name}", raw[name])  # the type first, whichever rule reads it
         if raw[name] is not None and kind not in ALLREDUCE_TYPES:
             raise ConfigError(
-                f"{path}.{name} is only used by {path}.type=linear, table or aic, got {raw[name]!r} "
+                f"{path}.{name} is only used by {path}.type=linear, table, aic or roofline, got {raw[name]!r} "
                 f"with {path}.type={kind}"
             )
     ar = raw["allreduce"]
@@ -284,7 +457,7 @@ def _pass_terms(
     out["cuda_graph_sizes"] = _graph_sizes(f"{path}.cuda_graph_sizes", raw["cuda_graph_sizes"], policy)
     for name in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
         if raw[name] != default_of(TimingConfig, name) and kind == "fixed":
-            raise ConfigError(f"{path}.{name} is only used by {path}.type=linear, table or aic, got {raw[name]!r}")
+            raise ConfigError(f"{path}.{name} is only used by {path}.type=linear, table, aic or roofline, got {raw[name]!r}")
     if bandwidth is None and curve is None:
         if latency is not None:
             raise ConfigError(
@@ -313,7 +486,7 @@ def _pass_terms(
             f"{path}.allreduce.{{latency_us,bandwidth_gb_per_second}}, not both"
         )
     if kind not in ALLREDUCE_TYPES:
-        raise ConfigError(f"{path}.allreduce is only used by {path}.type=linear, table or aic, got {kind}")
+        raise ConfigError(f"{path}.allreduce is only used by {path}.type=linear, table, aic or roofline, got {kind}")
     if out["tp"] < 2:
         raise ConfigError(f"{path}.allreduce needs {path}.tp >= 2 (one GPU does no all-reduce), got {path}.tp=1")
     if curve is not None and not os.path.isfile(curve):

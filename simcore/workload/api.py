@@ -124,7 +124,7 @@ def read_table_file(path: str) -> pa.Table:
 #: Column types of a CSV request table for pyarrow's reader (others are inferred, then refused).
 CSV_TYPES = {
     "request_id": pa.string(), "input_tokens": pa.int64(), "output_tokens": pa.int64(), "send_ms": pa.float64(),
-    "session_id": pa.string(), "turn": pa.int64(),
+    "session_id": pa.string(), "turn": pa.int64(), "acceptance_length": pa.float64(),
 }
 
 
@@ -306,7 +306,7 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
             f"{origin}: missing column(s) {', '.join(missing)}; a request table needs "
             "request_id (optional), input_tokens, output_tokens and, for load.type=trace, send_ms"
         )
-    known = set(REQUIRED_COLUMNS) | {"send_ms", *SESSION_COLUMNS}
+    known = set(REQUIRED_COLUMNS) | {"send_ms", *SESSION_COLUMNS, "acceptance_length"}
     extra = [c for c in table.column_names if c not in known]
     if extra:
         raise ConfigError(f"{origin}: unknown column(s) {', '.join(extra)}")
@@ -353,7 +353,22 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
             table, origin, lengths["input_tokens"], lengths["output_tokens"], lambda row: _row(origin, row)
         )
         sessions = dict(session_id=labels, session=session, turn=turn)
+    if "acceptance_length" in table.column_names:
+        sessions["acceptance_length"] = _acceptance_length(table.column("acceptance_length"), origin)
     return RequestTable(ids, lengths["input_tokens"], lengths["output_tokens"], send_ms, **sessions)
+
+
+def _acceptance_length(column: pa.ChunkedArray, origin: str) -> np.ndarray:
+    """Each row's mean acceptance length (float64; a missing value: NaN, the pool's rates); finite, >= 1
+    (the upper bound, 1 + the pool's proposals, is checked with the configuration)."""
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        raise ConfigError(f"{origin}: column acceptance_length has type {column.type}, expected numbers (tokens)")
+    values = column.cast(pa.float64()).fill_null(np.nan).to_numpy()
+    bad = np.isinf(values) | (values < 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(f"{origin}: acceptance_length must be a number >= 1 at {_row(origin, i)}, got {float(values[i])!r}")
+    return np.ascontiguousarray(values, dtype=np.float64)
 
 
 def _first_null(column) -> int:

@@ -59,12 +59,18 @@ class SharedPrefixConfig:
     group's system prompt followed by its own question (docs/semantics.md).
     Its names and defaults are inference-perf's (simcore/workload/shared_prefix.py)."""
 
-    num_groups: int = key(10, count)
-    num_prompts_per_group: int = key(10, count)
-    system_prompt_len: int = key(100, count, minimum=0)  # tokens shared by the prompts of a group (0: none)
-    question_len: int = key(50, count)  # tokens of each prompt's own question
-    output_len: int = key(50, count)
-    seed: int | None = key(None, optional_count, minimum=0)  # None: the run's generator (seed)
+    num_groups: int = key(10, count, doc="Groups of prompts sharing one system prompt.")
+    num_prompts_per_group: int = key(10, count, doc="Prompts per group (each its own question).")
+    system_prompt_len: int = key(
+        100, count, minimum=0,
+        doc="Tokens of the system prompt the prompts of a group share (0: none).",
+    )
+    question_len: int = key(50, count, doc="Tokens of each prompt's own question, after the system prompt.")
+    output_len: int = key(50, count, doc="Output tokens of every prompt.")
+    seed: int | None = key(
+        None, optional_count, minimum=0,
+        doc="Seed of the prompts' shuffled order; null: the run's generator (seed).",
+    )
 
     @property
     def num_prompts(self) -> int:
@@ -97,47 +103,116 @@ class SessionsConfig:
     640 requests.
     """
 
-    num_sessions: int = key(160, count)
-    turns: int = key(4, count)  # turns per session (fixed), the most (uniform) or the mean (geometric)
-    turns_dist: str = key("fixed", choice, allowed=SESSION_TURNS_DISTS)
-    new_input_tokens: int = key(1024, count)
-    output_tokens: int = key(128, count)
-    # the client's pause between a turn's last receipt and the next turn
-    think_time_ms: float = key(0.0, number, maximum=MAX_INSTANT_MS)
-    system_prompt_tokens: int = key(0, count, minimum=0)  # shared by every session's first prompt
+    num_sessions: int = key(160, count, doc="Multi-turn sessions (conversations) generated.")
+    turns: int = key(
+        4, count,
+        doc="Turns per session: the number (fixed), the most (uniform) or the mean (geometric).",
+    )
+    turns_dist: str = key(
+        "fixed", choice, allowed=SESSION_TURNS_DISTS,
+        doc="How the number of turns of a session is drawn.",
+    )
+    new_input_tokens: int = key(1024, count, doc="Tokens a turn adds to the previous prompt and answer.")
+    output_tokens: int = key(128, count, doc="Output tokens of every turn.")
+    think_time_ms: float = key(
+        0.0, number, maximum=MAX_INSTANT_MS,
+        doc="The client's pause between a turn's last token received and the next turn's send (table sessions too).",
+    )
+    system_prompt_tokens: int = key(
+        0, count, minimum=0,
+        doc="Tokens of a system prompt shared by every session's first prompt.",
+    )
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    source: str = key("synthetic", choice, allowed=WORKLOAD_SOURCES)
-    path: str | None = key(None, optional_str)
-    num_requests: int | None = key(640, optional_count)
-    input_tokens: int = key(1024, count)
-    output_tokens: int = key(128, count)
-    input_dist: str = key("fixed", choice, allowed=LENGTH_DISTS)
-    output_dist: str = key("fixed", choice, allowed=LENGTH_DISTS)
-    range_ratio: float = key(1.0, _range_ratio)
-    input_std: float = key(0.0, number)
-    output_std: float = key(0.0, number)
-    # Trace sources (mooncake, azure) only; see simcore/workload/traces.py.
-    block_size: int | None = key(None)  # mooncake: tokens per hash_ids block (512 when left null)
-    drop_invalid: bool = key(False, flag)
-    max_requests: int | None = key(None, optional_count)
-    time_window_ms: float | None = key(None, optional_number, strict=True, maximum=MAX_INSTANT_MS)
-    # Synthetic only: every prompt starts with this many identical tokens.
-    prefix_tokens: int = key(0, count, minimum=0)
+    source: str = key(
+        "synthetic", choice, allowed=WORKLOAD_SOURCES,
+        doc="Where requests come from: generated (synthetic, shared_prefix, sessions) or read from a file (table, mooncake, azure).",
+    )
+    path: str | None = key(
+        None, optional_str,
+        doc="The request table (CSV/Parquet, source=table) or trace file (mooncake JSONL, azure CSV).",
+    )
+    num_requests: int | None = key(
+        640, optional_count,
+        doc="Requests generated, or at most this many rows read from a file (the default too); null: all rows of a file.",
+        unit="requests",
+    )
+    input_tokens: int = key(1024, count, doc="Prompt length, or its mean for a distribution (synthetic).")
+    output_tokens: int = key(128, count, doc="Output length, or its mean for a distribution (synthetic).")
+    input_dist: str = key("fixed", choice, allowed=LENGTH_DISTS, doc="Distribution of prompt lengths (synthetic).")
+    output_dist: str = key("fixed", choice, allowed=LENGTH_DISTS, doc="Distribution of output lengths (synthetic).")
+    range_ratio: float = key(
+        1.0, _range_ratio,
+        doc="uniform: lengths drawn in [floor(n x range_ratio), n].",
+        values="number in (0, 1]",
+    )
+    input_std: float = key(
+        0.0, number,
+        doc="Standard deviation of prompt lengths (normal, lognormal).",
+        unit="tokens",
+    )
+    output_std: float = key(
+        0.0, number,
+        doc="Standard deviation of output lengths (normal, lognormal).",
+        unit="tokens",
+    )
+    block_size: int | None = key(
+        None,
+        doc="mooncake: tokens per hash_ids block; null: 512.",
+        unit="tokens",
+        values="integer >= 1 or null",
+    )
+    drop_invalid: bool = key(
+        False, flag,
+        doc="Traces: drop bad rows (counted as dropped_requests) instead of refusing the file.",
+    )
+    max_requests: int | None = key(
+        None, optional_count,
+        doc="Traces: read at most this many requests.",
+        unit="requests",
+    )
+    time_window_ms: float | None = key(
+        None, optional_number, strict=True, maximum=MAX_INSTANT_MS,
+        doc="Traces: keep the rows less than this after the first good row.",
+    )
+    prefix_tokens: int = key(
+        0, count, minimum=0,
+        doc="synthetic: every prompt starts with this many identical tokens (a shared prefix for prefix caching).",
+    )
     shared_prefix: SharedPrefixConfig = section(SharedPrefixConfig)
     sessions: SessionsConfig = section(SessionsConfig)
 
 
 @dataclass(frozen=True)
 class LoadConfig:
-    type: str = key("closed_loop", choice, allowed=LOAD_TYPES)
-    concurrency: int = key(64, count)
-    request_rate: float | None = key(None, optional_number, strict=True)
-    burstiness: float = key(1.0, number, strict=True)
-    think_time_ms: float = key(0.0, number)
-    speedup: float = key(1.0, number, strict=True)
+    type: str = key(
+        "closed_loop", choice, allowed=LOAD_TYPES,
+        doc="How requests are sent: a closed loop of concurrency clients, an open loop at request_rate (constant, Poisson, gamma) or at the trace's timestamps.",
+    )
+    concurrency: int = key(
+        64, count,
+        doc="closed_loop: requests in flight (vllm bench serve --max-concurrency).",
+        unit="requests",
+    )
+    request_rate: float | None = key(
+        None, optional_number, strict=True,
+        doc="Open loops: mean request rate.",
+        unit="req/s",
+    )
+    burstiness: float = key(
+        1.0, number, strict=True,
+        doc="gamma: the gaps' shape factor (1: Poisson; below 1 burstier), as in vllm bench serve.",
+    )
+    think_time_ms: float = key(
+        0.0, number,
+        doc="closed_loop: a client's pause between receiving a request's last token and sending the next.",
+    )
+    speedup: float = key(
+        1.0, number, strict=True,
+        doc="trace: divide the trace's gaps by this factor (2: twice the pace).",
+    )
 
     @property
     def closed_loop(self) -> bool:

@@ -40,6 +40,9 @@ class RequestTable:
         Each row's session (numbered by first row) and turn (0, 1, ... in table order).
     shared_prefix_tokens : int
         Leading prompt tokens every session shares (the system prompt), tokens.
+    acceptance_length : ndarray(float64, ndim=1) or None
+        Speculative decoding (docs/speculative.md): each row's own mean acceptance
+        length, tokens per verification (NaN: the pool's rates); None without the column.
     """
 
     request_id: pa.Array
@@ -52,6 +55,7 @@ class RequestTable:
     session: np.ndarray | None = None
     turn: np.ndarray | None = None
     shared_prefix_tokens: int = 0
+    acceptance_length: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.input_tokens.shape[0]

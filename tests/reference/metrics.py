@@ -93,6 +93,19 @@ def summarize(sim_result, input_tokens, output_tokens, percentiles, goodput, cap
         out.update(zip(tiers, (float(gpu) / prompt, float(cpu) / prompt,
                                sim_result["loaded_bytes"] / 1e9, sim_result["stored_bytes"] / 1e9)))
 
+    # Speculative decoding (docs/speculative.md), only when the emitting pool speculates:
+    # vLLM's counters over the verifications that ended by the cap.
+    if "spec_counts" in sim_result:
+        counts = sim_result["spec_counts"]
+        drafts, proposed, accepted = counts[0], counts[1], sum(counts[2:])
+        out["spec_decode_num_drafts"] = drafts
+        out["spec_decode_draft_tokens"] = proposed
+        out["spec_decode_accepted_tokens"] = accepted
+        out["spec_decode_acceptance_rate"] = accepted / proposed if proposed else None
+        out["spec_decode_acceptance_length"] = 1 + accepted / drafts if drafts else None
+        for i in range(sim_result["spec_positions"]):
+            out[f"spec_decode_acceptance_rate_pos_{i + 1}"] = counts[2 + i] / drafts if drafts else None
+
     # duration: last final receipt of a completed request - first send
     if completed:
         first_send = min(r["send_ns"] for r in reqs if r["send_ns"] is not None)

@@ -166,7 +166,10 @@ import heapq
 import math
 from collections import OrderedDict, deque
 
+import numpy as np
+
 from simcore.scheduler.policies import SCHEDULING_POLICIES
+from simcore.scheduler.speculative import acceptance_rates, geometric_alpha, read_engine_form
 from tests.reference.routing import ReferenceRouter
 from tests.reference.offload import OffloadMixin
 
@@ -232,13 +235,13 @@ def curve_time_us(curve, size):
 def graph_sizes(value, pool):
     """CUDA-graph capture sizes, ascending (None: no padding).  ``vllm_default``: vLLM's
     rule from the pool's limits (every active pool must give the same): largest =
-    min(2 x max_sequences, 512, max_batched_tokens); 1, 2, 4, the multiples of 8 below
-    256, the multiples of 16 from 256, up to the largest."""
+    min(2 x max_sequences x (1 + speculative proposals), 512, max_batched_tokens); 1, 2, 4,
+    the multiples of 8 below 256, the multiples of 16 from 256, up to the largest."""
     if value is None:
         return None
     if value != "vllm_default":
         return sorted(set(int(size) for size in value))
-    largest = min(2 * pool.max_sequences, 512, pool.max_batched_tokens)
+    largest = min(2 * pool.max_sequences * (1 + pool.spec_drafts), 512, pool.max_batched_tokens)
     candidates = [1, 2, 4] + [8 * k for k in range(1, 32)] + [256 + 16 * k for k in range(17)]
     return [size for size in candidates if size <= largest]
 
@@ -280,6 +283,9 @@ class Request:
         self.num_preemptions = 0
         # asynchronous scheduling (vLLM's AsyncScheduler, docs/semantics.md)
         self.placeholders = 0         # outputs scheduled but not yet returned
+        self.drafts = 0               # speculative proposals verified in the pass it is in
+        self.spec_alpha = None        # its own acceptance per proposal (None: the pool's rates)
+        self.token_offset = 0         # index of its first token in the run's token order (by row)
         self.epoch = 0                # +1 per preemption: older in-flight outputs are stale
         # prefix caching (docs/prefix-caching.md), on a rank whose pool caches
         self.idents = None            # identities of its complete prompt blocks (recv pool bs)
@@ -384,14 +390,41 @@ class Pool:
             self.ratio_min = min(self.ratio_init * 0.14, 1.0)
             self.ratio_decay = (self.ratio_init - self.ratio_min) / SGLANG_DECAY_STEPS
 
+        # speculative decoding (docs/speculative.md): the engine form read by the config layer
+        speculative = params.get("speculative") or {}
+        self.spec_drafts = 0
+        self.spec_lookahead = 0
+        if speculative.get("config") is not None:
+            method, self.spec_drafts, positions, self.spec_lookahead, steps = read_engine_form(
+                f"engine.{name}.speculative.config", speculative["config"], spec.speculative_form)
+            self.spec_rates = acceptance_rates(f"engine.{name}.speculative", speculative.get("acceptance_rates"),
+                                               speculative.get("mean_acceptance_length"), positions)
+            self.spec_steps = float(steps)
+            self.spec_step_ms = float(speculative.get("proposer_step_ms") or 0.0)
+            self.spec_per_seq_us = float(speculative.get("proposer_per_seq_us") or 0.0)
+
     def blocks_for(self, tokens):
         return -(-tokens // self.block_size)  # ceil
 
     def footprint(self, req):
-        """trtllm no-evict footprint in blocks (docs/policies.md)."""
+        """trtllm no-evict footprint in blocks (docs/policies.md); with speculation the
+        last step also holds its proposals."""
         if self.name == "prefill":  # P/D prefill role: it leaves once its prompt is computed
             return self.blocks_for(req.input_tokens)
-        return self.blocks_for(min(req.input_tokens + req.output_tokens, self.L))
+        extra = max(self.spec_drafts + self.spec_lookahead - 1, 0)
+        return self.blocks_for(min(req.input_tokens + req.output_tokens + extra, self.L))
+
+    def spec_query(self, req):
+        """Tokens a decode step schedules: 1 + the proposals once the request sampled a
+        token on this rank, up to the sequence limit (vLLM: max_model_len - 1 - computed)."""
+        if self.spec_drafts and req.generated >= 1 and req.computed == req.known - 1:
+            return min(1 + self.spec_drafts, self.L - req.known)
+        return 1
+
+    def proposer_ms(self, num_decode):
+        if not self.spec_drafts or num_decode == 0:
+            return 0.0
+        return self.spec_steps * (self.spec_step_ms + self.spec_per_seq_us * num_decode / 1000)
 
 
 class Block:
@@ -460,7 +493,7 @@ class Worker:
 
 class ReferenceSim(OffloadMixin):
     def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
-                 hash_ids=None, sessions=None):
+                 hash_ids=None, sessions=None, acceptance_length=None):
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
@@ -563,6 +596,22 @@ class ReferenceSim(OffloadMixin):
                 worker=rp.first_worker + k % rp.W, rank=(k // rp.W) % rp.R,
                 tok_server=h % self.tok_workers, detok_server=h % self.detok_workers,
             ))
+
+        offset = 0
+        for req in self.requests:  # token order by row (the per-token arrays')
+            req.token_offset = offset
+            offset += req.output_tokens
+        # Speculative decoding: the acceptance draws' key, stream 3 of the run seed;
+        # verifications, proposals, accepted per position.
+        state = np.random.SeedSequence(int(config["seed"]), spawn_key=(3,)).generate_state(1, dtype=np.uint64)
+        self.spec_key = int(state[0]) & ((1 << 63) - 1)
+        self.spec_counts = [0] * (2 + 32)
+        # Per-request acceptance (the table's acceptance_length): alpha of the geometric model, the
+        # config layer's derivation; None or NaN: the pool's rates.
+        if acceptance_length is not None:
+            alphas = geometric_alpha(np.array(acceptance_length, dtype=np.float64), len(self.emit_pool.spec_rates))
+            for req, alpha in zip(self.requests, alphas):
+                req.spec_alpha = None if math.isnan(alpha) else float(alpha)
 
         # Routing (tests/reference/routing.py): a policy other than round robin
         # places each request when it is sent (-1: not yet).
@@ -855,18 +904,20 @@ class ReferenceSim(OffloadMixin):
         return self.build_batch_vllm(pool, rank, no_evict=pool.policy == "trtllm")
 
     @staticmethod
-    def fits(pool, rank, req, n):
-        """The blocks for computed + n fit in the rank's free blocks."""
-        extra = pool.blocks_for(req.computed + n) - req.held_blocks
+    def fits(pool, rank, req, n, lookahead=0):
+        """The blocks for computed + n (+ lookahead slots, at most L) fit in the rank's free blocks."""
+        slots = req.computed + n if not lookahead else min(req.computed + n + lookahead, pool.L)
+        extra = pool.blocks_for(slots) - req.held_blocks
         return rank.used_blocks + extra <= pool.num_blocks
 
-    def schedule(self, pool, rank, batch, req, n, is_decode=None):
-        """Allocate the blocks for computed + n and add the entry (SPEC §5, §8, unless
-        ``is_decode`` is given); with prefix caching, register the prompt blocks this
-        decision completes."""
+    def schedule(self, pool, rank, batch, req, n, is_decode=None, lookahead=0):
+        """Allocate the blocks for computed + n (+ lookahead slots, at most L) and add the
+        entry (SPEC §5, §8, unless ``is_decode`` is given); with prefix caching, register
+        the prompt blocks this decision completes."""
         if is_decode is None:
             is_decode = n == 1 and req.computed >= req.input_tokens - 1
-        new_held = pool.blocks_for(req.computed + n)
+        slots = req.computed + n if not lookahead else min(req.computed + n + lookahead, pool.L)
+        new_held = max(pool.blocks_for(slots), req.held_blocks)
         if pool.prefix_caching:
             for _ in range(new_held - req.held_blocks):
                 req.blocks.append(self.alloc_block(pool, rank))
@@ -1050,8 +1101,13 @@ class ReferenceSim(OffloadMixin):
             n = min(req.known + req.placeholders - req.computed, B)
             if n == 0:
                 break
+            look = pool.spec_lookahead
+            spec_entry = False
+            if pool.spec_drafts and n == 1:
+                n = min(pool.spec_query(req), B)
+                spec_entry = n > 1
             self_victim = False
-            while not fits(req, n):
+            while not self.fits(pool, rank, req, n, look):
                 victim = rank.running.pop()  # the LAST running request
                 self.release(pool, rank, victim)
                 victim.computed = 0
@@ -1065,7 +1121,11 @@ class ReferenceSim(OffloadMixin):
                     break
             if self_victim:
                 break
-            self.schedule(pool, rank, batch, req, n)
+            if spec_entry:
+                req.drafts = n - 1
+                self.schedule(pool, rank, batch, req, n, is_decode=True, lookahead=look)
+            else:
+                self.schedule(pool, rank, batch, req, n, lookahead=look)
             B -= n
             i += 1
 
@@ -1123,12 +1183,15 @@ class ReferenceSim(OffloadMixin):
                 footprint = pool.footprint(req)
                 if footprint > pool.num_blocks - rank.used_blocks - promised:
                     break  # FIFO, no skipping
+            look = pool.spec_lookahead if req.computed > 0 else 0  # vLLM: none when num_computed_tokens == 0
             if not fits(req, self.admission_tokens(pool, req, req.computed, n) - req.computed):
+                break
+            if look and not self.fits(pool, rank, req, n, look):
                 break
             rank.waiting.popleft()
             rank.running.append(req)
             held_before = req.held_blocks  # 0: a waiting request holds no blocks
-            self.schedule(pool, rank, batch, req, n)
+            self.schedule(pool, rank, batch, req, n, lookahead=look)
             admitted.append(req)
             B -= n
             if no_evict:
@@ -1234,7 +1297,7 @@ class ReferenceSim(OffloadMixin):
             return batch, False, admitted
 
         def new_blocks():
-            return sum(pool.blocks_for(d.computed + 1) - d.held_blocks for d in decoders)
+            return sum(pool.blocks_for(d.computed + pool.spec_query(d)) - d.held_blocks for d in decoders)
 
         def retract(victim):
             rank.running.remove(victim)  # the others keep their order
@@ -1269,15 +1332,18 @@ class ReferenceSim(OffloadMixin):
         else:
             rank.new_token_ratio = max(ratio - pool.ratio_decay, pool.ratio_min)
         for d in decoders:
-            self.schedule(pool, rank, batch, d, 1)
+            q = pool.spec_query(d)
+            d.drafts = q - 1
+            self.schedule(pool, rank, batch, d, q, is_decode=True)
         return batch, retracted, admitted
 
     def summarize_batch(self, batch):
         """SPEC §8 batch summary (computed is still the value before the pass)."""
         s = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
-                 num_decode=0, decode_kv_tokens=0, decode_kv_max=0)
+                 num_decode=0, decode_kv_tokens=0, decode_kv_max=0, draft_tokens=0)
         for req, n, is_decode in batch:
             if is_decode:
+                s["draft_tokens"] += req.drafts
                 s["num_decode"] += 1
                 s["decode_kv_tokens"] += req.computed + 1
                 s["decode_kv_max"] = max(s["decode_kv_max"], req.computed + 1)
@@ -1300,7 +1366,7 @@ class ReferenceSim(OffloadMixin):
         of those when every rank's batch is within the capture sizes; the all-to-all of every
         MoE layer moves the tokens of all ranks."""
         dummy = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
-                     num_decode=1, decode_kv_tokens=1, decode_kv_max=0)
+                     num_decode=1, decode_kv_tokens=1, decode_kv_max=0, draft_tokens=0)
         batches = [s if s["num_prefill"] + s["num_decode"] > 0 else dummy for s in summaries]
         tokens = [s["prefill_tokens"] + s["num_decode"] for s in batches]
         padded = [self.graph_tokens(t) for t in tokens]
@@ -1327,10 +1393,11 @@ class ReferenceSim(OffloadMixin):
             return ((self.t_prefill_ms if s["num_prefill"] > 0 else 0.0)
                     + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
         kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
-        tokens = s["prefill_tokens"] + s["num_decode"]
+        tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
         if run_at is None:
             run_at = self.graph_tokens(tokens)
-        prefill_tokens, num_decode = s["prefill_tokens"], s["num_decode"]
+        # proposals are priced as prefill (query) tokens (docs/speculative.md)
+        prefill_tokens, num_decode = s["prefill_tokens"] + s["draft_tokens"], s["num_decode"]
         if s["num_prefill"] > 0:
             prefill_tokens += run_at - tokens
         else:
@@ -1400,7 +1467,10 @@ class ReferenceSim(OffloadMixin):
                     batch = entries
                 batches.append(batch)
                 summaries.append(s)
-                times.append(self.rank_time_ms(s))
+                ms = self.rank_time_ms(s)
+                if w.pool.spec_drafts:
+                    ms += w.pool.proposer_ms(s["num_decode"])
+                times.append(ms)
                 blocks.append(rank.used_blocks)
             if any(batches):
                 if w.pool.expert_parallel:
@@ -1441,41 +1511,93 @@ class ReferenceSim(OffloadMixin):
                 order = [(req, n_of[id(req)]) for req in rank.running if id(req) in n_of]
                 assert len(order) == len(batch)
             for req, n in order:
+                emits = 1
                 if pool.async_scheduling:
                     req.placeholders -= 1
                 else:
                     req.computed += n
-                    if req.computed != req.known:
+                    if req.drafts:  # a verification: 1 + accepted tokens, rejected slots computed again
+                        d, req.drafts = req.drafts, 0
+                        accepted = self.spec_accepted(pool, req, d)
+                        self.spec_counts[0] += 1
+                        self.spec_counts[1] += d
+                        for a in range(accepted):
+                            self.spec_counts[2 + a] += 1
+                        req.computed -= d - accepted
+                        assert req.computed == req.known + accepted
+                        emits = 1 + accepted
+                    elif req.computed != req.known:
                         continue
-                if pool.prefix_caching and pool.policy == "sglang":
-                    self.radix_pass_end(pool, rank, req)
-                if req.prompt_done_ns is None:
-                    req.prompt_done_ns = t  # the prompt is computed (first time)
-                if hands_off:  # SPEC §6: hidden token, hand off, leave running
-                    assert req.generated == 0 and req.computed == req.input_tokens
-                    self.hand_off(req, rank, t)
-                    rank.running.remove(req)
-                    continue
-                idx = req.generated
-                req.generated += 1
-                final = (req.generated == req.output_tokens
-                         or req.input_tokens + req.generated >= pool.L)
-                req.tokens.append([t, None, final])
-                if idx == 0:
-                    req.first_emit_ns = t
-                self.cache_generated_at_output(pool, rank, req)
-                outputs.append((req, idx))
-                if final:  # finish: free blocks, leave running
-                    if pool.prefix_caching and pool.policy == "trtllm":
-                        self.register(pool, rank, req, req.computed)  # storeBlocksForReuse
-                    self.release(pool, rank, req)
-                    rank.running.remove(req)
+                for _ in range(emits):
+                    if not pool.async_scheduling:
+                        req.computed = req.known  # a verification's token: computed when it is sampled
+                    if self.emit_one(pool, rank, req, t, hands_off, outputs):
+                        break
         if not w.has_work():
             self.reset_ratio_when_idle(w)
+        self.record_pass(w, p, pool, t, outputs)
+
+    def spec_accepted(self, pool, req, drafts):
+        """Accepted proposals of this verification: the positions whose rate exceeds the
+        step's uniform, a SplitMix64 hash of (key, row, index of the step's first token)."""
+        mask = (1 << 64) - 1
+        golden = 0x9E3779B97F4A7C15
+
+        def mix(x):
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+            return x ^ (x >> 31)
+
+        x = mix((self.spec_key + req.row * golden) & mask)
+        x = mix((x + (req.token_offset + req.generated) * golden) & mask)
+        u = (x >> 11) * 2.0 ** -53
+        accepted = 0
+        limit = min(drafts, len(pool.spec_rates))
+        if req.spec_alpha is not None:  # alpha, alpha^2, ... by repeated products
+            rate = req.spec_alpha
+            while accepted < limit and u < rate:
+                accepted += 1
+                rate *= req.spec_alpha
+            return accepted
+        while accepted < limit and u < pool.spec_rates[accepted]:
+            accepted += 1
+        return accepted
+
+    def emit_one(self, pool, rank, req, t, hands_off, outputs):
+        """One sampled token of ``req`` at the pass end t (SPEC §5, §6); returns whether
+        it left the rank (finished, or handed off)."""
+        if pool.prefix_caching and pool.policy == "sglang":
+            self.radix_pass_end(pool, rank, req)
+        if req.prompt_done_ns is None:
+            req.prompt_done_ns = t  # the prompt is computed (first time)
+        if hands_off:  # SPEC §6: hidden token, hand off, leave running
+            assert req.generated == 0 and req.computed == req.input_tokens
+            self.hand_off(req, rank, t)
+            rank.running.remove(req)
+            return True
+        idx = req.generated
+        req.generated += 1
+        final = (req.generated == req.output_tokens
+                 or req.input_tokens + req.generated >= pool.L)
+        req.tokens.append([t, None, final])
+        if idx == 0:
+            req.first_emit_ns = t
+        self.cache_generated_at_output(pool, rank, req)
+        outputs.append((req, idx))
+        if final:  # finish: free blocks, leave running
+            if pool.prefix_caching and pool.policy == "trtllm":
+                self.register(pool, rank, req, req.computed)  # storeBlocksForReuse
+            self.release(pool, rank, req)
+            rank.running.remove(req)
+            return True
+        return False
+
+    def record_pass(self, w, p, pool, t, outputs):
         # the pass record (only passes ending by the cap get here)
         for r in range(pool.R):
             rec = dict(worker=w.index, rank=r, start_ns=p.start_ns, end_ns=p.end_ns)
-            rec.update((key, value) for key, value in p.summaries[r].items() if key != "decode_kv_max")  # not logged
+            rec.update((key, value) for key, value in p.summaries[r].items()
+                       if key not in ("decode_kv_max", "draft_tokens"))  # not logged
             rec["rank_time_ms"] = p.times_ms[r]
             rec["blocks_in_use"] = p.blocks[r]
             rec["pool"] = pool.name
@@ -1598,15 +1720,20 @@ class ReferenceSim(OffloadMixin):
                 end_ns=req.end_ns,
             ))
             tokens.append([(emit, recv) for emit, recv, _ in req.tokens])
+        spec = {}
+        if self.emit_pool.spec_drafts:
+            spec = dict(spec_counts=list(self.spec_counts), spec_positions=len(self.emit_pool.spec_rates))
         return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
-                    **self.offload_summary())
+                    **self.offload_summary(), **spec)
 
 
-def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None):
+def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None,
+             acceptance_length=None):
     """Run the reference simulation; see the module docstring and the task brief.
     ``hash_ids``: None, or one list of ints per row (Mooncake prefix-chained block
     hashes at workload.block_size tokens per block), for prefix caching.
     ``sessions``: None, or ``{"session": one label per row, "shared_prefix_tokens": int}``
-    (multi-turn sessions; send_ns then gives the first turns' sends only)."""
+    (multi-turn sessions; send_ns then gives the first turns' sends only).
+    ``acceptance_length``: None, or each row's mean acceptance length (NaN: the pool's rates)."""
     return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns,
-                        hash_ids, sessions).run()
+                        hash_ids, sessions, acceptance_length).run()

@@ -1,0 +1,1 @@
+"""Model descriptions from Hugging Face ``config.json`` files, and the shipped model and GPU catalogue."""

@@ -1,0 +1,160 @@
+"""Speculative decoding kernels: a decode step's query and its accepted proposals (docs/speculative.md).
+
+Contract: ``@njit(cache=True)`` functions of scalars and the ``Ranks``
+speculation members (``spec_drafts``, ``spec_rates``, ``spec_key``,
+``spec_proposer``).  The acceptance draws are counter-based: the uniform of
+request ``k``'s step whose first emitted token has index ``tok`` (its offset in
+the per-token arrays) is a SplitMix64 hash of ``(key, k, tok)``, with ``key``
+drawn once per run from the run seed outside the kernel
+(``simcore.scheduler.api.spec_key``).  So a step's draw does not depend on the
+schedule (a step always emits at least one token, so no two steps of a request
+share ``tok``), reruns are bit-identical, and no per-token array is held.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX_2 = np.uint64(0x94D049BB133111EB)
+UNIT = 2.0 ** -53
+
+
+@njit(cache=True)
+def _mix_nb(x):
+    """SplitMix64's finaliser (uint64 -> uint64, wrapping)."""
+    x = (x ^ (x >> np.uint64(30))) * MIX_1
+    x = (x ^ (x >> np.uint64(27))) * MIX_2
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def spec_uniform_nb(key, k, tok):
+    """The uniform in [0, 1) of request ``k``'s verification whose first token is ``tok``.
+
+    Parameters
+    ----------
+    key : int
+        The run's key, in [0, 2**63).
+    k : int
+        Request index.
+    tok : int
+        Index of the step's first emitted token in the per-token arrays.
+
+    Returns
+    -------
+    float
+        ``(h >> 11) * 2**-53`` with ``h = mix(mix(key + k * G) + tok * G)``, G the golden-ratio constant.
+    """
+    x = _mix_nb(np.uint64(key) + np.uint64(k) * GOLDEN)
+    x = _mix_nb(x + np.uint64(tok) * GOLDEN)
+    return np.float64(x >> np.uint64(11)) * UNIT
+
+
+@njit(cache=True)
+def spec_accepted_nb(rates, g, drafts, u):
+    """Proposals accepted out of ``drafts``: the positions ``i`` with ``u < rates[g, i]`` (a prefix,
+    the rates being non-increasing), at most ``drafts``.
+
+    Parameters
+    ----------
+    rates : ndarray(float64, ndim=2)
+        ``Ranks.spec_rates``, per rank the per-position acceptance.
+    g : int
+        Global rank.
+    drafts : int
+        Proposals verified.
+    u : float
+        The step's uniform (:func:`spec_uniform_nb`).
+
+    Returns
+    -------
+    int
+    """
+    a = 0
+    while a < drafts and u < rates[g, a]:
+        a += 1
+    return a
+
+
+@njit(cache=True)
+def spec_accepted_alpha_nb(alpha, drafts, u):
+    """Proposals accepted out of ``drafts`` for a request of its own acceptance ``alpha``: the
+    positions ``i`` with ``u < alpha^(i+1)``, the powers taken by repeated products (``r *= alpha``).
+
+    Parameters
+    ----------
+    alpha : float
+        ``Requests.spec_alpha`` of the request.
+    drafts : int
+        Proposals verified, at most the pool's positions.
+    u : float
+        The step's uniform (:func:`spec_uniform_nb`).
+
+    Returns
+    -------
+    int
+    """
+    a = 0
+    rate = alpha
+    while a < drafts and u < rate:
+        a += 1
+        rate *= alpha
+    return a
+
+
+@njit(cache=True)
+def spec_query_nb(drafts, generated, computed, known, seq_limit):
+    """Tokens a decode step schedules: 1, or 1 + the proposals when it has some.
+
+    A request has proposals once it has sampled a token on this rank and its
+    only token to compute is the last one (vLLM proposes after each sampling
+    step; a request entering a P/D decode rank has sampled none there).  The
+    query stops at the sequence limit: vLLM caps a running request's tokens at
+    ``max_model_len - 1 - num_computed_tokens`` (``Scheduler.schedule``).
+
+    Parameters
+    ----------
+    drafts : int
+        ``Ranks.spec_drafts`` of the rank (0: off).
+    generated : int
+        Tokens the request has emitted.
+    computed, known : int
+        Its computed and known tokens.
+    seq_limit : int
+        The rank's sequence limit L.
+
+    Returns
+    -------
+    int
+        The query length, tokens (1 without proposals).
+    """
+    if drafts > 0 and generated >= 1 and computed == known - 1:
+        return min(1 + drafts, seq_limit - known)
+    return 1
+
+
+@njit(cache=True)
+def spec_proposer_ms_nb(proposer, g, num_decode):
+    """The proposer's time in a pass of rank g with ``num_decode`` decode entries, ms.
+
+    ``passes x (pass_ms + per_seq_us x num_decode / 1000)``, 0 without decode entries.
+
+    Parameters
+    ----------
+    proposer : ndarray(float64, ndim=2)
+        ``Ranks.spec_proposer``: per rank ``[passes, pass_ms, per_seq_us]``.
+    g : int
+        Global rank.
+    num_decode : int
+        Decode entries of the rank's batch.
+
+    Returns
+    -------
+    float
+    """
+    if num_decode == 0:
+        return 0.0
+    return proposer[g, 0] * (proposer[g, 1] + proposer[g, 2] * num_decode / 1000)
