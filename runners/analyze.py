@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from runners.sweep import SWEEP_SUMMARY, point_files, summary_table
@@ -67,13 +69,21 @@ def load_summary(root: Path) -> tuple[pl.DataFrame, list[str]]:
     """
     path = root / SWEEP_SUMMARY
     if path.exists():
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise AnalysisError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())[:200]})") from None
     elif point_files(root):
         table = summary_table(root)
     else:
         raise AnalysisError(f"{root} holds no {SWEEP_SUMMARY} and no point.json: not a replaysim sweep")
     metadata = table.schema.metadata or {}
-    keys = json.loads(metadata.get(b"parameters", b"[]"))
+    try:
+        keys = json.loads(metadata.get(b"parameters", b"[]"))
+    except ValueError:
+        raise AnalysisError(f"{path}: its parameters metadata is not JSON: not a replaysim sweep summary") from None
+    if not isinstance(keys, list) or "seed" not in table.column_names:
+        raise AnalysisError(f"{path}: no seed column or parameter list: not a replaysim sweep summary")
     frame = pl.from_arrow(table)
     if frame["seed"].n_unique() > 1:  # seeds swept (replicates): a parameter like the others
         keys = ["seed", *keys]
@@ -609,7 +619,7 @@ def analyze(root: str | Path, out: str | Path | None = None, along: str | None =
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="a sweep directory (hydra.sweep.dir) or a batch run's directory")
     parser.add_argument("--out", help="output directory (default: SWEEP_DIR/analysis)")
     parser.add_argument("--along", help="swept key the knee curves run along (default: the load axis)")
@@ -618,8 +628,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         analyze(args.sweep_dir, args.out, args.along, plots=not args.no_plots)
     except (AnalysisError, FileNotFoundError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _error(exc, 2)
+    except (pa.ArrowException, pl.exceptions.PolarsError) as exc:  # a damaged points' file
+        _error(f"{args.sweep_dir}: a result file cannot be read ({type(exc).__name__}: {exc})", 2)
+    except OSError as exc:  # the analysis cannot be written
+        reason = os.strerror(exc.errno) if exc.errno else exc
+        _error(f"cannot write results to {exc.filename or args.out or args.sweep_dir}: {reason}", 74)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line (argparse's own prints the usage too)
+        _error(message, 2)
+
+
+def _error(message: object, code: int):
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

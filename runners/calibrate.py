@@ -74,9 +74,13 @@ Measured formats (``--format``, default: from the content):
 Fitted keys must take real values (time scales, overheads, bandwidths, stage
 costs); an integer key fails at its first fractional candidate.
 
-Bad input (an unreadable file, a missing field, an unknown key, a bad bound)
-prints one line ``replaysim-calibrate: error: ...`` and exits with code 2,
-writing nothing.
+Bad input (an unreadable file, a field of the wrong type, sign or size, lists of
+different lengths, a repeated ``request_id``, an unknown key, a bad bound, a
+``--seed`` outside 0 to 2**32 - 1, ``--max-evals`` x requests above
+:data:`MAX_SIMULATED_REQUESTS`) prints one line ``replaysim-calibrate: error:
+...`` naming the file and line (or JSON path) or the option, and exits with
+code 2, writing nothing; an ``--out`` that cannot be written exits 74 with one
+line, checked before the fit; Ctrl-C and SIGTERM exit 130 and 143 with one line.
 """
 
 from __future__ import annotations
@@ -86,17 +90,21 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 import simcore
+from runners.rundir import missing_ancestors
+from runners.writer import check_writable, text_file, write_atomic
 from simcore.config import ConfigError, dotted_keys, load_config
 from simcore.metrics.registry import DISTRIBUTIONS
+from simcore.units import MAX_INSTANT_NS
+from simcore.workload.api import MAX_LENGTH
 
 #: Metrics compared (requests-table column, label): the registry's per-request metrics with a
 #: calibration label.  :func:`_latencies` gives each from a measured run's TTFT and E2E latency.
@@ -157,6 +165,10 @@ class Measured:
 
 # ------------------------------------------------------------------ readers
 
+#: The largest clock reading (s) and latency a measured run may hold: a replayed
+#: instant is an int64 ns count below ``MAX_INSTANT_NS`` (about 146 years).
+MAX_CLOCK_S = MAX_INSTANT_NS / 1e9
+
 
 def read_measured(path: str, fmt: str = "auto") -> Measured:
     """Read a measured run (see the module docstring for the formats).
@@ -175,13 +187,12 @@ def read_measured(path: str, fmt: str = "auto") -> Measured:
     Raises
     ------
     ConfigError
-        Unreadable, malformed (``<file>:<line>``) or empty.
+        Unreadable, not UTF-8 text, malformed, a field of the wrong type, sign
+        or size, per-request lists of different lengths, a repeated
+        ``request_id``, or no request: one line naming the file and the line
+        (``<file>:<line>``, JSONL) or the JSON path (``<file>: ttfts[3]``).
     """
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the measured run ({exc.strerror})") from None
+    text = _read_text(path)
     if fmt == "auto":
         fmt = "vllm" if text.lstrip().startswith("{") and '"ttfts"' in text else "jsonl"
     if fmt == "vllm":
@@ -191,97 +202,184 @@ def read_measured(path: str, fmt: str = "auto") -> Measured:
     raise ConfigError(f"--format must be auto, jsonl or vllm, got {fmt!r}")
 
 
-def _number(path: str, where: str, row: dict, key: str) -> float:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{path}:{where}: {key} must be a finite number, got {value!r}")
-    return float(value)
+def _read_text(path: str) -> str:
+    """The file as UTF-8 text; a NUL byte or bytes that are not UTF-8 name their line."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the measured run ({exc.strerror or exc})") from None
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise ConfigError(f"{path}:{line}: a NUL byte: not a text file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text") from None
 
 
-def _count(path: str, where: str, row: dict, key: str, minimum: int) -> int:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{path}:{where}: {key} must be an integer >= {minimum}, got {value!r}")
+def _json(path: str, text: str, line: int | None = None) -> Any:
+    """``json.loads`` with every failure (syntax, a 4,300-digit integer, deep nesting) as one line."""
+    where = f"{path}:{line}" if line is not None else path
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f"{path}:{exc.lineno if line is None else line}"
+        raise ConfigError(f"{at}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{where}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+
+
+def _number(where: str, key: str, value: Any, *, low: float = -MAX_CLOCK_S, high: float = MAX_CLOCK_S) -> float:
+    """``value`` as a float in [low, high]; ``where`` names the file and line or JSON path."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: {key} must be a number, got {_shown(value)}")
+    number = float(value) if isinstance(value, float) or abs(value) <= 2**1023 else math.inf
+    if not (math.isfinite(number) and low <= number <= high):
+        raise ConfigError(f"{where}: {key} must be a number from {low:.6g} to {high:.6g} (seconds), got {_shown(value)}")
+    return number
+
+
+def _count(where: str, key: str, value: Any, minimum: int) -> int:
+    """``value`` as an integer from ``minimum`` to :data:`MAX_LENGTH` (an integral float is taken)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_LENGTH:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_LENGTH:
+        raise ConfigError(f"{where}: {key} must be an integer from {minimum} to {MAX_LENGTH}, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 40 characters (a 400-digit integer, a long list)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _request_id(where: str, value: Any, seen: dict[str, str]) -> str:
+    """A string or integer id, not repeated (``seen``: id -> where it was first)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(f"{where}: request_id must be a string or an integer, got {_shown(value)}")
+    rid = str(value)
+    if rid in seen:
+        raise ConfigError(f"{where}: request_id {_shown(value)} repeats the request of {seen[rid]}")
+    seen[rid] = where
+    return rid
+
+
+def _check_span(path: str, key: str, values: list[float], where: list[str]) -> None:
+    """The sends (``key``, s) must span less than a run can (:data:`MAX_CLOCK_S`)."""
+    first = min(values)
+    last = int(np.argmax(values))
+    if values[last] - first >= MAX_CLOCK_S:
+        raise ConfigError(f"{where[last]}: {key} is {values[last] - first:.4g} s after the first request's, "
+                          f"beyond the {MAX_CLOCK_S:.4g} s (about 146 years) a replay can span")
 
 
 def _read_jsonl(path: str, text: str) -> Measured:
     rows = []
+    seen: dict[str, str] = {}
     for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{path}:{line_no}: not a JSON object") from None
+        row = _json(path, line, line_no)
+        where = f"{path}:{line_no}"
         if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{line_no}: not a JSON object")
-        where = str(line_no)
-        queued = _number(path, where, row, "queued_ts")
-        first = _number(path, where, row, "first_token_ts")
-        last = _number(path, where, row, "last_token_ts")
+            raise ConfigError(f"{where}: not a JSON object")
+        queued = _number(where, "queued_ts", row.get("queued_ts"))
+        first = _number(where, "first_token_ts", row.get("first_token_ts"))
+        last = _number(where, "last_token_ts", row.get("last_token_ts"))
         if not queued <= first <= last:
-            raise ConfigError(f"{path}:{line_no}: need queued_ts <= first_token_ts <= last_token_ts")
+            raise ConfigError(f"{where}: need queued_ts <= first_token_ts <= last_token_ts, got "
+                              f"{queued!r}, {first!r}, {last!r}")
+        if last - queued >= MAX_CLOCK_S:
+            raise ConfigError(f"{where}: last_token_ts is {last - queued:.4g} s after queued_ts, beyond the "
+                              f"{MAX_CLOCK_S:.4g} s a replay can span")
+        rid = row.get("request_id", f"r{len(rows)}")
         rows.append(
             (
-                _number(path, where, row, "arrival_time"),
-                str(row.get("request_id", f"r{len(rows)}")),
-                _count(path, where, row, "input_toks", 1),
-                _count(path, where, row, "output_toks", 1),
+                _number(where, "arrival_time", row.get("arrival_time")),
+                _request_id(where, rid, seen),
+                _count(where, "input_toks", row.get("input_toks"), 1),
+                _count(where, "output_toks", row.get("output_toks"), 1),
                 queued,
                 first,
                 last,
+                where,
             )
         )
     if not rows:
         raise ConfigError(f"{path}: no requests")
+    _check_span(path, "arrival_time", [r[0] for r in rows], [r[-1] for r in rows])
     rows.sort(key=lambda r: r[0])  # stable: equal arrivals keep file order
-    arrival, ids, inputs, outputs, queued, first, last = (list(c) for c in zip(*rows))
+    arrival, ids, inputs, outputs, queued, first, last, _ = (list(c) for c in zip(*rows))
     queued_s = np.array(queued)
     return _measured("jsonl", 0, arrival, ids, inputs, outputs,
                      (np.array(first) - queued_s) * 1e3, (np.array(last) - queued_s) * 1e3)
 
 
+#: The per-request lists of ``vllm bench serve --save-detailed`` read here (``errors`` and
+#: ``latencies`` optional), each with one entry a request.
+VLLM_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors", "latencies")
+
+
 def _read_vllm(path: str, text: str) -> Measured:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: not valid JSON") from None
+    doc = _json(path, text)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: not a vllm bench serve result (a JSON object), got a {type(doc).__name__}")
     for key in ("input_lens", "output_lens", "ttfts", "itls"):
         if not isinstance(doc.get(key), list):
-            raise ConfigError(f"{path}: {key} is missing (save with vllm bench serve --save-result --save-detailed)")
+            raise ConfigError(f"{path}: {key} is missing or not a list "
+                              "(save with vllm bench serve --save-result --save-detailed)")
     if not isinstance(doc.get("start_times"), list):
-        raise ConfigError(f"{path}: start_times is missing (saved by vLLM 0.15+): the sends cannot be replayed")
+        raise ConfigError(f"{path}: start_times is missing or not a list (saved by vLLM 0.15+): "
+                          "the sends cannot be replayed")
     n = len(doc["input_lens"])
+    for key in VLLM_LISTS:
+        value = doc.get(key)
+        if key in ("errors", "latencies") and value is None:
+            continue
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: {key} must be a list (one entry a request), got {_shown(value)}")
+        if len(value) != n:
+            raise ConfigError(f"{path}: {key} has {len(value)} entries, input_lens {n}: "
+                              "every per-request list has one entry a request")
     errors = doc.get("errors") or [""] * n
     latencies = doc.get("latencies")
     rows = []
     dropped = 0
     for i in range(n):
-        where = f"request {i}"
-        if errors[i] or not doc["output_lens"][i]:
+        at = f"{path}: "
+        error = errors[i]
+        if error is not None and not isinstance(error, str):
+            raise ConfigError(f"{at}errors[{i}] must be a string, got {_shown(error)}")
+        output = _count(path, f"output_lens[{i}]", doc["output_lens"][i], 0)
+        length = _count(path, f"input_lens[{i}]", doc["input_lens"][i], 0 if error or not output else 1)
+        if error or not output:  # a failed request: not replayed (counted in dropped_failed_requests)
             dropped += 1
             continue
-        row = {key: doc[key][i] for key in ("input_lens", "output_lens", "ttfts", "start_times")}
-        ttft = _number(path, where, row, "ttfts")
+        ttft = _number(path, f"ttfts[{i}]", doc["ttfts"][i], low=0.0)
         itls = doc["itls"][i]
-        if not isinstance(itls, list) or not all(isinstance(x, (int, float)) for x in itls):
-            raise ConfigError(f"{path}:{where}: itls must be a list of numbers")
-        e2e = ttft + math.fsum(itls) if latencies is None else _number(path, where, {"latencies": latencies[i]}, "latencies")
-        rows.append(
-            (
-                _number(path, where, row, "start_times"),
-                f"r{i}",
-                _count(path, where, row, "input_lens", 1),
-                _count(path, where, row, "output_lens", 1),
-                ttft,
-                e2e,
-            )
-        )
+        if not isinstance(itls, list):
+            raise ConfigError(f"{at}itls[{i}] must be a list of numbers, got {_shown(itls)}")
+        gaps = [_number(path, f"itls[{i}][{j}]", x, low=0.0) for j, x in enumerate(itls)]
+        if latencies is None:
+            e2e = ttft + math.fsum(gaps)
+        else:
+            e2e = _number(path, f"latencies[{i}]", latencies[i], low=0.0)
+            if e2e < ttft:
+                raise ConfigError(f"{at}latencies[{i}] must be at least ttfts[{i}] ({ttft!r} s), got {e2e!r}")
+        if e2e >= MAX_CLOCK_S:
+            raise ConfigError(f"{at}itls[{i}]: the request lasts {e2e:.4g} s, beyond the {MAX_CLOCK_S:.4g} s "
+                              "a replay can span")
+        start = _number(path, f"start_times[{i}]", doc["start_times"][i])
+        rows.append((start, f"r{i}", length, output, ttft, e2e, f"{at}start_times[{i}]"))
     if not rows:
         raise ConfigError(f"{path}: no successful requests")
+    _check_span(path, "start_times", [r[0] for r in rows], [r[-1] for r in rows])
     rows.sort(key=lambda r: r[0])
-    start, ids, inputs, outputs, ttft, e2e = (list(c) for c in zip(*rows))
+    start, ids, inputs, outputs, ttft, e2e, _ = (list(c) for c in zip(*rows))
     return _measured("vllm", dropped, start, ids, inputs, outputs, np.array(ttft) * 1e3, np.array(e2e) * 1e3)
 
 
@@ -481,6 +579,19 @@ def parse_fit(specs: Sequence[str]) -> list[tuple[str, float, float]]:
 # ------------------------------------------------------------------ the fit
 
 
+class _Refused(Exception):
+    """A :class:`ConfigError` raised by a candidate's run, carried through SciPy's optimiser unwrapped.
+
+    SciPy re-raises a ``ValueError`` (which ``ConfigError`` is) of the
+    objective as its own ``RuntimeError`` about map-like callables; this type
+    is not one it wraps.
+    """
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class Calibration:
     values: dict[str, float]
@@ -561,7 +672,10 @@ def calibrate(
     def population_loss(x: np.ndarray) -> np.ndarray:
         nonlocal evaluations, generations
         points = np.atleast_2d(x.T)  # scipy (vectorized): x is (parameters, candidates)
-        results = simcore.run_batch(configs_for(points), requests=requests)
+        try:
+            results = simcore.run_batch(configs_for(points), requests=requests)
+        except ConfigError as exc:  # SciPy would wrap a ValueError in its own RuntimeError
+            raise _Refused(exc) from None
         evaluations += len(results)
         generations += 1
         return np.array([loss_value(loss, predicted_latency(r, rows_of), measured, parts["fit"]) for r in results])
@@ -569,18 +683,24 @@ def calibrate(
     population = 1 << (POPSIZE * len(fit) - 1).bit_length()  # Sobol initialisation: a power of two
     maxiter = max(1, max_evals // population - 1)  # the initial population is one generation more
     start = time.perf_counter()
-    found = differential_evolution(
-        population_loss,
-        bounds=[(low, high) for _, low, high in fit],
-        popsize=POPSIZE,
-        maxiter=maxiter,
-        tol=1e-3,
-        seed=seed,
-        polish=False,
-        init="sobol",
-        updating="deferred",
-        vectorized=True,
-    )
+    try:
+        found = differential_evolution(
+            population_loss,
+            bounds=[(low, high) for _, low, high in fit],
+            popsize=POPSIZE,
+            maxiter=maxiter,
+            tol=1e-3,
+            seed=seed,
+            polish=False,
+            init="sobol",
+            updating="deferred",
+            vectorized=True,
+        )
+    except _Refused as exc:  # the user's one line, not SciPy's
+        raise exc.error from None
+    if not math.isfinite(float(found.fun)):
+        raise ConfigError(f"the loss of every candidate is {found.fun}: the measured latencies cannot be compared "
+                          "(see the measured run's values)")
     seconds = time.perf_counter() - start
     values = {key: float(v) for (key, _, _), v in zip(fit, found.x)}
     best, initial = simcore.run_batch(configs_for(np.array([found.x]))[:1] + [base], requests=requests)
@@ -612,18 +732,72 @@ def calibrated_yaml(overrides: dict[str, Any], values: dict[str, float]) -> str:
     )
 
 
-def _write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+PROG = "replaysim-calibrate"
+#: The optimiser's seed: SciPy seeds NumPy's legacy generator, which takes 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
+#: Most candidates (``--max-evals``) and most simulated requests (candidates x measured
+#: requests) a calibration may ask for.  Batched runs go at about 1e5 requests/s on 2 cores
+#: (docs/performance.md: 804 runs of 100 requests a second), so 1e9 requests is some hours:
+#: past it a typo (an extra zero or three) would start a fit of days; the message gives the estimate.
+MAX_EVALS = 10**7
+MAX_SIMULATED_REQUESTS = 10**9
+EXIT_BAD_INPUT = 2
+EXIT_ENVIRONMENT = 74
+
+
+class _ArgumentsError(Exception):
+    """argparse's message (its own error() prints the usage too: two lines)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (main)
+        raise _ArgumentsError(message)
+
+
+def _int_text(text: str) -> int:
+    """An integer option's value (argparse's ``int`` refuses what Python's ``int`` refuses: 4,300 digits)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value: {text[:40]!r}") from None
+
+
+def check_cost(max_evals: int, requests: int) -> None:
+    """Refuse a calibration whose candidates x requests exceed :data:`MAX_SIMULATED_REQUESTS`."""
+    if not 1 <= max_evals <= MAX_EVALS:
+        raise ConfigError(f"--max-evals must be an integer from 1 to {MAX_EVALS}, got {_shown(max_evals)}")
+    cost = max_evals * requests
+    if cost > MAX_SIMULATED_REQUESTS:
+        raise ConfigError(f"--max-evals {max_evals} x {requests} measured requests = {cost:.3g} simulated requests, "
+                          f"above the bound of {MAX_SIMULATED_REQUESTS:.0e}: lower --max-evals")
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM end the command with one line, exit 130 and 143 (no result file: written last, atomically)."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        name, code = ("SIGTERM", 143) if signum == signal.SIGTERM else ("SIGINT (Ctrl-C)", 130)
+        os.write(2, f"{PROG}: stopped by {name}; nothing was written\n".encode())
+        os._exit(code)
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _error(message: object, code: int = EXIT_BAD_INPUT) -> int:
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="replaysim-calibrate", description=__doc__.split("\n\n")[0].split(": ", 1)[1]
-    )
+    """The command: bad input prints one line and returns 2, an unwritable ``--out`` 74; nothing is written."""
+    if argv is None:
+        _stop_on_signals()
+        argv = sys.argv[1:]
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("measured", help="the measured run (JSONL per request, or vllm bench serve JSON)")
     parser.add_argument("overrides", nargs="*", help="replaysim KEY=VALUE overrides of the deployment")
     parser.add_argument("--fit", action="append", default=[], metavar="KEY[=LOW:HIGH]", help="a parameter to fit")
@@ -631,23 +805,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loss", default=DEFAULT_LOSS, choices=tuple(LOSSES),
                         help="what the fit minimises (default %(default)s; see the module docstring)")
     parser.add_argument("--out", default="calibration", help="output directory")
-    parser.add_argument("--max-evals", type=int, default=2400, help="most simulated candidates")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-evals", type=_int_text, default=2400, help="most simulated candidates")
+    parser.add_argument("--seed", type=_int_text, default=0, help=f"the optimiser's seed, 0 to {MAX_SEED}")
     parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"))
-    args = parser.parse_args(argv)
     try:
-        if args.max_evals < 1:
-            raise ConfigError(f"--max-evals must be >= 1, got {args.max_evals}")
+        args = parser.parse_intermixed_args(list(argv))  # overrides before or after the flags
+    except _ArgumentsError as exc:
+        return _error(exc)
+    out = os.path.abspath(args.out)
+    created = [str(d) for d in missing_ancestors(Path(out))]
+    try:
+        if not 0 <= args.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {_shown(args.seed)}")
+        if not 1 <= args.max_evals <= MAX_EVALS:
+            raise ConfigError(f"--max-evals must be an integer from 1 to {MAX_EVALS}, got {_shown(args.max_evals)}")
+        if not 0 < args.fit_fraction <= 1:
+            raise ConfigError(f"--fit-fraction must be in (0, 1], got {args.fit_fraction!r}")
         measured = read_measured(args.measured, args.format)
+        check_cost(args.max_evals, len(measured.request_id))
         overrides = parse_overrides(args.overrides)
         fit = parse_fit(args.fit)
+        try:
+            check_writable(out)  # before the fit, not after it
+        except OSError as exc:
+            _remove_created(created)
+            return _error(f"cannot write results to {exc.filename or out}: {_reason(exc)}", EXIT_ENVIRONMENT)
         result = calibrate(
             measured, overrides, fit, fit_fraction=args.fit_fraction, loss=args.loss,
             max_evals=args.max_evals, seed=args.seed,
         )
     except ConfigError as exc:
-        print(f"replaysim-calibrate: error: {exc}", file=sys.stderr)
-        return 2
+        _remove_created(created)
+        return _error(exc)
     document = {
         "measured": os.path.abspath(args.measured),
         "format": measured.format,
@@ -664,10 +853,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seed": args.seed,
         "errors": result.report,
     }
-    os.makedirs(args.out, exist_ok=True)
     deployment = {key: value for key, value in overrides.items() if key != "workload"}  # not the run's trace
-    _write_atomic(os.path.join(args.out, "calibrated.yaml"), calibrated_yaml(deployment, result.values))
-    _write_atomic(os.path.join(args.out, "calibration.json"), json.dumps(document, indent=2) + "\n")
+    try:  # both files or neither
+        write_atomic(out, [("calibrated.yaml", text_file(calibrated_yaml(deployment, result.values))),
+                           ("calibration.json", text_file(json.dumps(document, indent=2, allow_nan=False) + "\n"))])
+    except OSError as exc:  # a full disk; the temporary files are gone
+        _remove_created(created)
+        return _error(f"cannot write results to {exc.filename or out}: {_reason(exc)}", EXIT_ENVIRONMENT)
     for key, value in result.values.items():
         print(f"{key} = {value:.6g}")
     for name, part in result.report.items():
@@ -680,6 +872,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"loss {result.loss:.4g}, {result.evaluations} candidates in {result.seconds:.1f} s; wrote {args.out}")
     return 0
 
+
+def _reason(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+
+
+def _remove_created(created: list[str]) -> None:
+    """Remove the ``--out`` directories this command created, if still empty (nothing written)."""
+    for directory in created:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
 
 if __name__ == "__main__":
     sys.exit(main())

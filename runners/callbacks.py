@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from runners import reaper
 from runners.hydra_private import BASIC_LAUNCHER, BASIC_SWEEPER
 from runners.progress import SweepWatcher, announce_compile
+from runners.rundir import remove_new_run_dir
 from runners.sweep import POINT_FILE, split_options, write_summary
 
 #: Failed points of the last multirun of this process (:meth:`SweepCallback.on_multirun_end`);
@@ -155,6 +156,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         collect_from_now()  # off in runners.cli.main unless -m was given; a sweep is long-lived
         if OmegaConf.select(config, "output.dir") is not None:
+            remove_new_run_dir()  # the sweep directory claimed for this sweep
             print(
                 "replaysim: error: output.dir names one run's directory; in a multirun set "
                 "hydra.sweep.dir (every job writes into its own sub-directory)",

@@ -18,7 +18,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
+import signal
 import sys
 import uuid
 from dataclasses import dataclass
@@ -51,11 +53,14 @@ from runners.hydra_private import args_parser
 from runners.entry import wants_help
 from runners.options import print_help
 from runners.progress import interactive
-from runners.rundir import remove_new_run_dir
+from runners.rundir import claimed_dir, missing_ancestors, remove_new_run_dir
 from runners.sweep import Point, RunnerOptions, job_points, split_options
-from runners.writer import parquet_file, write_atomic
+from runners.writer import check_writable, parquet_file, write_atomic
 import simcore
+from simcore.bounds import configured_size
+from simcore.checks import count, number as checked_number, shown
 from simcore.config import ConfigError, SimConfig, load_config
+from simcore.units import INT64_MAX
 
 PROG = "replaysim-capacity"
 CONFIG_NAME = "capacity"
@@ -82,18 +87,20 @@ CAPACITY_DEFAULTS: dict[str, Any] = {
 #: ``(key, unit, values, description)``, in :data:`CAPACITY_DEFAULTS`' order.
 CAPACITY_KEY_DOCS: tuple[tuple[str, str, str, str], ...] = (
     ("axis", "", "load.request_rate | load.concurrency", "The load axis whose highest value meeting the SLO is searched."),
-    ("lo", "axis unit", "number > 0 or null", "The first probe; null: 1. A configuration failing there has no capacity."),
-    ("hi", "axis unit", "number > lo or null", "The upper end of the bracket; null: double lo until the SLO fails."),
-    ("tolerance", "", "number > 0", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
-    ("max_doublings", "", "integer >= 1", "Without hi: stop doubling after this many (status unbounded)."),
+    ("lo", "axis unit", "number > 0 (rate: <= 1e9) or null", "The first probe; null: 1. A configuration failing there has no capacity."),
+    ("hi", "axis unit", "number > lo (rate: <= 1e9) or null", "The upper end of the bracket; null: double lo until the SLO fails."),
+    ("tolerance", "", "number >= 1e-9", "Relative: bisection stops when the lowest failing value is at most capacity x (1 + tolerance)."),
+    ("max_doublings", "", "integer 0 to 64",
+     "Without hi: stop doubling after this many (status unbounded); lo x 2^max_doublings within the axis."),
     ("slo.<metric>", "ms", "number > 0",
      "An upper bound on a summary metric (<mean|median|max|p<P>>_<ttft|tpot|itl|e2el>_ms), or goodput_fraction "
      "as a lower bound. At least one."),
-    ("seeds", "", "integer >= 1", "Workload seeds per probe: seed, seed + 1, ..."),
+    ("seeds", "", "integer >= 1",
+     "Workload seeds per probe: seed, seed + 1, ... (the search: at most 1e6 runs and 1e9 requests)."),
     ("seed_quantile", "", "number in [0, 1]", "Quantile over the seeds at which each SLO metric is judged (1: the worst seed)."),
     ("search", "", "grid | optuna", "grid: every point of the batch axes; optuna: NSGA-II over them."),
-    ("trials", "", "integer >= 1", "optuna: trial budget."),
-    ("population", "", "integer >= 1", "optuna: NSGA-II population, trials bisected together."),
+    ("trials", "", "integer 1 to 1e6", "optuna: trial budget."),
+    ("population", "", "integer 1 to 1e6", "optuna: NSGA-II population, trials bisected together."),
     ("plots", "", "true | false", "Write the PNG plots."),
     ("table_rows", "lines", "integer >= 0", "Terminal lines per section (0: all)."),
 )
@@ -127,8 +134,22 @@ def fail(message: object) -> NoReturn:
     """Print ``replaysim-capacity: error: <message>`` as one stderr line, remove a new run dir, exit 2."""
     text = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     remove_new_run_dir()
+    _remove_created_out()
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
+
+
+#: The ``output.dir`` directories the writability check created (deepest first), removed on bad input.
+_created_out: list[Path] = []
+
+
+def _remove_created_out() -> None:
+    for directory in _created_out:
+        try:
+            directory.rmdir()  # only while empty
+        except OSError:
+            break
+    _created_out.clear()
 
 
 @dataclass(frozen=True)
@@ -156,46 +177,148 @@ class CapacityOptions:
         return Bracket(self.lo, self.hi, self.tolerance, self.integer, self.max_doublings)
 
 
-def _number(key: str, value: Any, *, integer: bool = False, positive: bool = True) -> Any:
-    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
-    if not ok or not np.isfinite(value) or (value <= 0 if positive else value < 0):
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"capacity.{key} must be {kind} {'> 0' if positive else '>= 0'}, got {value!r}")
-    return value
+#: The highest request rate searched: at 1e9 requests/s one request is sent every ns, the
+#: simulator's time unit (SPEC §0); above it every gap is 0 ns and the load no longer grows.
+MAX_REQUEST_RATE = 1e9
+#: The most doublings of ``capacity.lo`` (``2**64`` times lo is past every axis' range).
+MAX_DOUBLINGS = 64
+#: The narrowest relative bracket: float64 bisection needs its midpoints to differ from both ends.
+MIN_TOLERANCE = 1e-9
+#: The most trials, NSGA-II population, seeds (each a whole replay per probe).
+MAX_TRIALS = 10**6
+#: The most requests a search may simulate (configurations x seeds x probes x requests), and the
+#: most probe runs (each run's summary, about 7 KB, is held until the end: 1e6 runs take about
+#: 7 GB), checked before the first probe with the estimate in the message.  Batched runs go at
+#: about 1e5 requests/s on 2 cores (docs/performance.md: 804 runs of 100 requests a second),
+#: so 1e9 requests is some hours: past it a typo (an extra zero or three in capacity.seeds or a
+#: grid axis) would start a search of days.
+MAX_SIMULATED_REQUESTS = 10**9
+MAX_RUNS = 10**6
+
+
+def _number(key: str, value: Any, *, integer: bool = False, positive: bool = True,
+            maximum: float | None = None, minimum: float | None = None) -> Any:
+    """``capacity.<key>``: an int64 integer or a finite number, > 0 (``positive``) or >= 0, within the bounds."""
+    path = f"capacity.{key}"
+    if integer:
+        number = count(path, value, 1 if positive else 0)
+    else:
+        number = checked_number(path, value, minimum=0.0, strict=positive)
+        number = value if isinstance(value, int) else number  # an integer keeps its type (the table's)
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{path} must be >= {minimum:g}, got {shown(value)}")
+    if maximum is not None and number > maximum:
+        raise ConfigError(f"{path} must be <= {maximum:g}, got {shown(value)}")
+    return number
+
+
+def axis_maximum(axis: str) -> float:
+    """The largest value the axis takes: :data:`MAX_REQUEST_RATE`, or an int64 concurrency."""
+    return MAX_REQUEST_RATE if axis == "load.request_rate" else float(INT64_MAX)
 
 
 def parse_options(raw: Mapping[str, Any]) -> CapacityOptions:
     """Validate the ``capacity`` section (unknown keys, types, ranges)."""
-    unknown = sorted(set(raw) - set(CAPACITY_DEFAULTS))
+    unknown = sorted((str(key) for key in set(raw) - set(CAPACITY_DEFAULTS)))
     if unknown:
-        raise ConfigError(f"capacity.{unknown[0]} is not a capacity key (known: {', '.join(CAPACITY_DEFAULTS)})")
+        key = unknown[0] if unknown[0].isprintable() else repr(unknown[0])  # one line
+        raise ConfigError(f"capacity.{key} is not a capacity key (known: {', '.join(CAPACITY_DEFAULTS)})")
     merged = {**CAPACITY_DEFAULTS, **raw}
     axis = merged["axis"]
-    if axis not in AXES:
-        raise ConfigError(f"capacity.axis must be one of {', '.join(AXES)}, got {axis!r}")
+    if not isinstance(axis, str) or axis not in AXES:
+        raise ConfigError(f"capacity.axis must be one of {', '.join(AXES)}, got {shown(axis)}")
     integer = axis == "load.concurrency"
-    lo = 1 if merged["lo"] is None else _number("lo", merged["lo"], integer=integer)
-    hi = None if merged["hi"] is None else _number("hi", merged["hi"], integer=integer)
+    top = axis_maximum(axis)
+    lo = 1 if merged["lo"] is None else _number("lo", merged["lo"], integer=integer, maximum=top)
+    hi = None if merged["hi"] is None else _number("hi", merged["hi"], integer=integer, maximum=top)
     if hi is not None and hi <= lo:
         raise ConfigError(f"capacity.hi must be above capacity.lo ({lo}), got {hi}")
-    if merged["search"] not in SEARCHES:
-        raise ConfigError(f"capacity.search must be one of {', '.join(SEARCHES)}, got {merged['search']!r}")
+    if not isinstance(merged["search"], str) or merged["search"] not in SEARCHES:
+        raise ConfigError(f"capacity.search must be one of {', '.join(SEARCHES)}, got {shown(merged['search'])}")
     if not isinstance(merged["plots"], bool):
-        raise ConfigError(f"capacity.plots must be true or false, got {merged['plots']!r}")
+        raise ConfigError(f"capacity.plots must be true or false, got {shown(merged['plots'])}")
+    max_doublings = _number("max_doublings", merged["max_doublings"], integer=True, positive=False,
+                            maximum=MAX_DOUBLINGS)
+    if hi is None and lo * 2.0**max_doublings > top:
+        most = max(0, math.floor(math.log2(top / lo)))
+        raise ConfigError(
+            f"capacity.max_doublings={max_doublings}: capacity.lo={lo} doubled that often reaches "
+            f"{lo * 2.0**max_doublings:.4g}, above the largest {axis} ({top:.4g}"
+            f"{', one request per ns' if not integer else ''}): at most {most} doublings, or set capacity.hi")
     return CapacityOptions(
         axis=axis,
         lo=lo,
         hi=hi,
-        tolerance=_number("tolerance", merged["tolerance"]),
-        max_doublings=_number("max_doublings", merged["max_doublings"], integer=True, positive=False),
+        tolerance=_number("tolerance", merged["tolerance"], minimum=MIN_TOLERANCE),
+        max_doublings=max_doublings,
         slo=parse_slo(merged["slo"], merged["seed_quantile"]),
         seeds=_number("seeds", merged["seeds"], integer=True),
         search=merged["search"],
-        trials=_number("trials", merged["trials"], integer=True),
-        population=_number("population", merged["population"], integer=True),
+        trials=_number("trials", merged["trials"], integer=True, maximum=MAX_TRIALS),
+        population=_number("population", merged["population"], integer=True, maximum=MAX_TRIALS),
         plots=merged["plots"],
         table_rows=_number("table_rows", merged["table_rows"], integer=True, positive=False),
     )
+
+
+def most_probes(options: CapacityOptions) -> int:
+    """The most probes one configuration's bisection can take (doubling, then halving to the tolerance)."""
+    if options.hi is None:
+        first, top, doublings = 1, options.lo * 2.0**options.max_doublings, options.max_doublings
+    else:
+        first, top, doublings = 2, float(options.hi), 0
+    lo = float(options.lo)
+    if options.integer:
+        bits = math.log2(max(top - lo, 1.0))
+    else:  # log2((top - lo) / (lo x tolerance)), without the product underflowing (lo = 5e-324)
+        bits = math.log2(top - lo) - math.log2(lo) - math.log2(options.tolerance) if top > lo else 0.0
+    halvings = max(0, math.ceil(bits)) + 1
+    return first + doublings + halvings
+
+
+def check_cost(options: CapacityOptions, configurations: int, requests: int, where: str) -> None:
+    """Refuse a search that could simulate more than :data:`MAX_SIMULATED_REQUESTS` requests.
+
+    Parameters
+    ----------
+    options : CapacityOptions
+    configurations : int
+        Configurations bisected (grid points, or ``capacity.trials``).
+    requests : int
+        Requests of the largest run (``workload.num_requests``, or sessions x turns).
+    where : str
+        What gives ``configurations`` (for the message).
+    """
+    probes = most_probes(options)
+    runs = configurations * options.seeds * probes
+    total = runs * requests
+    if total > MAX_SIMULATED_REQUESTS or runs > MAX_RUNS:
+        raise ConfigError(
+            f"capacity search could simulate {runs:.3g} runs of {requests} requests, {total:.3g} requests "
+            f"({configurations} configurations ({where}) x capacity.seeds={options.seeds} x up to {probes} probes "
+            f"(capacity.lo, hi, max_doublings, tolerance)), above the bounds of {MAX_RUNS:.0e} runs and "
+            f"{MAX_SIMULATED_REQUESTS:.0e} requests: lower capacity.seeds, the grid or the requests")
+
+
+def check_axis_ends(mapping: Mapping[str, Any], options: CapacityOptions) -> None:
+    """The base config must be valid at both ends of the search, else the error names the capacity key."""
+    ends = [("lo", options.lo)]
+    if options.hi is not None:
+        ends.append(("hi", options.hi))
+    elif options.max_doublings:
+        ends.append(("max_doublings", options.lo * 2**options.max_doublings))
+    seed = params.lookup(mapping, "seed", simcore.DEFAULTS["seed"])
+    if isinstance(seed, int) and seed + options.seeds - 1 > INT64_MAX:
+        raise ConfigError(f"capacity.seeds={options.seeds}: the seeds from seed={seed} pass the largest seed "
+                          f"({INT64_MAX}, int64)")
+    for name, value in ends:
+        try:
+            probe_config(mapping, options.axis, value, seed)
+        except ConfigError as exc:
+            given = getattr(options, name)
+            what = f"capacity.{name}={given}" + (f" (up to {options.axis}={value:g})" if name == "max_doublings"
+                                                 else f" as {options.axis}")
+            raise ConfigError(f"{what}: {exc}") from None
 
 
 def check_overrides(argv: Sequence[str]) -> None:
@@ -626,9 +749,16 @@ def validated_points(points: Sequence[Point], options: CapacityOptions) -> list[
     return configs
 
 
+def run_requests(config: SimConfig) -> int:
+    """Requests of one probe run of ``config`` (a file workload counts as ``workload.num_requests`` or 1)."""
+    size = configured_size(config).num_requests
+    return max(size, config.workload.num_requests or 1)
+
+
 def grid_search(points: Sequence[Point], options: CapacityOptions, store: ProbeStore) -> list[Found]:
     """Bisect every point of the grid."""
     configs = validated_points(points, options)
+    check_cost(options, len(configs), max(run_requests(c) for c in configs), "the grid")
     bar = StepBar(len(points))
     try:
         brackets = bisect_all([(p.mapping, c) for p, c in zip(points, configs)], options, store, bar)
@@ -655,6 +785,8 @@ def optuna_search(
         import optuna
     except ImportError:
         fail("capacity.search=optuna needs Optuna: pip install 'replaysim[capacity]'")
+    first = make_point({key: values[0] for key, values in axes.items()})
+    check_cost(options, options.trials, run_requests(validated_points([first], options)[0]), "capacity.trials")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.NSGAIISampler(population_size=options.population, seed=seed)
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
@@ -697,6 +829,7 @@ def split_capacity(mapping: dict[str, Any]) -> tuple[CapacityOptions, RunnerOpti
     if "seed" in runner.batch and options.seeds > 1:
         raise ConfigError("sweep.batch.seed: with capacity.seeds > 1 the seeds are capacity.seeds")
     check_axis(sim, options, "the base config")
+    check_axis_ends(sim, options)
     params.assign(sim, options.axis, options.lo)  # the search sets the axis; lo makes the mapping valid
     return options, runner, sim
 
@@ -778,7 +911,30 @@ def task(cfg: DictConfig) -> None:
         fail(exc)
     out = params.lookup(sim, "output.dir")
     out_dir = Path(to_absolute_path(out)) if out else Path(hydra_cfg.runtime.output_dir)
+    _created_out[:] = missing_ancestors(out_dir)
+    try:
+        check_writable(out_dir)  # before the search, not after it
+    except OSError as exc:
+        fail_environment(exc, out_dir)
     run_capacity(sim, overrides, runner, options, out_dir)
+
+
+def fail_environment(exc: OSError, out_dir: Path | None) -> NoReturn:
+    """One line naming the path and the OS error, exit :data:`cli.EXIT_ENVIRONMENT` (74)."""
+    path = exc.filename or out_dir or Path.cwd()
+    reason = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+    remove_new_run_dir()
+    _remove_created_out()
+    print(f"{PROG}: error: cannot write results to {path}: {reason}", file=sys.stderr, flush=True)
+    raise SystemExit(cli.EXIT_ENVIRONMENT)
+
+
+def stopped(signum: int, frame: object = None) -> NoReturn:
+    """Ctrl-C or SIGTERM: one line, exit 130 or 143 at once; the result files are written last, atomically."""
+    name, code = ("SIGTERM", cli.EXIT_SIGTERM) if signum == signal.SIGTERM else ("SIGINT (Ctrl-C)", cli.EXIT_SIGINT)
+    os.write(2, f"{PROG}: stopped by {name}; the result files were not written (probe runs in probes/ "
+                "are kept for a rerun)\n".encode())
+    os._exit(code)
 
 
 def main() -> None:
@@ -790,6 +946,9 @@ def main() -> None:
     if wants_help(argv):
         print_help(PROG)
         return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the shell ignores it
+        signal.signal(signal.SIGINT, stopped)
+    signal.signal(signal.SIGTERM, stopped)
     check_overrides(argv)
     own_report = "HYDRA_FULL_ERROR" not in os.environ
     if own_report:
@@ -800,6 +959,8 @@ def main() -> None:
         if not own_report:
             raise
         fail(str(exc).split("Config search path:")[0])
+    except OSError as exc:  # the run directory's .hydra/ files, or the result files (a full disk)
+        fail_environment(exc, claimed_dir())
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from simcore.checks import shown
 from simcore.config import ConfigError, SimConfig
 from simcore.metrics.registry import DISTRIBUTIONS, slo_metrics
 
@@ -131,17 +132,19 @@ def parse_slo(raw: Mapping[str, Any] | None, quantile: Any) -> Slo:
     limits: dict[str, float] = {}
     for key, value in raw.items():
         if key != GOODPUT_FRACTION and not _LATENCY_SLO.match(str(key)):
+            key = key if isinstance(key, str) and key.isprintable() else repr(key)  # one line
             raise ConfigError(
                 f"capacity.slo.{key} is not an SLO key (known: <mean|median|max|p<P>>_{_KNOWN_METRICS}, "
                 f"{GOODPUT_FRACTION})"
             )
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"capacity.slo.{key} must be a positive number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not (isinstance(value, float) or abs(value) < 2**1000) or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"capacity.slo.{key} must be a positive number, got {shown(value)}")
         if key == GOODPUT_FRACTION and value > 1:
             raise ConfigError(f"capacity.slo.{key} is a share of requests in (0, 1], got {value!r}")
         limits[str(key)] = float(value)
     if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 <= quantile <= 1:
-        raise ConfigError(f"capacity.seed_quantile must be a number in [0, 1], got {quantile!r}")
+        raise ConfigError(f"capacity.seed_quantile must be a number in [0, 1], got {shown(quantile)}")
     return Slo(limits, float(quantile))
 
 

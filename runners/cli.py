@@ -76,7 +76,7 @@ from runners.options import print_help  # noqa: E402
 from runners.compile_watch import CompileWatch, load_timeline, timeline_case  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary  # noqa: E402
-from runners.rundir import remove_new_run_dir  # noqa: E402
+from runners.rundir import claimed_dir, remove_new_run_dir  # noqa: E402
 from runners.sweep import (  # noqa: E402
     Point,
     RunnerOptions,
@@ -671,6 +671,8 @@ def main() -> None:
         if not own_report:
             raise
         fail(_fail_point(exc))
+    except OSError as exc:  # Hydra writing the run directory's .hydra/ files (a full disk)
+        fail_environment(exc, claimed_dir() or Path.cwd())
     except KeyboardInterrupt as exc:
         stopped(exc)
     if _single_run_done:

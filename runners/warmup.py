@@ -73,6 +73,15 @@ def warm(case: str) -> tuple[str, float]:
     return case, time.perf_counter() - started
 
 
+class _ArgumentsError(Exception):
+    """argparse's message (its own error() prints the usage too: two lines)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise _ArgumentsError(message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``replaysim-warmup`` command.
 
@@ -86,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit code.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="replaysim-warmup",
         description="Compile replaysim's kernels into numba's cache (NUMBA_CACHE_DIR) before the runs that use them.",
     )
@@ -96,16 +105,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="worker processes for the cases after default (default: min(2, CPUs))")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:
+    except _ArgumentsError as exc:  # one line, as every command's bad input
+        print(f"replaysim-warmup: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
         return int(exc.code or 0)
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:
-        print(f"replaysim-warmup: --cases: unknown case {unknown[0]!r}" if unknown
-              else "replaysim-warmup: --cases: no case given", file=sys.stderr)
+        print(f"replaysim-warmup: error: --cases: unknown case {unknown[0]!r}" if unknown
+              else "replaysim-warmup: error: --cases: no case given", file=sys.stderr)
         return 2
     if not 1 <= args.jobs <= 64:
-        print(f"replaysim-warmup: --jobs must be in [1, 64], got {args.jobs}", file=sys.stderr)
+        print(f"replaysim-warmup: error: --jobs must be in [1, 64], got {args.jobs}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     rest = [c for c in cases if c != "default"]

@@ -109,6 +109,10 @@ def run_batch(
     list of Result
         In the order of ``configs``.
     """
+    if isinstance(configs, (str, bytes, Mapping)) or not isinstance(configs, Sequence):
+        kind = "None" if configs is None else f"{type(configs).__module__}.{type(configs).__qualname__}".removeprefix(
+            "builtins.")
+        raise ConfigError(f"configs must be a list of configurations (mappings or SimConfig), got {kind}")
     inputs = [_inputs(config, requests) for config in configs]
     preps = [
         prepare(cfg, table, send_ns, record_passes=cfg.output.passes) for cfg, table, send_ns in inputs

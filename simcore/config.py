@@ -165,7 +165,7 @@ def _merge_into(base: dict, user: Mapping, prefix: str) -> None:
     if not isinstance(user, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {user!r}")
     for name, value in user.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{name if isinstance(name, str) and name.isprintable() else repr(name)}"  # one line
         if name not in base:
             allowed = ", ".join(sorted(base))
             raise ConfigError(f"{path} is not a known key (allowed here: {allowed})")
@@ -174,7 +174,11 @@ def _merge_into(base: dict, user: Mapping, prefix: str) -> None:
                 raise ConfigError(f"{path} must be a mapping, got {value!r}")
             _merge_into(base[name], value, path + ".")
         else:
-            base[name] = _copied_tree(value)
+            try:
+                base[name] = _copied_tree(value)
+            except Exception:  # noqa: BLE001 - a generator, a lock, an open file: not a config value
+                raise ConfigError(f"{path} must be a number, string, list or mapping, "
+                                  f"got a {type(value).__qualname__}") from None
 
 
 def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:

@@ -20,7 +20,8 @@ QUICK_SEEDS = 4
 
 SLOW_MODULES = frozenset({
     "test_aiperf_export", "test_analyze", "test_calibrate", "test_capacity", "test_cli", "test_fuzz",
-    "test_packaging", "test_readme", "test_result_sets", "test_slurm", "test_sweep", "test_sweep_isolation",
+    "test_packaging", "test_readme", "test_reliability2_commands", "test_result_sets", "test_slurm", "test_sweep",
+    "test_sweep_isolation",
 })
 
 SLOW_TESTS = frozenset({

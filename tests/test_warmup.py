@@ -23,11 +23,20 @@ def test_default_then_the_others_in_workers(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cases", "default,nope"], "replaysim-warmup: --cases: unknown case 'nope'"),
-    (["--cases", ","], "replaysim-warmup: --cases: no case given"),
-    (["--jobs", "0"], "replaysim-warmup: --jobs must be in [1, 64], got 0"),
+    (["--cases", "default,nope"], "replaysim-warmup: error: --cases: unknown case 'nope'"),
+    (["--cases", ","], "replaysim-warmup: error: --cases: no case given"),
+    (["--jobs", "0"], "replaysim-warmup: error: --jobs must be in [1, 64], got 0"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(argv, message, capsys):
     assert warmup.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [message] and captured.out == ""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bogus"], "replaysim-warmup: error: unrecognized arguments: --bogus"),
+    (["--jobs", "x"], "replaysim-warmup: error: argument --jobs: invalid int value: 'x'"),
+])
+def test_argparse_errors_are_one_line(capsys, argv, message):
+    assert warmup.main(argv) == 2
+    assert capsys.readouterr().err == message + "\n"

@@ -482,8 +482,11 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
     rank = np.where(placed, out.placed_rank - prep.topology.worker_first_rank[worker], -1)
     if status == nb.BAD_TIMING:
         b = logs.bad_batch
+        curve = cfg.timing.allreduce_curve if cfg.timing.allreduce else None
+        source = (f"timing.type={cfg.timing.type} with timing.allreduce.curve={curve} (beyond its last point "
+                  "the curve's last segment is extended)" if curve else f"timing.type={cfg.timing.type}")
         raise ConfigError(
-            f"timing.type={cfg.timing.type} gave {b[7]!r} ms for worker {int(b[0])} rank "
+            f"{source} gave {float(b[7])!r} ms for worker {int(b[0])} rank "
             f"{int(b[1])}'s batch (num_prefill={int(b[2])}, prefill_tokens={int(b[3])}, "
             f"prefill_kv_tokens={int(b[4])}, num_decode={int(b[5])}, decode_kv_tokens={int(b[6])}); "
             "a pass time must be finite and >= 0"

@@ -17,7 +17,7 @@ OUTPUT_MODES = ("detailed", "bounded")
 
 
 def _percentiles(path: str, value: Any) -> tuple[float, ...]:
-    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__") or iter(value) is value:  # an iterator reads once
         raise ConfigError(f"{path} must be a list of numbers in [0, 100], got {value!r}")
     out = []
     for item in value:

@@ -29,6 +29,8 @@ import numpy as np
 
 from simcore.errors import ConfigError
 from simcore.timing import nb
+from simcore.units import MAX_INSTANT_NS
+from simcore.workload.table import utf8_text
 
 if TYPE_CHECKING:  # annotations only
     from simcore.timing.settings import TimingConfig
@@ -57,8 +59,16 @@ def read_curve(path: str, tp: int) -> tuple[np.ndarray, np.ndarray]:
     ConfigError
         A malformed row (``<file>:<line>``) or no row for ``tp``.
     """
-    with open(path, encoding="utf-8", newline="") as handle:
-        lines = handle.read().splitlines()
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"timing.allreduce.curve: cannot read {path} ({exc.strerror or exc})") from None
+    expected = "an all-reduce curve (timing.allreduce.curve): Vidur's all_reduce.csv or nccl-tests output"
+    if b"\0" in data:
+        line = data.count(b"\n", 0, data.index(b"\0")) + 1
+        raise ConfigError(f"{path}:{line}: a NUL byte: not a text file; expected {expected}")
+    lines = utf8_text(data, path, expected).splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), None)
     if first is None:
         raise ConfigError(f"{path}: no data rows (timing.allreduce.curve)")
@@ -77,9 +87,17 @@ def read_curve(path: str, tp: int) -> tuple[np.ndarray, np.ndarray]:
     return sizes, times
 
 
+#: The largest message (bytes) and time (us) a curve point may give: a pass's instants are int64 ns
+#: below ``MAX_INSTANT_NS`` (about 146 years), and so is one all-reduce.
+MAX_CURVE_BYTES = float(2**63)
+MAX_CURVE_US = MAX_INSTANT_NS / 1e3
+
+
 def _checked(path: str, line: int, size: float, time_us: float) -> tuple[float, float]:
-    if not (np.isfinite(size) and size > 0 and np.isfinite(time_us) and time_us >= 0):
-        raise ConfigError(f"{path}:{line}: need a size > 0 and a finite time >= 0, got {size!r}, {time_us!r}")
+    if not (np.isfinite(size) and 0 < size <= MAX_CURVE_BYTES and np.isfinite(time_us)
+            and 0 <= time_us <= MAX_CURVE_US):
+        raise ConfigError(f"{path}:{line}: need a size from 1 to {MAX_CURVE_BYTES:.4g} bytes and a time from 0 to "
+                          f"{MAX_CURVE_US:.4g} us (timing.allreduce.curve), got {size!r}, {time_us!r}")
     return size, time_us
 
 

@@ -23,15 +23,19 @@ union grid are filled as documented in :func:`fill_grid`.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from simcore.checks import shown
 from simcore.errors import ConfigError
 from simcore.timing import nb
+from simcore.units import MAX_INSTANT_NS
 from simcore.values import integral
+from simcore.workload.table import utf8_text
 
 DENSE_FILE = "dense.csv"
 SEQUENCE_FILE = "per_sequence.csv"
@@ -69,6 +73,12 @@ class Profile:
     moe: np.ndarray | None = None  # filled grid, us, shape (tokens, experts)
 
 
+#: The largest knot (tokens, sequences, KV tokens: int64 in the kernels) and time a profile row may
+#: give: one operator's time is below ``MAX_INSTANT_NS`` (about 146 years), as every simulated instant.
+MAX_KNOT = 2**63 - 1
+MAX_TIME_US = MAX_INSTANT_NS / 1e3
+
+
 def _fail(path: str, line: int, message: str) -> ConfigError:
     return ConfigError(f"{path}:{line}: {message}")
 
@@ -76,23 +86,30 @@ def _fail(path: str, line: int, message: str) -> ConfigError:
 def _read_rows(path: str, columns: tuple[str, ...]) -> list[tuple[int, list[str]]]:
     if not os.path.isfile(path):
         raise ConfigError(f"timing.profile: {path} does not exist")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise _fail(path, 1, f"empty file; expected the header {','.join(columns)}") from None
-        header = [h.strip() for h in header]
-        if tuple(header) != columns:
-            raise _fail(path, 1, f"header must be {','.join(columns)}, got {','.join(header)}")
-        rows = []
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(columns):
-                raise _fail(path, line, f"expected {len(columns)} fields ({','.join(columns)}), got {len(row)}")
-            rows.append((line, [cell.strip() for cell in row]))
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"timing.profile: cannot read {path} ({exc.strerror or exc})") from None
+    if b"\0" in data:
+        raise _fail(path, data.count(b"\n", 0, data.index(b"\0")) + 1, "a NUL byte: not a CSV text file")
+    text = utf8_text(data, path, f"a profile CSV with the header {','.join(columns)} (timing.profile)")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise _fail(path, 1, f"empty file; expected the header {','.join(columns)}") from None
+    header = [h.strip() for h in header]
+    if tuple(header) != columns:
+        raise _fail(path, 1, f"header must be {','.join(columns)}, got {','.join(header)}")
+    rows = []
+    for row in reader:
+        line = reader.line_num
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != len(columns):
+            raise _fail(path, line, f"expected {len(columns)} fields ({','.join(columns)}), got {len(row)}")
+        rows.append((line, [cell.strip() for cell in row]))
     if not rows:
         raise _fail(path, 2, "no data rows")
     return rows
@@ -104,8 +121,8 @@ def _int(path: str, line: int, name: str, text: str, minimum: int) -> int:
     except ValueError:
         raise _fail(path, line, f"{name} must be an integer >= {minimum}, got {text!r}") from None
     number = integral(value)
-    if number is None or number < minimum:
-        raise _fail(path, line, f"{name} must be an integer >= {minimum}, got {text!r}")
+    if number is None or not minimum <= number <= MAX_KNOT:
+        raise _fail(path, line, f"{name} must be an integer from {minimum} to {MAX_KNOT}, got {text!r}")
     return number
 
 
@@ -114,8 +131,8 @@ def _time(path: str, line: int, text: str) -> float:
         value = float(text)
     except ValueError:
         raise _fail(path, line, f"time_us must be a finite number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise _fail(path, line, f"time_us must be a finite number >= 0, got {text!r}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_TIME_US:
+        raise _fail(path, line, f"time_us must be a number from 0 to {MAX_TIME_US:.4g}, got {text!r}")
     return value
 
 
@@ -396,12 +413,20 @@ def read_meta_count(path: str, key: str) -> int | None:
 
     for candidate in (os.path.join(path, META_FILE), os.path.join(os.path.dirname(os.path.normpath(path)), META_FILE)):
         if os.path.isfile(candidate):
-            with open(candidate, encoding="utf-8") as handle:
-                meta = yaml.safe_load(handle) or {}
+            with open(candidate, "rb") as handle:
+                text = utf8_text(handle.read(), candidate, "the profile's meta.yaml (YAML text)")
+            try:
+                meta = yaml.safe_load(text) or {}
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"{candidate}:{mark.line + 1}" if mark is not None else candidate
+                problem = getattr(exc, "problem", None) or "not valid YAML"
+                raise ConfigError(f"{where}: not valid YAML ({problem})") from None
             value = meta.get(key) if isinstance(meta, dict) else None
             if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"{candidate}: {key} must be an integer >= 1, got {value!r}")
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KNOT:
+                    raise ConfigError(f"{candidate}: {key} must be an integer from 1 to {MAX_KNOT}, "
+                                      f"got {shown(value)}")
                 return value
     return None
 

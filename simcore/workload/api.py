@@ -214,8 +214,8 @@ def _parse_field(file: Path, line: int, name: str, value: str):
         return length
     if name == "turn":
         turn = integral(number)
-        if turn is None or turn < 0:
-            raise ConfigError(f"{file}:{line}: turn must be an integer >= 0, got {value!r}")
+        if turn is None or not 0 <= turn <= MAX_LENGTH:
+            raise ConfigError(f"{file}:{line}: turn must be an integer from 0 to {MAX_LENGTH}, got {value!r}")
         return turn
     return number
 
@@ -270,7 +270,9 @@ def _send_ms(column: pa.ChunkedArray, origin: str) -> np.ndarray:
         raw = column.cast(pa.int64()).to_numpy()
         if pa.types.is_timestamp(kind) and raw.size:
             if int(raw.max()) - int(raw[0]) > MAX_LENGTH or int(raw.min()) - int(raw[0]) < -MAX_LENGTH:
-                raise ConfigError(f"{origin}: send_ms ({kind}) spans more time than int64 {kind.unit} hold")
+                far = int(np.argmax(np.abs(raw.astype(np.float64) - float(raw[0]))))
+                raise ConfigError(f"{origin}: send_ms ({kind}) at {_row(origin, far)} is further from the first "
+                                  f"row's than int64 {kind.unit} hold")
             raw = raw - raw[0]
         return raw.astype(np.float64) * MS_PER_UNIT[kind.unit]
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
@@ -488,7 +490,8 @@ def send_instants_ns(load: LoadConfig, requests: RequestTable, rng: np.random.Ge
                 "with a send_ms column"
             )
         given = requests.send_ms if senders is None else requests.send_ms[senders]
-        send_ms = (given - given[0]) / load.speedup
+        with np.errstate(over="ignore"):  # an overflow is the inf that ms_array_to_ns reports in one line
+            send_ms = (given - given[0]) / load.speedup
     elif load.type == "constant_rate":
         send_ms = np.arange(n, dtype=np.float64) * 1000 / load.request_rate
     else:

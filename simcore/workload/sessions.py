@@ -130,7 +130,13 @@ def table_sessions(table: pa.Table, origin: str, input_tokens: np.ndarray, outpu
             raise ConfigError(f"{origin}: {name} has a missing value at {where(row)}")
     # dictionary_encode numbers the labels in the order of their first row
     session = pc.dictionary_encode(labels).indices.to_numpy().astype(np.int64)
-    turn = turn_column.to_numpy().astype(np.int64)
+    raw_turn = turn_column.to_numpy()
+    beyond = np.flatnonzero(raw_turn > np.iinfo(np.int64).max) if raw_turn.dtype == np.uint64 else []
+    if len(beyond):
+        row = int(beyond[0])
+        raise ConfigError(f"{origin}: turn must be an integer from 0 to {np.iinfo(np.int64).max} at {where(row)}, "
+                          f"got {raw_turn[row].item()}")
+    turn = raw_turn.astype(np.int64)
     expected = _rank_within(session)
     bad = np.flatnonzero(turn != expected)
     if bad.size:
