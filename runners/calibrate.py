@@ -122,6 +122,9 @@ DEFAULT_BOUNDS = {
     "timing.pass_overhead_us": (0.0, 5000.0),
     "timing.allreduce.latency_us": (0.0, 200.0),
     "timing.allreduce.bandwidth_gb_per_second": (1.0, 400.0),
+    "timing.moe.alltoall.latency_us": (0.0, 200.0),
+    "timing.moe.alltoall.bandwidth_gb_per_second": (1.0, 400.0),
+    "timing.moe.imbalance": (1.0, 2.0),
     # timing.type=roofline: shares of the datasheet peaks, (0, 1]
     "timing.roofline.flops_efficiency": (0.05, 1.0),
     "timing.roofline.bandwidth_efficiency": (0.05, 1.0),

@@ -326,9 +326,23 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
             batches.append((1, tokens, capacity // 2, seqs - 1, capacity // 2, capacity // 2))
         if pool.speculative is not None:  # every decode verifying its proposals (docs/speculative.md)
             batches.append((0, 0, 0, seqs, capacity, capacity, seqs * pool.speculative.draft_tokens))
-        times = [rank_time_ms_nb(model, params, table, *batch) for batch in batches]
+        if pool.expert_parallel:  # every rank at the extreme batch: the MoE layers and all-to-all at their most
+            times = [_lockstep_ms(model, params, table, batch, pool.attention_dp) for batch in batches]
+        else:
+            times = [rank_time_ms_nb(model, params, table, *batch) for batch in batches]
         out.append(max(t if math.isfinite(t) else math.inf for t in times))
     return out
+
+
+def _lockstep_ms(model: int, params: np.ndarray, table: np.ndarray, batch: tuple, ranks: int) -> float:
+    """The pass of ``ranks`` ranks stepping together (expert parallelism), each at ``batch``, ms."""
+    from simcore.timing.nb import lockstep_times_nb
+
+    summary = np.zeros((ranks, 7), dtype=np.int64)
+    summary[:, :5] = batch[:5]
+    summary[:, 6] = batch[5]
+    with np.errstate(all="ignore"):
+        return float(lockstep_times_nb(model, params, table, summary, ranks, np.zeros(ranks)))
 
 
 def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
@@ -428,6 +442,15 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
                 (f"timing.pass_overhead_us={t.pass_overhead_us!r}{_allreduce_label(t)}{each}",
                  passes * _linear_pass_terms_ms(cfg, prefill_tokens + pool.max_sequences)),
             ]
+            if t.alltoall and pool.expert_parallel:  # the MoE layers' dispatch and combine of every rank's tokens
+                d = float(pool.attention_dp)
+                gathered = d * (prefill_tokens + pool.max_sequences)
+                per_token = 2.0 * t.hidden_size * t.dtype_bytes + 8.0 * t.moe_top_k
+                one_us = 2.0 * t.moe_alltoall_latency_us + (d - 1.0) / d * gathered * per_token / (
+                    t.moe_alltoall_bandwidth_gb_per_second * 1e3)
+                terms.append((f"timing.moe.alltoall.bandwidth_gb_per_second={t.moe_alltoall_bandwidth_gb_per_second!r}"
+                              f" (latency_us={t.moe_alltoall_latency_us!r}) x {t.moe_num_layers} MoE layers"
+                              f" of {gathered:.4g} tokens{each}", passes * t.moe_num_layers * one_us / 1000))
         spec = pool.speculative
         if spec is not None:  # docs/speculative.md: the proposals (linear) and the proposer, every pass
             key = f"engine.{_pool_names(cfg)[index]}.speculative"

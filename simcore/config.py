@@ -268,6 +268,33 @@ def _check_combinations(cfg: SimConfig) -> None:
                 )
     if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
         raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
+    _check_expert_parallel(cfg)
+
+
+def _check_expert_parallel(cfg: SimConfig) -> None:
+    """MoE timing and expert parallelism (docs/timing.md, docs/semantics.md): moe.csv is one GPU
+    holding every expert, so several GPUs need the experts split (expert_parallel); the
+    all-to-all is expert parallelism's."""
+    timing = cfg.timing
+    names = POOLS[cfg.engine.mode]
+    if timing.type == "table" and timing.moe:
+        for name, pool in zip(names, cfg.engine.pools):
+            if (pool.attention_dp > 1 or timing.tp > 1) and not pool.expert_parallel:
+                raise ConfigError(
+                    f"engine.{name}.expert_parallel must be true for an MoE model (timing.moe) over "
+                    f"{pool.attention_dp} attention-DP rank(s) x timing.tp={timing.tp}: moe.csv times one GPU "
+                    "holding every expert; experts split by tensor parallelism are not modelled"
+                )
+    for name, pool in zip(names, cfg.engine.pools):
+        if pool.expert_parallel and pool.speculative is not None:
+            raise ConfigError(
+                f"engine.{name}.expert_parallel is not modelled with engine.{name}.speculative (the ranks' "
+                "lock-step prices no proposals)"
+            )
+    if timing.alltoall and not any(pool.expert_parallel for pool in cfg.engine.pools):
+        raise ConfigError(
+            "timing.moe.alltoall has no effect here: it is only used with engine.<pool>.expert_parallel=true"
+        )
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from simcore.scheduler.settings import (
 from simcore.settings import SimConfig
 from simcore.models import catalogue
 from simcore.timing import aic, roofline
-from simcore.timing.profile import read_meta_count, read_num_layers
+from simcore.timing.profile import MOE_FILE, moe_path, read_meta_count, read_num_layers
 from simcore.timing.settings import VLLM_DEFAULT_GRAPHS, TimingConfig
 
 
@@ -63,6 +63,8 @@ def derive(cfg: SimConfig) -> SimConfig:
     """
     timing = model_dimensions(cfg.timing)
     engine = cfg.engine
+    if timing.type == "aic":  # the MoE layout of the tables and of num_blocks: auto
+        timing = replace(timing, expert_parallel=any(pool.expert_parallel for pool in engine.pools))
     for name in POOLS[engine.mode]:
         pool = getattr(engine, name)
         if timing.type == "roofline":
@@ -109,7 +111,7 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
                 "num_layers (profiles are per layer; meta.yaml's hf_overrides.num_hidden_layers is "
                 "the profiled count, not the model's)"
             )
-    if timing.allreduce:
+    if timing.allreduce or timing.alltoall:
         if kind == "table" and hidden is None:
             hidden = read_meta_count(timing.profile, "hidden_size")
         if kind == "aic" and (hidden is None or num_layers is None):
@@ -118,8 +120,25 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
             hidden = hidden or hidden_cfg
         for name, value in (("num_layers", num_layers), ("hidden_size", hidden)):
             if value is None:
-                raise ConfigError(f"timing.{name} must be set for timing.allreduce with timing.type={kind}")
-    return replace(timing, num_layers=num_layers, hidden_size=hidden)
+                term = "timing.allreduce" if timing.allreduce else "timing.moe.alltoall"
+                raise ConfigError(f"timing.{name} must be set for {term} with timing.type={kind}")
+    if kind == "table":
+        has_moe = moe_path(timing.profile) is not None  # its own, or the tp1 sibling's
+        if has_moe and not timing.moe:
+            raise ConfigError(
+                f"timing.moe.num_experts must be set: {timing.profile} holds {MOE_FILE} (an MoE model; set "
+                "timing.moe.num_experts and timing.moe.top_k from its config.json, docs/timing.md)"
+            )
+        if timing.moe and not has_moe:
+            raise ConfigError(
+                f"timing.moe.num_experts is set but {timing.profile} has no {MOE_FILE} to price the MoE layers"
+            )
+    moe_layers = timing.moe_num_layers
+    if timing.moe and moe_layers is None:
+        moe_layers = num_layers  # every decoder layer an MoE layer (Qwen3-MoE, Mixtral)
+    if moe_layers is not None and num_layers is not None and moe_layers > num_layers:
+        raise ConfigError(f"timing.moe.num_layers must be <= timing.num_layers = {num_layers}, got {moe_layers}")
+    return replace(timing, num_layers=num_layers, hidden_size=hidden, moe_num_layers=moe_layers)
 
 
 def _roofline_dimensions(timing: TimingConfig) -> TimingConfig:

@@ -56,6 +56,7 @@ def random_scenario(
     reserve_full_isl: bool = False,
     attention_skew: bool = False,
     chunked_prefill_off: bool = False,
+    expert_parallel: bool = False,
     speculative: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
@@ -95,6 +96,9 @@ def random_scenario(
     ``chunked_prefill_off`` turns vLLM's chunked prefill off on every pool (vllm
     policy), its token budget L or a few tokens more, L often just above the
     longest prompt (so that prompts are passed over for want of budget); drawn last.
+    ``expert_parallel`` (vllm policy) turns on the attention-DP ranks' lock-step on every
+    pool, with 1-4 ranks per worker (often one idle: dummy batches), often CUDA-graph
+    sizes (DP padding) and an all-to-all on a linear timing; drawn last.
     ``speculative`` turns on speculative decoding on the emitting pool in the
     policy's engine form (random method and proposals, acceptance rates or a
     mean acceptance length, proposer costs; half the fixed timings become
@@ -298,6 +302,26 @@ def random_scenario(
         if rnd.random() < 0.4:  # some requests with their own acceptance (the table's column)
             acceptance_length = [rnd.choice([math.nan, 1.0, positions + 1.0, rnd.uniform(1.0, positions + 1.0)])
                                  for _ in inputs]
+    if expert_parallel:
+        assert policy == "vllm", "expert_parallel is modelled for the vllm policy"
+        for name in ("aggregated", "prefill", "decode"):
+            pool = config["engine"].get(name)
+            if isinstance(pool, dict):
+                pool["expert_parallel"] = True
+                pool["attention_dp"] = rnd.randint(1, 4)
+        if rnd.random() < 0.7:
+            _fixed_to_linear(rnd, config)
+            timing = config["timing"]
+            if rnd.random() < 0.6 and "cuda_graph_sizes" not in timing:
+                timing["cuda_graph_sizes"] = rnd.sample(range(1, rnd.choice([8, 16, 40])), rnd.randint(1, 6))
+            if rnd.random() < 0.7:
+                timing["num_layers"] = rnd.randint(1, 8)
+                timing["hidden_size"] = rnd.choice([64, 2048])
+                timing["moe"] = {
+                    "num_experts": 8, "top_k": rnd.randint(1, 8), "num_layers": rnd.choice([None, 1]),
+                    "alltoall": {"latency_us": rnd.choice([None, 0.0, 20.0]),
+                                 "bandwidth_gb_per_second": rnd.choice([0.5, 16.0, 123.4])},
+                }
     ids = [f"req-{seed}-{k}" for k in range(n)]
     scenario = {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids,
                 "hash_ids": hash_ids}

@@ -29,6 +29,7 @@ CACHING_POLICIES = ["sglang", "trtllm"]  # prefix caching beside vllm's (docs/pr
 NUM_FULL_ISL_SCENARIOS = 300  # mixed with prefix caching, async scheduling and P/D
 NUM_CHUNK_OFF_SCENARIOS = 300  # mixed with prefix caching, async scheduling, whole-sequence admission and P/D
 NUM_SKEW_SCENARIOS = 300  # mixed with the policies, P/D, async scheduling, CUDA graphs, pass terms
+NUM_EP_SCENARIOS = 300  # mixed with P/D, async scheduling, prefix caching, CUDA graphs, the all-to-all
 NUM_SPEC_SCENARIOS = 120  # per policy; a third disaggregated, a third with prefix caching
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
@@ -366,6 +367,32 @@ def test_attention_skew_scenarios_change_pass_times():
     assert differ >= NUM_SKEW_SCENARIOS // 6, differ
 
 
+@pytest.mark.parametrize("seed", range(NUM_EP_SCENARIOS))
+def test_expert_parallel_matches_reference(seed):
+    """The attention-DP ranks' lock-step under expert parallelism (dummy batches, DP padding,
+    the all-to-all) against the reference, mixed with the other features."""
+    compare_with_reference(
+        random_scenario(
+            seed, expert_parallel=True, disaggregated=seed % 3 == 2, async_scheduling=seed % 2 == 1,
+            prefix_caching=seed % 4 == 1, long_outputs=seed % 5 == 1,
+        )
+    )
+
+
+def test_expert_parallel_scenarios_change_pass_times():
+    """The lock-step decides: many scenarios have other pass times with it off."""
+    differ = 0
+    for seed in range(NUM_EP_SCENARIOS):
+        on = random_scenario(seed, expert_parallel=True)
+        off = dict(on, config=merge_config(on["config"]))
+        for name in ("aggregated", "prefill", "decode"):
+            off["config"]["engine"][name]["expert_parallel"] = False
+        off["config"]["timing"]["moe"] = merge_config({})["timing"]["moe"]
+        if off["config"]["timing"]["type"] == "linear" and off["config"]["timing"]["allreduce"]["bandwidth_gb_per_second"] is None:
+            off["config"]["timing"]["num_layers"] = None
+            off["config"]["timing"]["hidden_size"] = None
+        differ += reference(on)[1]["passes"] != reference(off)[1]["passes"]
+    assert differ >= NUM_EP_SCENARIOS // 4, differ
 @pytest.mark.parametrize("policy", ["vllm", "sglang", "trtllm"])
 @pytest.mark.parametrize("seed", range(NUM_SPEC_SCENARIOS))
 def test_speculative_matches_reference(policy, seed):

@@ -42,7 +42,7 @@ def test_kernel_codes_are_the_kernels():
         assert spec.name == name
         assert spec.aic_backend in timing_settings.AIC_BACKENDS
     assert policies.FEATURES == ("async_scheduling", "reserve_full_isl", "cache_generated_blocks", "kv_offload",
-                                 "chunked_prefill", "vllm_graph_sizes")
+                                 "chunked_prefill", "vllm_graph_sizes", "expert_parallel")
 
 
 def test_a_malformed_entry_is_refused():

@@ -547,10 +547,11 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
 def _topology(pools) -> tuple[Topology, np.ndarray]:
     """Workers of the deployment as flat per-worker arrays, and each global rank's worker."""
     roles = [nb.ROLE_AGGREGATED] if len(pools) == 1 else [nb.ROLE_PREFILL, nb.ROLE_DECODE]
-    worker_role, worker_num_ranks, worker_async = [], [], []
+    worker_role, worker_num_ranks, worker_async, worker_lockstep = [], [], [], []
     for role, pool in zip(roles, pools):
         worker_role += [role] * pool.replicas
         worker_async += [pool.async_scheduling] * pool.replicas
+        worker_lockstep += [pool.expert_parallel] * pool.replicas
         worker_num_ranks += [pool.attention_dp] * pool.replicas
     worker_num_ranks = np.array(worker_num_ranks, dtype=np.int64)
     first_rank = np.cumsum(worker_num_ranks) - worker_num_ranks
@@ -560,6 +561,7 @@ def _topology(pools) -> tuple[Topology, np.ndarray]:
         worker_num_ranks=worker_num_ranks,
         num_decode_workers=pools[-1].replicas if len(pools) == 2 else 0,
         worker_async=np.array(worker_async, dtype=np.bool_),
+        worker_lockstep=np.array(worker_lockstep, dtype=np.bool_),
     )
     return topology, np.repeat(np.arange(len(worker_role), dtype=np.int64), worker_num_ranks)
 

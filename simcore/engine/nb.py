@@ -208,6 +208,7 @@ def _replay_nb(run, state):
     # with a CPU tier (a decode pass may retry a skipped store).
     steady_path = (
         num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
+        and not topology.worker_lockstep[0]
         and rank_policy[0] != POLICY_SGLANG and not (rank_prefix_caching[0] and offload_enabled_nb(prefix_cache, 0))
     )
 

@@ -36,7 +36,7 @@ from simcore.enums import (
     DETOK_OFF, DETOK_IN_KERNEL, OUT_FIRST, OUT_FINAL, ROLE_PREFILL, ROLE_DECODE, PASS_WORKER, PASS_RANK, PASS_START,
     PASS_END, PASS_NUM_PREFILL,
 )
-from simcore.timing.nb import rank_time_ms_nb
+from simcore.timing.nb import lockstep_times_nb, rank_time_ms_nb
 from simcore.engine.state import (
     ARR_SIZE, NEXT_ROW, NUM_EMITTED, NUM_HANDOFFS, PASS_LOG_ROWS, SEND_SIZE, SESS_SIZE, XFER_SIZE,
 )
@@ -549,6 +549,9 @@ def _start_pass_nb(w, t, queue, run, state):
             if ps.summary[r, 0] + ps.summary[r, 3] > 0:
                 any_batch = True
             any_preempted = any_preempted or preempted
+            if topology.worker_lockstep[w]:  # the ranks' times together, below
+                ps.summary[r, 5] = rk.blocks_used[g]
+                continue
             ms = rank_time_ms_nb(
                 timing.model,
                 timing.params,
@@ -570,6 +573,11 @@ def _start_pass_nb(w, t, queue, run, state):
             ps.summary[r, 5] = rk.blocks_used[g]
             if ms > worst_ms:
                 worst_ms = ms
+        if any_batch and topology.worker_lockstep[w]:  # expert parallelism: the ranks' times together
+            worst_ms = lockstep_times_nb(timing.model, timing.params, timing.table, ps.summary, num_dp, ps.rank_ms)
+            if not (worst_ms >= 0.0 and worst_ms < np.inf):
+                _report_bad_batch_nb(logs.bad_batch, w, 0, ps.summary, worst_ms)
+                return BAD_TIMING
         if any_batch:
             if queue:  # it starts when the running pass ends
                 ps.queued[w] = True

@@ -77,6 +77,7 @@ class Topology(NamedTuple):
     worker_num_ranks: I64  # attention-DP ranks of each worker
     num_decode_workers: types.int64  # the last workers; 0 when aggregated
     worker_async: BOOL  # asynchronous scheduling (docs/semantics.md)
+    worker_lockstep: BOOL  # expert parallelism: the ranks step together through the MoE layers
 
 
 class Ranks(NamedTuple):

@@ -61,6 +61,8 @@ class Policy:
     # pool.chunked_prefill may be false (vLLM's --no-enable-chunked-prefill, docs/semantics.md)
     chunked_prefill: bool = False
     vllm_graph_sizes: bool = False  # timing.cuda_graph_sizes=vllm_default (vLLM's capture sizes)
+    # pool.expert_parallel: the attention-DP ranks step together through the MoE layers (docs/semantics.md)
+    expert_parallel: bool = False
     # the engine form of pool.speculative.config (simcore.scheduler.speculative.SPEC_FORMS)
     speculative_form: str = "vLLM --speculative-config"
 
@@ -113,7 +115,7 @@ SCHEDULING_POLICIES: dict[str, Policy] = {policy.name: policy for policy in (
         "vllm", kernel="vllm", aic_backend="vllm", prefix_cache="blocks",
         defaults=_defaults(max_batched_tokens=8192, max_sequences=256, block_size=16, chunked_prefill=True),
         async_scheduling=True, reserve_full_isl=True, cache_generated_blocks=True, kv_offload=True,
-        chunked_prefill=True, vllm_graph_sizes=True,
+        chunked_prefill=True, vllm_graph_sizes=True, expert_parallel=True,
     ),
     Policy(
         "sglang", kernel="sglang", aic_backend="sglang", prefix_cache="radix",

@@ -206,6 +206,12 @@ class PoolConfig:
     )
     # aggregated or decode pool: speculative decoding (docs/speculative.md); None after parsing: off
     speculative: Speculation | None = section(SpeculativeConfig)
+    expert_parallel: bool = key(
+        False,
+        doc="vllm: --enable-expert-parallel with --data-parallel-size = attention_dp: the ranks step together "
+        "through the MoE layers, an idle one running a dummy batch (docs/semantics.md).",
+        values="true | false",
+    )
 
     @property
     def num_ranks(self) -> int:
@@ -297,6 +303,7 @@ def parse_pool(
         reserve_full_isl=_reserve_full_isl(path, raw["reserve_full_isl"], policy),
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
         chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
+        expert_parallel=_expert_parallel(path, raw["expert_parallel"], policy, timing_type, raw["attention_dp"]),
         speculative=_speculative(path, raw, policy),
         schedule_conservativeness=None
         if conservativeness is None
@@ -380,6 +387,18 @@ def _async_scheduling(path: str, value: Any, policy: str) -> bool:
         "not modelled for a P/D prefill pool (its prompts hand off instead of sampling); "
         "set it on engine.decode or engine.aggregated",
     )
+
+
+def _expert_parallel(path: str, value: Any, policy: str, timing_type: str, attention_dp: Any) -> bool:
+    enabled = flag(f"{path}.expert_parallel", value)
+    if enabled and not supports(policy, "expert_parallel"):
+        raise _unsupported(f"{path}.expert_parallel", "expert_parallel", policy)
+    if enabled and timing_type not in ("fixed", "linear", "table") and attention_dp != 1:
+        raise ConfigError(
+            f"{path}.expert_parallel with attention_dp > 1 is modelled with timing.type=fixed, linear or table, "
+            f"got timing.type={timing_type}"
+        )
+    return enabled
 
 
 def _reserve_full_isl(path: str, value: Any, policy: str) -> bool:

@@ -89,9 +89,15 @@ class AicSpec:
     tokens: int  # NA knots 1..tokens
     sequences: int  # LG, NG, GA batch knots 1..sequences
     context: int  # GA kv and CA prefix knots up to this
+    # the MoE layers' layout (moe_tp x moe_ep = tp, aiconfigurator-core's width rule): experts split
+    # by tensor parallelism (moe_tp = tp), or whole experts over the GPUs with expert parallelism
+    # (moe_ep = tp); :func:`moe_layout`.  A dense model ignores them.
+    moe_tp: int = 1
+    moe_ep: int = 1
 
     @classmethod
     def from_config(cls, cfg: TimingConfig) -> "AicSpec":
+        moe_tp, moe_ep = moe_layout(cfg.tp, cfg.expert_parallel)
         return cls(
             cfg.model,
             cfg.gpu,
@@ -101,7 +107,35 @@ class AicSpec:
             int(cfg.pass_tokens_limit),
             int(cfg.pass_sequences_limit),
             int(cfg.context_limit),
+            moe_tp,
+            moe_ep,
         )
+
+
+def moe_layout(tp: int, expert_parallel: bool) -> tuple[int, int]:
+    """aiconfigurator-core's ``(moe_tp_size, moe_ep_size)`` for a rank of ``tp`` GPUs.
+
+    The core requires ``moe_tp_size x moe_ep_size = tp_size x attention_dp_size x
+    cp_size`` (its ``Parallelism width mismatch`` error; unset, both count 1, so an
+    MoE model at TP 2 failed).  The tables time one attention-DP rank
+    (``attention_dp_size = 1``), so the product is ``tp``.  vLLM splits every
+    expert over the tensor-parallel GPUs (``moe_tp = tp``) unless
+    ``--enable-expert-parallel`` gives each GPU whole experts (``moe_ep = tp``;
+    ``engine.<pool>.expert_parallel``).
+
+    Parameters
+    ----------
+    tp : int
+        timing.tp.
+    expert_parallel : bool
+        Whether the pools run expert parallelism.
+
+    Returns
+    -------
+    (int, int)
+        ``moe_tp_size``, ``moe_ep_size``.
+    """
+    return (1, tp) if expert_parallel else (tp, 1)
 
 
 # ---------------------------------------------------------------- package access
@@ -193,8 +227,8 @@ def _native_config(spec: AicSpec) -> dict:
         tp_size=spec.tp,
         pp_size=1,
         attention_dp_size=1,
-        moe_tp_size=None,
-        moe_ep_size=None,
+        moe_tp_size=spec.moe_tp,
+        moe_ep_size=spec.moe_ep,
         cp_size=1,
         weight_dtype=None,
         moe_dtype=None,
@@ -208,7 +242,11 @@ def _native_config(spec: AicSpec) -> dict:
 
 def _what(spec: AicSpec) -> str:
     version = spec.backend_version or "current"
-    return f"timing.model={spec.model} timing.gpu={spec.gpu} timing.backend={spec.backend} ({version}) timing.tp={spec.tp}"
+    layout = " (expert parallel)" if spec.moe_ep > 1 else ""
+    return (
+        f"timing.model={spec.model} timing.gpu={spec.gpu} timing.backend={spec.backend} ({version}) "
+        f"timing.tp={spec.tp}{layout}"
+    )
 
 
 def model_dimensions(model: str) -> tuple[int | None, int | None]:
@@ -477,7 +515,8 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
     try:
         with _quiet_stderr():
             handle = EngineHandle.compile(
-                spec.model, spec.gpu, spec.backend, backend_version=spec.backend_version, tp_size=spec.tp
+                spec.model, spec.gpu, spec.backend, backend_version=spec.backend_version, tp_size=spec.tp,
+                moe_tp_size=spec.moe_tp, moe_ep_size=spec.moe_ep,
             )
     except ConfigError:
         raise
@@ -862,7 +901,9 @@ def auto_num_blocks(cfg: TimingConfig, block_size: int, max_tokens: int, max_seq
     version = package_version(cfg.gpu)
     blob = json.dumps(
         [cfg.model, cfg.gpu, cfg.backend, cfg.backend_version, cfg.tp, cfg.memory_fraction, block_size, max_tokens, max_sequences, version]
+        + ([cfg.expert_parallel] if cfg.expert_parallel else [])  # older entries keep their keys
     )
+    moe_tp, moe_ep = moe_layout(int(cfg.tp), cfg.expert_parallel)
     key = "kv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
     if key in _MEMO:
         return int(_MEMO[key])
@@ -891,6 +932,8 @@ def auto_num_blocks(cfg: TimingConfig, block_size: int, max_tokens: int, max_seq
                     memory_fraction_kind="of_free" if cfg.backend == "trtllm" else "of_total",
                     memory_fraction_value=float(cfg.memory_fraction),
                     tp_size=int(cfg.tp),
+                    moe_tp_size=moe_tp,
+                    moe_ep_size=moe_ep,
                 )
             )
     except Exception as exc:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simcore.timing.allreduce import pass_terms_block
+from simcore.timing import nb
 from simcore.timing.nb import TIMING_AIC, TIMING_FIXED, TIMING_LINEAR, TIMING_ROOFLINE, TIMING_TABLE
 
 if TYPE_CHECKING:  # annotations only
@@ -53,6 +54,16 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
 
         model = TIMING_TABLE
         params, table = table_arrays(cfg.profile, cfg.num_layers)
+        if cfg.moe:  # the model's experts (simcore.derive checked the profile holds moe.csv)
+            params = params.copy()
+            params[nb.P_MOE_LAYERS] = cfg.moe_num_layers
+            params[nb.P_MOE_EXPERTS] = cfg.moe_num_experts
+            params[nb.P_MOE_TOP_K] = cfg.moe_top_k
+            params[nb.P_MOE_IMBALANCE] = cfg.moe_imbalance
+            params[nb.P_MOE_TP] = cfg.tp
+        else:
+            params = params.copy()
+            params[nb.P_MOE_T_N] = 0.0  # a profile's moe.csv is priced only with timing.moe set
     elif cfg.type == "aic":
         from simcore.timing.aic import aic_arrays
 
@@ -68,6 +79,37 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
     block, appended = pass_terms_block(cfg, table.shape[0])
     return (
         model,
-        np.concatenate([np.asarray(params, dtype=np.float64), block]),
+        np.concatenate([np.asarray(params, dtype=np.float64), block, alltoall_block(cfg)]),
         np.concatenate([table, appended]) if appended.size else table,
     )
+
+
+#: Bytes per token of the top-k weights (float32) and ids (int32) that vLLM's dispatch gathers beside
+#: the hidden states (vllm/distributed/device_communicators/all2all.py, ``AgRsAll2AllManager.dispatch``,
+#: v0.19.0).
+TOPK_BYTES_PER_EXPERT = 8
+
+
+def alltoall_block(cfg: TimingConfig) -> np.ndarray:
+    """The expert-parallel all-to-all parameters (``nb.X_*``; bandwidth 0: none).
+
+    Per gathered token, the dispatch moves ``hidden_size x dtype_bytes`` of hidden
+    state plus ``top_k x 8`` bytes of top-k weights and ids, and the combine
+    ``hidden_size x dtype_bytes`` of expert output (docs/timing.md).
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+        The timing section (``cfg.alltoall`` false: zeros).
+
+    Returns
+    -------
+    ndarray(float64, shape (nb.ALLTOALL_NUM_PARAMS,))
+    """
+    block = np.zeros(nb.ALLTOALL_NUM_PARAMS, dtype=np.float64)
+    if cfg.alltoall:
+        block[nb.X_LAYERS] = cfg.moe_num_layers
+        block[nb.X_BYTES_PER_TOKEN] = 2 * cfg.hidden_size * cfg.dtype_bytes + cfg.moe_top_k * TOPK_BYTES_PER_EXPERT
+        block[nb.X_LATENCY_US] = cfg.moe_alltoall_latency_us
+        block[nb.X_BANDWIDTH] = cfg.moe_alltoall_bandwidth_gb_per_second
+    return block

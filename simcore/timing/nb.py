@@ -21,6 +21,7 @@ stays at the last knot's (``lerp_rising_nb``; docs/timing.md).
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 TIMING_FIXED = 0
@@ -49,7 +50,18 @@ P_KVD_N = 15
 P_ATTN = 16  # offset of the attention grid, us, C order [pc, kvp, nd, kvd]
 P_PC_MIN = 17  # smallest positive prefill-chunk knot
 P_KVD_MIN = 18  # smallest positive kv-decode knot
-TABLE_NUM_PARAMS = 19
+# moe.csv (MoE models; docs/timing.md): one MoE layer by tokens and activated experts
+P_MOE_T_N = 19  # number of tokens knots (0: no MoE term)
+P_MOE_T_X = 20  # offset of the tokens knots
+P_MOE_A_N = 21  # number of activated-experts knots
+P_MOE_A_X = 22  # offset of the activated-experts knots
+P_MOE = 23  # offset of the grid, us, C order [tokens, experts]
+P_MOE_LAYERS = 24  # MoE layers of the model
+P_MOE_EXPERTS = 25  # routed experts E
+P_MOE_TOP_K = 26  # experts per token k
+P_MOE_IMBALANCE = 27  # the busiest GPU's expert load over the mean (>= 1)
+P_MOE_TP = 28  # GPUs of one attention-DP rank (timing.tp); the expert-parallel group is attention_dp x tp
+TABLE_NUM_PARAMS = 29
 
 # ``aic`` component tables: params[A_*].  NA, LG, NG are indexed by an integer
 # knot 1..n; GA by an integer batch 1..n and a kv knot axis; CA by three axes.
@@ -118,6 +130,14 @@ R_GRAPH_N = 11  # CUDA-graph capture sizes: how many (0: no padding)
 R_GRAPH_X = 12  # offset of the sizes in ``table`` (tokens, ascending)
 R_SKEW_ALPHA = 13  # decode-attention skew: share of (attention at the longest - at the mean) added
 PASS_TERMS_NUM_PARAMS = 14
+# Expert-parallel all-to-all block (linear, table), right after the pass-terms block:
+# every MoE layer's dispatch (all-gather) and combine (reduce-scatter) over the
+# attention-DP ranks (``lockstep_times_nb``).
+X_LAYERS = 0  # MoE layers
+X_BYTES_PER_TOKEN = 1  # dispatch + combine bytes per gathered token
+X_LATENCY_US = 2  # fixed cost of each collective, us
+X_BANDWIDTH = 3  # link bandwidth, GB/s (0: no all-to-all)
+ALLTOALL_NUM_PARAMS = 4
 
 
 @njit(cache=True)
@@ -171,6 +191,7 @@ def rank_time_ms_nb(
         ms = table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded
         )
+        ms += table_moe_ms_nb(params, table, padded, 1)
         alpha = skew_alpha_nb(params, TABLE_NUM_PARAMS, num_decode, decode_kv_tokens, decode_kv_max)
         if alpha != 0.0:
             ms += alpha * table_skew_gap_ms_nb(
@@ -1194,3 +1215,279 @@ def pass_times_nb(model, params, table, summaries, out):
             summaries[r, 5] if summaries.shape[1] > 5 else 0,
         )
 
+
+
+# ---------------------------------------------------------------- MoE and expert parallelism
+
+
+@njit(cache=True)
+def interp2_rising_nb(table, params, tokens, experts):
+    """moe.csv's grid at ``(tokens, experts)``, us.
+
+    Below an axis' first knot the first knot's value (the profile starts at one
+    token and at ``top_k`` experts); between knots bilinear; beyond the last knot
+    the end segment extended with its slope floored at 0 (``lerp_rising_nb``),
+    the experts axis first.
+
+    Parameters
+    ----------
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    params : ndarray(float64, ndim=1)
+        Offsets and sizes (``P_MOE_*``).
+    tokens, experts : float
+        Tokens on the GPU and its distinct activated experts.
+
+    Returns
+    -------
+    float
+        One MoE layer, us.
+    """
+    n_t = int(params[P_MOE_T_N])
+    n_a = int(params[P_MOE_A_N])
+    t_off = int(params[P_MOE_T_X])
+    a_off = int(params[P_MOE_A_X])
+    grid = int(params[P_MOE])
+    tokens = max(tokens, table[t_off])
+    experts = max(experts, table[a_off])
+    i, ti = bracket_nb(table, t_off, n_t, tokens)
+    j, tj = bracket_nb(table, a_off, n_a, experts)
+    if n_a == 1:
+        lo = table[grid + i * n_a]
+        hi = table[grid + (i + 1) * n_a] if n_t > 1 else lo
+    else:
+        lo = lerp_rising_nb(table[grid + i * n_a + j], table[grid + i * n_a + j + 1], tj)
+        if n_t == 1:
+            return lo
+        hi = lerp_rising_nb(table[grid + (i + 1) * n_a + j], table[grid + (i + 1) * n_a + j + 1], tj)
+    if n_t == 1:
+        return lo
+    return lerp_rising_nb(lo, hi, ti)
+
+
+@njit(cache=True)
+def table_moe_ms_nb(params, table, gathered, group):
+    """The MoE layers of one pass on one GPU of an expert-parallel group, ms (0 without moe.csv).
+
+    The GPU holds ``E / group`` of the ``E`` routed experts and computes the
+    ``gathered x k`` (token, expert) pairs that reach them: ``gathered x k / group``
+    on average, ``P_MOE_IMBALANCE`` times that on the busiest GPU, which the
+    others wait for.  The profile measures ``tokens x k`` pairs over a given
+    number of distinct experts, so the query is ``tokens = imbalance x gathered /
+    group`` and the expected distinct experts of the GPU under uniform routing,
+    ``E / group x (1 - (1 - k / E) ^ gathered)`` (a token picks k of E experts, so
+    misses a given one with probability ``1 - k / E``).
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        ``P_*`` layout (``P_MOE_T_N`` 0: no MoE layers).
+    table : ndarray(float64, ndim=1)
+        The flat lookup tables.
+    gathered : int
+        Tokens every GPU of the group sees in each MoE layer (the pass's, or
+        under expert parallelism the sum over the attention-DP ranks).
+    group : int
+        GPUs the experts are split over.
+
+    Returns
+    -------
+    float
+        ms.
+    """
+    if params.shape[0] < TABLE_NUM_PARAMS or params[P_MOE_T_N] == 0.0 or gathered <= 0:
+        return 0.0
+    experts = params[P_MOE_EXPERTS]
+    top_k = params[P_MOE_TOP_K]
+    tokens = params[P_MOE_IMBALANCE] * gathered / group
+    activated = experts / group * (1.0 - (1.0 - top_k / experts) ** gathered)
+    return params[P_MOE_LAYERS] * interp2_rising_nb(table, params, tokens, activated) / 1000.0
+
+
+@njit(cache=True)
+def model_base_nb(model):
+    """Offset of the pass-terms block in ``params`` (0 for ``fixed``, which has none).
+
+    Parameters
+    ----------
+    model : int
+        ``TIMING_*``.
+
+    Returns
+    -------
+    int
+        The model's own parameter count.
+    """
+    if model == TIMING_LINEAR:
+        return LINEAR_NUM_PARAMS
+    if model == TIMING_TABLE:
+        return TABLE_NUM_PARAMS
+    if model == TIMING_AIC:
+        return AIC_NUM_PARAMS
+    if model == TIMING_ROOFLINE:
+        return ROOFLINE_NUM_PARAMS
+    return 0
+
+
+@njit(cache=True)
+def alltoall_ms_nb(params, base, gathered, num_dp):
+    """Dispatch and combine of every MoE layer over the attention-DP ranks, ms.
+
+    vLLM's default ``allgather_reducescatter`` backend gathers each rank's hidden
+    states with their top-k weights and ids from every DP rank, and
+    reduce-scatters the experts' outputs back: per MoE layer two ring
+    collectives of ``gathered`` tokens, ``2 x latency + (D - 1) / D x gathered x
+    bytes_per_token / bandwidth`` (``X_BYTES_PER_TOKEN`` counts both directions).
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        The model's parameters; the block at ``base + PASS_TERMS_NUM_PARAMS`` (``X_*``).
+    base : int
+        Offset of the pass-terms block.
+    gathered : int
+        Tokens over all DP ranks (each rank's as it runs, padding included).
+    num_dp : int
+        Attention-DP ranks D.
+
+    Returns
+    -------
+    float
+        ms (0 without the block, without bandwidth or with one rank).
+    """
+    at = base + PASS_TERMS_NUM_PARAMS
+    if num_dp < 2 or params.shape[0] < at + ALLTOALL_NUM_PARAMS or params[at + X_BANDWIDTH] == 0.0:
+        return 0.0
+    d = float(num_dp)
+    one_us = 2.0 * params[at + X_LATENCY_US] + (d - 1.0) / d * gathered * params[at + X_BYTES_PER_TOKEN] / (
+        params[at + X_BANDWIDTH] * 1e3
+    )
+    return params[at + X_LAYERS] * one_us / 1000.0
+
+
+@njit(cache=True)
+def graph_largest_nb(params, table, base):
+    """The largest CUDA-graph capture size (0: no padding).
+
+    Parameters
+    ----------
+    params, table : ndarray(float64, ndim=1)
+        The model's parameters (the pass-terms block at ``base``) and tables.
+    base : int
+        Offset of the pass-terms block.
+
+    Returns
+    -------
+    int
+        Tokens.
+    """
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS or params[base + R_GRAPH_N] == 0.0:
+        return 0
+    return int(table[int(params[base + R_GRAPH_X]) + int(params[base + R_GRAPH_N]) - 1])
+
+
+@njit(cache=True)
+def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
+    """Every rank's time when a worker's attention-DP ranks step together through the MoE layers, ms.
+
+    vLLM (``--enable-expert-parallel`` with ``--data-parallel-size``; docs/semantics.md,
+    "Expert parallelism"): a rank with nothing scheduled runs a one-token dummy
+    batch, priced as one decode entry of one token; each rank runs its tokens
+    padded to a CUDA-graph size, and when every rank's batch runs a graph
+    (``timing.cuda_graph_sizes``) all run the largest of them; every MoE layer
+    sees the tokens of all ranks (``gathered``) and adds the all-to-all
+    (``alltoall_ms_nb``).  ``linear`` prices padding tokens as in
+    ``rank_time_ms_nb``; ``table`` prices the dense ops at the padded tokens and
+    its MoE layers at ``gathered`` over ``num_dp x P_MOE_TP`` GPUs.
+
+    Parameters
+    ----------
+    model : int
+        ``TIMING_*`` (``aic`` is refused by the settings).
+    params, table : ndarray(float64, ndim=1)
+        The model's parameters and tables.
+    summary : ndarray(int64, shape (>= num_dp, >= 7))
+        The ranks' SPEC §8 summaries (columns 0-4) and longest decode context (column 6).
+    num_dp : int
+        The worker's ranks.
+    rank_ms : ndarray(float64, ndim=1)
+        Out: each rank's time, ms.
+
+    Returns
+    -------
+    float
+        The worker's pass time (the largest), ms; NaN if a rank's is not a finite number >= 0.
+    """
+    base = model_base_nb(model)
+    largest = graph_largest_nb(params, table, base)
+    all_graphs = largest > 0
+    most = 0
+    for r in range(num_dp):
+        tokens = max(summary[r, 1] + summary[r, 3], 1)  # an empty rank: the dummy token
+        if tokens > largest:
+            all_graphs = False
+        most = max(most, graph_tokens_nb(params, table, base, tokens))
+    gathered = 0
+    for r in range(num_dp):
+        tokens = max(summary[r, 1] + summary[r, 3], 1)
+        gathered += most if all_graphs else graph_tokens_nb(params, table, base, tokens)
+    tp = 1
+    if model == TIMING_TABLE and params[P_MOE_TP] > 0.0:
+        tp = int(params[P_MOE_TP])
+    worst = 0.0
+    for r in range(num_dp):
+        num_prefill = summary[r, 0]
+        prefill_tokens = summary[r, 1]
+        prefill_kv_tokens = summary[r, 2]
+        num_decode = summary[r, 3]
+        decode_kv_tokens = summary[r, 4]
+        decode_kv_max = summary[r, 6]
+        if num_prefill + num_decode == 0:  # the dummy batch
+            num_decode = 1
+            decode_kv_tokens = 1
+            decode_kv_max = 0
+        tokens = prefill_tokens + num_decode
+        run = most if all_graphs else graph_tokens_nb(params, table, base, tokens)
+        if model == TIMING_TABLE:
+            ms = table_pass_ms_nb(
+                params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, run
+            )
+            ms += table_moe_ms_nb(params, table, gathered, num_dp * tp)
+            alpha = skew_alpha_nb(params, base, num_decode, decode_kv_tokens, decode_kv_max)
+            if alpha != 0.0:
+                ms += alpha * table_skew_gap_ms_nb(
+                    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+                    decode_kv_max,
+                )
+            ms = pass_terms_ms_nb(params, table, base, ms, num_prefill, run) + alltoall_ms_nb(
+                params, base, gathered, num_dp
+            )
+        elif model == TIMING_LINEAR:
+            decodes = num_decode
+            if num_prefill > 0:
+                prefill_tokens += run - tokens
+            else:
+                num_decode += run - tokens
+            ms = (
+                params[0]
+                + params[1] * prefill_tokens / 1000
+                + params[2] * num_decode / 1000
+                + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
+            )
+            alpha = skew_alpha_nb(params, base, decodes, decode_kv_tokens, decode_kv_max)
+            if alpha != 0.0:
+                ms += alpha * (params[3] * (decode_kv_max * decodes - decode_kv_tokens) / 1e6)
+            ms = pass_terms_ms_nb(params, table, base, ms, num_prefill, run) + alltoall_ms_nb(
+                params, base, gathered, num_dp
+            )
+        else:
+            ms = rank_time_ms_nb(
+                model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+                decode_kv_max,
+            )
+        if not (ms >= 0.0 and ms < np.inf):
+            return np.nan
+        rank_ms[r] = ms
+        if ms > worst:
+            worst = ms
+    return worst

@@ -40,6 +40,7 @@ from simcore.workload.table import utf8_text
 DENSE_FILE = "dense.csv"
 SEQUENCE_FILE = "per_sequence.csv"
 ATTENTION_FILE = "attention.csv"
+MOE_FILE = "moe.csv"
 META_FILE = "meta.yaml"
 
 #: Dense ops that run once per pass (the model's prologue and head), not once
@@ -66,6 +67,10 @@ class Profile:
     axes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # pc, kvp, nd, kvd
     attention: np.ndarray  # filled grid, us, shape of the axes
     measured: np.ndarray  # bool, the cells that come from attention.csv
+    # moe.csv (MoE models): one MoE layer (gate + routed experts) by tokens and activated experts
+    moe_tokens: np.ndarray | None = None  # tokens knots
+    moe_experts: np.ndarray | None = None  # activated-experts knots
+    moe: np.ndarray | None = None  # filled grid, us, shape (tokens, experts)
 
 
 #: The largest knot (tokens, sequences, KV tokens: int64 in the kernels) and time a profile row may
@@ -195,6 +200,82 @@ def _read_attention(path: str):
     idx = [np.searchsorted(axes[a], keys[:, a]) for a in range(4)]
     grid[idx[0], idx[1], idx[2], idx[3]] = [t for _, t in points.values()]
     return axes, grid
+
+
+def moe_path(profile: str) -> str | None:
+    """The profile's ``moe.csv``: its own, else the one of the sibling ``tp1`` directory, else None.
+
+    LLMServingSim's profiler measures the MoE block at TP 1 only (its
+    ``profiler/core/categories.py``, ``categories_for``: no ``ExpertCategory`` for
+    ``tp != 1``), so a ``tp2`` profile of an MoE model has none of its own.
+
+    Parameters
+    ----------
+    profile : str
+        The profile directory (``.../bf16/tp<N>``).
+
+    Returns
+    -------
+    str or None
+    """
+    own = os.path.join(profile, MOE_FILE)
+    if os.path.isfile(own):
+        return own
+    sibling = os.path.join(os.path.dirname(os.path.normpath(profile)), "tp1", MOE_FILE)
+    return sibling if os.path.isfile(sibling) else None
+
+
+def read_moe(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``moe.csv``: the tokens and activated-experts knots and the filled grid of one MoE layer, us.
+
+    LLMServingSim's profiler times the MoE block (gate and routed experts, vLLM's
+    ``FusedMoE``) of one decoder layer at ``tokens`` tokens whose top-k choices are
+    forced onto exactly ``activated_experts`` distinct experts (its
+    ``profiler/core/hooks/moe_hook.py``), for ``top_k <= activated <= min(num_experts,
+    tokens x top_k)``: the grid is a triangle.  A cell it could not measure (more
+    experts than ``tokens x top_k`` pairs reach) is filled along the tokens axis at
+    its activated count: linearly between measured cells, and beyond them
+    extended from the two nearest (one: copied), never below 0.  Measured cells are
+    kept exactly.
+
+    Parameters
+    ----------
+    path : str
+        The CSV file.
+
+    Returns
+    -------
+    tokens, experts : ndarray(float64, ndim=1)
+        Ascending knots.
+    grid : ndarray(float64, shape (tokens, experts))
+        us.
+
+    Raises
+    ------
+    ConfigError
+        A malformed row (``<file>:<line>``).
+    """
+    points: dict[tuple[int, int], tuple[int, float]] = {}
+    for line, cells in _read_rows(path, ("tokens", "activated_experts", "time_us")):
+        tokens = _int(path, line, "tokens", cells[0], 1)
+        experts = _int(path, line, "activated_experts", cells[1], 1)
+        time_us = _time(path, line, cells[2])
+        if (tokens, experts) in points:
+            raise _fail(path, line, f"duplicate row for tokens={tokens}, activated_experts={experts} "
+                                    f"(first at line {points[(tokens, experts)][0]})")
+        points[(tokens, experts)] = (line, time_us)
+    t_knots = np.array(sorted({t for t, _ in points}), dtype=np.float64)
+    e_knots = np.array(sorted({e for _, e in points}), dtype=np.float64)
+    grid = np.full((t_knots.size, e_knots.size), np.nan)
+    for (t, e), (_, time_us) in points.items():
+        grid[np.searchsorted(t_knots, t), np.searchsorted(e_knots, e)] = time_us
+    for j in range(e_knots.size):
+        known = ~np.isnan(grid[:, j])
+        xs, ys = t_knots[known], grid[known, j]
+        missing = ~known
+        if missing.any():
+            grid[missing, j] = np.maximum(_linear(xs, ys, t_knots[missing]), 0.0)
+    return t_knots, e_knots, grid
 
 
 def fill_grid(axes, grid: np.ndarray) -> np.ndarray:
@@ -383,7 +464,14 @@ def load_profile(path: str, num_layers: int | None = None) -> Profile:
     axes, grid = _read_attention(os.path.join(path, ATTENTION_FILE))
     measured = ~np.isnan(grid)
     filled = fill_grid(axes, grid)
-    return Profile(path, int(num_layers), dense_x, dense_layer, dense_pass, seq_x, seq_y, axes, filled, measured)
+    moe_tokens = moe_experts = moe = None
+    moe_file = moe_path(path)
+    if moe_file is not None:
+        moe_tokens, moe_experts, moe = read_moe(moe_file)
+    return Profile(
+        path, int(num_layers), dense_x, dense_layer, dense_pass, seq_x, seq_y, axes, filled, measured,
+        moe_tokens, moe_experts, moe,
+    )
 
 
 def profile_arrays(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
@@ -421,6 +509,10 @@ def profile_arrays(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
     for name, axis in zip(("pc", "kvp", "nd", "kvd"), profile.axes):
         put(name, axis)
     put("attn", profile.attention)
+    if profile.moe is not None:
+        put("moe_t", profile.moe_tokens)
+        put("moe_a", profile.moe_experts)
+        put("moe", profile.moe)
     params = np.zeros(nb.TABLE_NUM_PARAMS, dtype=np.float64)
     params[nb.P_NUM_LAYERS] = profile.num_layers
     params[nb.P_DENSE_X] = offsets["dense_x"]
@@ -442,6 +534,12 @@ def profile_arrays(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
     pc, _, _, kvd = profile.axes
     params[nb.P_PC_MIN] = pc[pc > 0][0] if (pc > 0).any() else 1.0
     params[nb.P_KVD_MIN] = kvd[kvd > 0][0] if (kvd > 0).any() else 1.0
+    if profile.moe is not None:  # the model's expert counts and MoE layers are set by simcore.timing.api
+        params[nb.P_MOE_T_X] = offsets["moe_t"]
+        params[nb.P_MOE_T_N] = profile.moe_tokens.shape[0]
+        params[nb.P_MOE_A_X] = offsets["moe_a"]
+        params[nb.P_MOE_A_N] = profile.moe_experts.shape[0]
+        params[nb.P_MOE] = offsets["moe"]
     return params, np.concatenate(pieces)
 
 
@@ -467,6 +565,8 @@ def table_arrays(path: str, num_layers: int | None) -> tuple[np.ndarray, np.ndar
     for name in (DENSE_FILE, SEQUENCE_FILE, ATTENTION_FILE, META_FILE):
         file = os.path.join(path, name)
         stamp.append(os.stat(file).st_mtime_ns if os.path.isfile(file) else None)
+    moe_file = moe_path(path)
+    stamp.append(None if moe_file is None else (moe_file, os.stat(moe_file).st_mtime_ns))
     key = (os.path.abspath(path), num_layers, tuple(stamp))
     if key not in _CACHE:
         _CACHE[key] = profile_arrays(load_profile(path, num_layers))

@@ -195,14 +195,59 @@ class TimingConfig:
         doc="linear, table: decode attention + alpha x (its time at the longest context - at the mean).",
         values="number >= 0",
     )
+    # mixture of experts (docs/timing.md): table prices its MoE layers from the profile's moe.csv;
+    # under expert parallelism (engine.<pool>.expert_parallel) linear and table add the all-to-all.
+    moe_num_experts: int | None = key(
+        None, at=("moe", "num_experts"), optional=True,
+        doc="table (moe.csv), linear (the all-to-all): the model's routed experts (config.json num_experts).",
+        values="integer >= 1 or null",
+    )
+    moe_top_k: int | None = key(
+        None, at=("moe", "top_k"), optional=True,
+        doc="table, linear: experts per token (config.json num_experts_per_tok); set with moe.num_experts.",
+        values="integer >= 1 or null",
+    )
+    moe_num_layers: int | None = key(
+        None, at=("moe", "num_layers"), optional=True,
+        doc="MoE layers of the model; null: timing.num_layers (every layer).",
+        unit="layers",
+        values="integer >= 1 or null",
+    )
+    moe_imbalance: float = key(
+        1.0, at=("moe", "imbalance"), optional=True,
+        doc="table: the busiest GPU's expert load over the mean (moe.csv queried at that many tokens).",
+        values="number in [1, num_experts]",
+    )
+    moe_alltoall_latency_us: float | None = key(
+        None, at=("moe", "alltoall", "latency_us"), optional=True,
+        doc="expert parallelism: fixed cost of each MoE layer's dispatch and combine collective.",
+        values="number >= 0 or null",
+    )
+    moe_alltoall_bandwidth_gb_per_second: float | None = key(
+        None, at=("moe", "alltoall", "bandwidth_gb_per_second"), optional=True,
+        doc="expert parallelism: link bandwidth of the dispatch and combine (needs engine.<pool>.expert_parallel).",
+        values="number > 0 or null",
+    )
 
     @property
     def allreduce(self) -> bool:
         """Whether timing.allreduce adds (or, for aic, replaces) the TP all-reduce time."""
         return self.allreduce_bandwidth_gb_per_second is not None or self.allreduce_curve is not None
+
+    @property
+    def moe(self) -> bool:
+        """Whether the model's MoE layers are described (timing.moe.num_experts and top_k)."""
+        return self.moe_num_experts is not None
+
+    @property
+    def alltoall(self) -> bool:
+        """Whether expert parallelism adds its dispatch and combine over the link (timing.moe.alltoall)."""
+        return self.moe_alltoall_bandwidth_gb_per_second is not None
     # aic: the largest pass the tables must cover, from the engine pools (not user keys):
     # tokens per pass (budget + sequences), sequences per pass, tokens per sequence.
     pass_tokens_limit: int | None = field(default=None)
+    # aic: whether the pools run expert parallelism (engine.<pool>.expert_parallel; the MoE layout)
+    expert_parallel: bool = field(default=False)
     pass_sequences_limit: int | None = field(default=None)
     context_limit: int | None = field(default=None)
 
@@ -269,7 +314,9 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
             raise ConfigError(f"{path}.profile must be an existing directory, got {profile!r}")
         # None: meta.yaml's num_layers (simcore.derive)
         extra = dict(profile=profile, num_layers=optional_count(f"{path}.num_layers", raw["num_layers"]))
-    extra.update(_pass_terms(raw, path, kind, extra, policy))
+    moe = _moe(raw, path, kind)
+    extra.update(_pass_terms(raw, path, kind, extra, policy, moe))
+    extra.update(moe)
     return TimingConfig(
         type=kind,
         **{name: number(f"{path}.{name}", raw[name]) for name in FIXED_KEYS + LINEAR_KEYS},
@@ -318,9 +365,71 @@ def _roofline(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
-def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str, Any], policy: str) -> dict[str, Any]:
+def _moe(raw: Mapping[str, Any], path: str, kind: str) -> dict[str, Any]:
+    """timing.moe.*: the routed experts, top-k, MoE layers, the load imbalance and the all-to-all link
+    (docs/timing.md)."""
+    moe = raw["moe"]
+    experts = optional_count(f"{path}.moe.num_experts", moe["num_experts"])
+    top_k = optional_count(f"{path}.moe.top_k", moe["top_k"])
+    layers = optional_count(f"{path}.moe.num_layers", moe["num_layers"])
+    imbalance = number(f"{path}.moe.imbalance", moe["imbalance"], strict=True)
+    a2a = moe["alltoall"]
+    latency = optional_number(f"{path}.moe.alltoall.latency_us", a2a["latency_us"])
+    bandwidth = optional_number(
+        f"{path}.moe.alltoall.bandwidth_gb_per_second", a2a["bandwidth_gb_per_second"], strict=True
+    )
+    if (experts is None) != (top_k is None):
+        raise ConfigError(
+            f"{path}.moe.num_experts and {path}.moe.top_k are set together (the model's config.json "
+            f"num_experts and num_experts_per_tok), got {shown(moe['num_experts'])} and {shown(moe['top_k'])}"
+        )
+    if experts is None:
+        for name, value, default in (("num_layers", layers, None), ("imbalance", imbalance, 1.0),
+                                     ("alltoall.latency_us", latency, None),
+                                     ("alltoall.bandwidth_gb_per_second", bandwidth, None)):
+            if value != default:
+                raise ConfigError(
+                    f"{path}.moe.{name} needs {path}.moe.num_experts and {path}.moe.top_k (an MoE model), "
+                    f"got {shown(value)}"
+                )
+        return {}
+    if kind not in ("linear", "table"):
+        raise ConfigError(
+            f"{path}.moe is only used by {path}.type=table (moe.csv) or linear (the all-to-all), got {path}.type={kind}"
+        )
+    if top_k > experts:
+        raise ConfigError(f"{path}.moe.top_k must be <= {path}.moe.num_experts = {experts}, got {top_k}")
+    if not 1.0 <= imbalance <= float(experts):
+        raise ConfigError(
+            f"{path}.moe.imbalance must be in [1, num_experts = {experts}] (the busiest rank's expert load over "
+            f"the mean), got {shown(moe['imbalance'])}"
+        )
+    if imbalance != 1.0 and kind != "table":
+        raise ConfigError(f"{path}.moe.imbalance scales moe.csv's expert time: {path}.type=table only, got {kind}")
+    if latency is not None and bandwidth is None:
+        raise ConfigError(f"{path}.moe.alltoall.latency_us needs {path}.moe.alltoall.bandwidth_gb_per_second")
+    if kind == "linear" and bandwidth is None:
+        raise ConfigError(
+            f"{path}.moe with {path}.type=linear prices only the all-to-all: set "
+            f"{path}.moe.alltoall.bandwidth_gb_per_second (or use {path}.type=table with moe.csv)"
+        )
+    return dict(
+        moe_num_experts=experts,
+        moe_top_k=top_k,
+        moe_num_layers=layers,
+        moe_imbalance=imbalance,
+        moe_alltoall_latency_us=(0.0 if latency is None else latency) if bandwidth is not None else None,
+        moe_alltoall_bandwidth_gb_per_second=bandwidth,
+    )
+
+
+def _pass_terms(
+    raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str, Any], policy: str,
+    moe: Mapping[str, Any],
+) -> dict[str, Any]:
     """timing.tp, scales, overhead, CUDA-graph sizes, the model dimensions and timing.allreduce.*
     (docs/timing.md)."""
+    alltoall = moe.get("moe_alltoall_bandwidth_gb_per_second") is not None
     for name in ("tp", "num_layers", "hidden_size"):
         optional_count(f"{path}.{name}", raw[name])  # the type first, whichever rule reads it
         if raw[name] is not None and kind not in ALLREDUCE_TYPES:
@@ -354,12 +463,21 @@ def _pass_terms(raw: Mapping[str, Any], path: str, kind: str, extra: Mapping[str
             raise ConfigError(
                 f"{path}.allreduce.latency_us needs {path}.allreduce.bandwidth_gb_per_second (ring model)"
             )
+        if alltoall:  # the all-to-all's bytes and count: set here or read by simcore.derive
+            out.update(
+                num_layers=extra.get("num_layers") or optional_count(f"{path}.num_layers", raw["num_layers"]),
+                hidden_size=optional_count(f"{path}.hidden_size", raw["hidden_size"]),
+            )
+            return out
         if kind == "linear" and raw["num_layers"] is not None:
-            raise ConfigError(f"{path}.num_layers is only used by {path}.type=linear with {path}.allreduce set")
+            raise ConfigError(
+                f"{path}.num_layers is only used by {path}.type=linear with {path}.allreduce or "
+                f"{path}.moe.alltoall set"
+            )
         if raw["hidden_size"] is not None:
             raise ConfigError(
-                f"{path}.hidden_size is only used with {path}.allreduce set (the TP all-reduce's message size), "
-                f"got {shown(raw['hidden_size'])}"
+                f"{path}.hidden_size is only used with {path}.allreduce or {path}.moe.alltoall set (the "
+                f"message size), got {shown(raw['hidden_size'])}"
             )
         return out
     if curve is not None and (bandwidth is not None or latency is not None):

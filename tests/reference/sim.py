@@ -349,6 +349,7 @@ class Pool:
         attention_dp = params.get("attention_dp")
         self.W = 1 if replicas is None else int(replicas)
         self.R = 1 if attention_dp is None else int(attention_dp)
+        self.expert_parallel = bool(params.get("expert_parallel"))
         self.max_sequences = int(resolved["max_sequences"])
         self.block_size = int(resolved["block_size"])
         num_blocks = params.get("num_blocks")
@@ -550,6 +551,15 @@ class ReferenceSim(OffloadMixin):
             self.ar_count = 2 * int(timing["num_layers"])
             self.ar_bytes_per_token = int(timing["hidden_size"]) * int(timing["dtype_bytes"])
         self.graph_sizes = graph_sizes(timing.get("cuda_graph_sizes"), pools[0])
+        moe = timing.get("moe") or {}
+        a2a = moe.get("alltoall") or {}
+        self.a2a_bandwidth = a2a.get("bandwidth_gb_per_second")
+        if self.a2a_bandwidth is not None:
+            self.a2a_latency_us = float(a2a.get("latency_us") or 0.0)
+            layers = moe.get("num_layers")
+            self.a2a_layers = int(timing["num_layers"] if layers is None else layers)
+            self.a2a_bytes_per_token = (2 * int(timing["hidden_size"]) * int(timing["dtype_bytes"])
+                                        + 8 * int(moe["top_k"]))
 
         tok = config["tokenization"]
         self.tok_workers = int(tok["workers"])
@@ -1343,8 +1353,40 @@ class ReferenceSim(OffloadMixin):
                 s["prefill_kv_tokens"] += req.computed + n
         return s
 
-    def rank_time_ms(self, s):
-        """SPEC §8 timing model for one rank's batch; an empty batch takes 0."""
+    def graph_tokens(self, tokens):
+        """CUDA-graph padding: the smallest capture size >= tokens (tokens beyond the largest)."""
+        if self.graph_sizes and tokens <= self.graph_sizes[-1]:
+            return min(size for size in self.graph_sizes if size >= tokens)
+        return tokens
+
+    def lockstep_times_ms(self, summaries):
+        """docs/semantics.md "Expert parallelism": the ranks of a worker step together through
+        the MoE layers.  An empty rank runs a one-token dummy batch (one decode entry of one
+        token); every rank runs its tokens padded to a CUDA-graph size, all of them the largest
+        of those when every rank's batch is within the capture sizes; the all-to-all of every
+        MoE layer moves the tokens of all ranks."""
+        dummy = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
+                     num_decode=1, decode_kv_tokens=1, decode_kv_max=0, draft_tokens=0)
+        batches = [s if s["num_prefill"] + s["num_decode"] > 0 else dummy for s in summaries]
+        tokens = [s["prefill_tokens"] + s["num_decode"] for s in batches]
+        padded = [self.graph_tokens(t) for t in tokens]
+        if self.timing_type != "fixed" and self.graph_sizes and all(t <= self.graph_sizes[-1] for t in tokens):
+            padded = [max(padded)] * len(padded)
+        gathered = sum(padded)
+        times = []
+        for s, run_at in zip(batches, padded):
+            ms = self.rank_time_ms(s, run_at)
+            if self.timing_type != "fixed" and self.a2a_bandwidth is not None and len(batches) > 1:
+                d = float(len(batches))
+                one_us = (2.0 * self.a2a_latency_us
+                          + (d - 1.0) / d * gathered * self.a2a_bytes_per_token / (self.a2a_bandwidth * 1e3))
+                ms += self.a2a_layers * one_us / 1000.0
+            times.append(ms)
+        return times
+
+    def rank_time_ms(self, s, run_at=None):
+        """SPEC §8 timing model for one rank's batch; an empty batch takes 0.  ``run_at``: the
+        tokens the pass runs at (None: CUDA-graph padding of its own tokens)."""
         if s["num_prefill"] == 0 and s["num_decode"] == 0:
             return 0.0
         if self.timing_type == "fixed":
@@ -1352,9 +1394,8 @@ class ReferenceSim(OffloadMixin):
                     + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
         kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
         tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
-        run_at = tokens
-        if self.graph_sizes and tokens <= self.graph_sizes[-1]:
-            run_at = min(size for size in self.graph_sizes if size >= tokens)
+        if run_at is None:
+            run_at = self.graph_tokens(tokens)
         # proposals are priced as prefill (query) tokens (docs/speculative.md)
         prefill_tokens, num_decode = s["prefill_tokens"] + s["draft_tokens"], s["num_decode"]
         if s["num_prefill"] > 0:
@@ -1432,6 +1473,8 @@ class ReferenceSim(OffloadMixin):
                 times.append(ms)
                 blocks.append(rank.used_blocks)
             if any(batches):
+                if w.pool.expert_parallel:
+                    times = self.lockstep_times_ms(summaries)
                 return Pass(None, None, batches, summaries, times, blocks)
             if not any_preempted:
                 self.reset_ratio_when_idle(w)
