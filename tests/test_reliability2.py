@@ -663,9 +663,9 @@ def test_a_bad_profile_file_names_file_and_line(tmp_path, file, change, named):
 
 @pytest.mark.parametrize("argv, named, code", [
     (["{tmp}/bad"], "bad/summary.parquet: not a readable Parquet file", 2),
-    (["{tmp}/nothing"], "holds no summary.parquet", 2),
+    (["{tmp}/nothing"], "holds no summary.json, summary.parquet or point.json", 2),
     (["{tmp}/bad", "--nope"], "unrecognized arguments: --nope", 2),
-    ([], "the following arguments are required: sweep_dir", 2),
+    ([], "the following arguments are required: DIR", 2),
 ])
 def test_replaysim_analyze_errors_are_one_line(tmp_path, capsys, argv, named, code):
     from runners import analyze
