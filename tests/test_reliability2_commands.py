@@ -62,7 +62,7 @@ def test_eight_runs_started_in_one_second_get_eight_complete_result_sets(tmp_pat
         assert run.returncode == 0, stderr
         out = printed_dir(stdout)
         dirs.append(out)
-        assert sorted(verified_set(out)) == sorted(["requests.parquet", "summary.json", "vllm_bench.json"])
+        assert sorted(verified_set(out)) == sorted(["report.html", "requests.parquet", "summary.json", "vllm_bench.json"])
         # the run's own overrides and results: no file of another run in its directory
         assert f"seed={seed}" in yaml.safe_load((out / ".hydra" / "overrides.yaml").read_text())
         assert json.loads((out / "summary.json").read_text())["config"]["seed"] == seed
