@@ -224,12 +224,44 @@ def rank_time_ms_nb(
     # linear: the padding tokens are priced as tokens of the pass's own kind
     # (prefill tokens beside a prefill entry, decode entries without cache otherwise)
     padded = graph_tokens_nb(params, table, LINEAR_NUM_PARAMS, tokens)
-    decodes = num_decode  # the scheduled ones (the skew term's)
-    prefill_tokens += draft_tokens
+    ms = linear_pass_ms_nb(
+        params, num_prefill, prefill_tokens + draft_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+        decode_kv_max, padded - tokens,
+    )
+    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, padded)
+
+
+@njit(cache=True)
+def linear_pass_ms_nb(params, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+                      decode_kv_max, padding):
+    """The linear model's time of one rank's pass, ms, before the pass terms.
+
+    The ``padding`` tokens (CUDA-graph) are priced as tokens of the pass's own
+    kind: prefill tokens beside a prefill entry, cache-less decode entries
+    otherwise; the skew term (``timing.attention_skew_alpha``) adds the KV term
+    of the scheduled decodes at the longest context less that at their mean.
+
+    Parameters
+    ----------
+    params : ndarray(float64, ndim=1)
+        ``[base_ms, per_prefill_token_us, per_decode_seq_us, per_kv_token_ns]``, then the pass terms.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
+        The rank's SPEC §8 batch summary (prefill tokens with any proposals priced as such).
+    decode_kv_max : int
+        The longest decode context (the skew term's).
+    padding : int
+        CUDA-graph padding tokens.
+
+    Returns
+    -------
+    float
+        ms.
+    """
+    decodes = num_decode
     if num_prefill > 0:
-        prefill_tokens += padded - tokens
+        prefill_tokens += padding
     else:
-        num_decode += padded - tokens
+        num_decode += padding
     ms = (
         params[0]
         + params[1] * prefill_tokens / 1000
@@ -238,9 +270,8 @@ def rank_time_ms_nb(
     )
     alpha = skew_alpha_nb(params, LINEAR_NUM_PARAMS, decodes, decode_kv_tokens, decode_kv_max)
     if alpha != 0.0:
-        # the kv term of the decodes at the longest context, less that at their mean
         ms += alpha * (params[3] * (decode_kv_max * decodes - decode_kv_tokens) / 1e6)
-    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, padded)
+    return ms
 
 
 @njit(cache=True)
@@ -1463,20 +1494,10 @@ def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
                 params, base, gathered, num_dp
             )
         elif model == TIMING_LINEAR:
-            decodes = num_decode
-            if num_prefill > 0:
-                prefill_tokens += run - tokens
-            else:
-                num_decode += run - tokens
-            ms = (
-                params[0]
-                + params[1] * prefill_tokens / 1000
-                + params[2] * num_decode / 1000
-                + params[3] * (prefill_kv_tokens + decode_kv_tokens) / 1e6
+            ms = linear_pass_ms_nb(
+                params, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, decode_kv_max,
+                run - tokens,
             )
-            alpha = skew_alpha_nb(params, base, decodes, decode_kv_tokens, decode_kv_max)
-            if alpha != 0.0:
-                ms += alpha * (params[3] * (decode_kv_max * decodes - decode_kv_tokens) / 1e6)
             ms = pass_terms_ms_nb(params, table, base, ms, num_prefill, run) + alltoall_ms_nb(
                 params, base, gathered, num_dp
             )
