@@ -13,6 +13,9 @@ Marked ``slow`` here, so that the subset needs no edit when tests are added:
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 #: Seeds of each scenario family that the quick subset keeps.
@@ -37,3 +40,22 @@ def pytest_collection_modifyitems(config, items):
         seed = getattr(getattr(item, "callspec", None), "params", {}).get("seed")
         if module in SLOW_MODULES or item.originalname in SLOW_TESTS or (isinstance(seed, int) and seed >= QUICK_SEEDS):
             item.add_marker(slow)
+
+
+@pytest.fixture()
+def tmpfs(tmp_path):
+    """A mount point factory: a small tmpfs with the given options (root only), unmounted after the test."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=True)

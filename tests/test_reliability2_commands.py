@@ -90,25 +90,6 @@ def test_two_sweeps_started_together_get_two_sweep_directories(tmp_path):
     assert sorted(seeds) == [[1, 2], [3, 4]]
 
 
-@pytest.fixture()
-def tmpfs(tmp_path):
-    """A small tmpfs with the given options (root only), unmounted after the test."""
-    mounted = []
-
-    def mount(options: str) -> Path:
-        where = tmp_path / f"mnt{len(mounted)}"
-        where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
-        if done.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here (needs root)")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=True)
-
-
 @pytest.mark.parametrize("module, prog, extra", [
     ("runners.cli", "replaysim", SMALL),
     ("runners.capacity", "replaysim-capacity", [*SMALL, "load.type=poisson", "capacity.slo.p99_ttft_ms=500"]),

@@ -165,25 +165,6 @@ def test_a_signal_stops_a_run_with_one_line_and_no_file(tmp_path, signum, code, 
     print(f"stopped {waited:.2f} s after {name}")
 
 
-@pytest.fixture()
-def tmpfs(tmp_path):
-    """A mount point factory: a small tmpfs with the given options (root only), unmounted after the test."""
-    mounted = []
-
-    def mount(options: str) -> Path:
-        where = tmp_path / f"mnt{len(mounted)}"
-        where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
-        if done.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here (needs root)")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=True)
-
-
 @pytest.mark.parametrize("options, sub, reason", [
     ("size=64k", "out", "No space left on device"),   # a real full disk: the tables do not fit
     ("size=64k,ro", "", "Read-only file system"),
