@@ -12,7 +12,7 @@ Both trees (this checkout and ``git archive`` of ``--baseline``, default
 configuration (JIT compile or numba cache load excluded); the parent asks for
 one timed run at a time, interleaved (every configuration of both trees once
 per round), so load from other users of the machine falls on all alike.  Each
-figure is the median of ``--runs`` runs; the baseline's prefix-caching runs
+figure is the median of ``--runs`` runs' CPU time; the baseline's prefix-caching runs
 of the full trace take about a minute each, so ``--baseline-full-runs``
 (default 1) bounds them.  Both trees must give the same summary (checked on
 every run: hit rate, output tokens, duration, mean TTFT and ITL).
@@ -75,9 +75,9 @@ def worker() -> None:
         if key not in warmed:
             simcore.run(cfg)
             warmed.add(key)
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: a busy machine's waits for a core do not count
         result = simcore.run(cfg)
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         print(json.dumps([seconds, [result.summary[name] for name in CHECKED]]), flush=True)
 
 

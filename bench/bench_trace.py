@@ -13,7 +13,9 @@ Both trees (this checkout and ``git archive`` of ``--baseline``, default
 ``HEAD~1``) run in their own long-lived worker process, each warmed up once per
 workload (JIT compile or numba cache load excluded); the parent then asks them
 for one timed run at a time, alternating, so load from other users of the
-machine falls on both alike.  Each figure is the median of ``--runs`` runs.
+machine falls on both alike.  Each figure is the median of ``--runs`` runs'
+CPU time (``time.process_time``: the time spent waiting for a core on a busy
+machine is not counted).
 
 Output: CSV ``case,tree,output_tokens,median_s,us_per_output_token,ratio``
 (ratio: this tree's median over the baseline's), headline on the last line.
@@ -70,9 +72,9 @@ def worker() -> None:
         if case not in warmed:
             simcore.run(config)
             warmed.add(case)
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: a busy machine's waits for a core do not count
         result = simcore.run(config)
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         print(json.dumps([seconds, result.summary["total_output_tokens"]]), flush=True)
 
 

@@ -27,7 +27,7 @@ from simcore.scheduler.nb import (
     build_vllm_batch_nb, wait_push_back_nb,
 )
 from simcore.client.nb import detokenize_pass_nb
-from simcore.scheduler.spec_nb import spec_accepted_alpha_nb, spec_accepted_nb, spec_proposer_ms_nb, spec_uniform_nb
+from simcore.scheduler.spec_nb import spec_proposer_ms_nb, spec_verify_nb
 from simcore.heap_nb import heap_pop_nb, heap_push_nb
 from simcore.engine.sessions_nb import (
     session_finals_nb, session_next_instant_nb, session_next_send_nb, session_releases_nb,
@@ -200,39 +200,33 @@ def _end_pass_nb(w, t, run, state):
     num_out = 0
     for g in range(topology.worker_first_rank[w], topology.worker_first_rank[w] + topology.worker_num_ranks[w]):
         keep = 0
+        # SGLang inserts a prompt once computed and a request as it finishes.
+        radix_inserts = ranks.policy[g] == POLICY_SGLANG and ranks.prefix_caching[g] and not asynchronous
         for i in range(rk.run_len[g]):
             k = rk.running[g, i]
             leaves = False
             emits = 0  # tokens the request emits now: 1 if it samples; a verification, 1 + its accepted proposals
             drafts = 0
-            if rq.sched_n[k] > 0:  # synchronous: the pass's tokens are computed now
-                rq.computed[k] += rq.sched_n[k]
+            n_tok = rq.sched_n[k]
+            if n_tok > 0:  # synchronous: the pass's tokens are computed now
+                rq.computed[k] += n_tok
                 rq.sched_n[k] = 0
                 emits = 1 if rq.computed[k] == requests.input_tokens[k] + out.generated[k] else 0
-                drafts = rq.drafts[k]
-                if drafts > 0:  # its rejected proposals' slots are computed again (docs/speculative.md)
+                if n_tok > 1 and rq.drafts[k] > 0:  # a verification (1 + its proposals); its rejected
+                    drafts = rq.drafts[k]  # proposals' slots are computed again (docs/speculative.md)
                     rq.drafts[k] = 0
-                    u = spec_uniform_nb(ranks.spec_key[g], k, requests.token_offset[k] + out.generated[k])
-                    if requests.spec_alpha.shape[0] > 0 and not np.isnan(requests.spec_alpha[k]):
-                        accepted = spec_accepted_alpha_nb(requests.spec_alpha[k], min(drafts, ranks.spec_positions[g]), u)
-                    else:
-                        accepted = spec_accepted_nb(ranks.spec_rates, g, drafts, u)
-                    out.spec_counts[0] += 1
-                    out.spec_counts[1] += drafts
-                    for a in range(accepted):
-                        out.spec_counts[2 + a] += 1
-                    emits = 1 + accepted
+                    emits = 1 + spec_verify_nb(ranks, g, k, requests.token_offset[k] + out.generated[k],
+                                               requests.spec_alpha, drafts, out.spec_counts)
             elif asynchronous:  # computed advanced when the pass was built
                 emits = 1 if rq.sample_flag[slot, k] else 0
                 rq.sample_flag[slot, k] = False
             for _ in range(emits):
                 if drafts > 0:  # the tokens computed when this one is sampled
                     rq.computed[k] = requests.input_tokens[k] + out.generated[k]
-                if ranks.policy[g] == POLICY_SGLANG and ranks.prefix_caching[g] and not asynchronous and (
+                if radix_inserts and (
                     rk.extend[g] or out.generated[k] + 1 == requests.output_tokens[k]
                     or requests.input_tokens[k] + out.generated[k] + 1 >= ranks.seq_limit[g]
                 ):
-                    # SGLang inserts a prompt once computed and a request as it finishes.
                     radix_insert_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, rq.computed[k],
                                     ranks.block_size[g], rk.blocks_used)
                 if hidden:

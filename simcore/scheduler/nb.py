@@ -689,7 +689,7 @@ def batch_summary_nb(summary, r, g, running, run_len, sched_n, computed, input_t
         n_tok = sched_n[k]
         if n_tok == 0:
             continue
-        if drafts[k] > 0:
+        if n_tok > 1 and drafts[k] > 0:  # a verification: 1 + its proposals
             is_decode = True
             draft_tokens += drafts[k]
         elif extend_batch:

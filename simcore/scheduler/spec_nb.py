@@ -106,6 +106,45 @@ def spec_accepted_alpha_nb(alpha, drafts, u):
 
 
 @njit(cache=True)
+def spec_verify_nb(ranks, g, k, tok, spec_alpha, drafts, spec_counts):
+    """Proposals accepted by request ``k``'s verification of ``drafts`` on rank ``g``, counted in
+    ``spec_counts`` (verifications, proposals, accepted per position).
+
+    Kept out of line: the engine's pass end calls it only for a verification, so
+    the common path carries no acceptance code.
+
+    Parameters
+    ----------
+    ranks : Ranks
+        The speculation members of rank ``g``.
+    g, k : int
+        Global rank and request.
+    tok : int
+        The index of the step's first emitted token (:func:`spec_uniform_nb`).
+    spec_alpha : ndarray(float64, ndim=1)
+        ``Requests.spec_alpha``: (n,) or (0,); NaN: the pool's rates.
+    drafts : int
+        Proposals verified.
+    spec_counts : ndarray(int64, ndim=1)
+        ``Outputs.spec_counts``.
+
+    Returns
+    -------
+    int
+    """
+    u = spec_uniform_nb(ranks.spec_key[g], k, tok)
+    if spec_alpha.shape[0] > 0 and not np.isnan(spec_alpha[k]):
+        accepted = spec_accepted_alpha_nb(spec_alpha[k], min(drafts, ranks.spec_positions[g]), u)
+    else:
+        accepted = spec_accepted_nb(ranks.spec_rates, g, drafts, u)
+    spec_counts[0] += 1
+    spec_counts[1] += drafts
+    for a in range(accepted):
+        spec_counts[2 + a] += 1
+    return accepted
+
+
+@njit(cache=True)
 def spec_query_nb(drafts, generated, computed, known, seq_limit):
     """Tokens a decode step schedules: 1, or 1 + the proposals when it has some.
 
