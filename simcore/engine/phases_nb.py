@@ -184,7 +184,7 @@ def _end_pass_nb(w, t, run, state):
     detokenizer, finished requests and prompts handed off leave; then its queued
     asynchronous pass starts.  Returns ``OK`` or ``PASS_LOG_FULL``."""
     requests, load, client, topology, ranks = run.requests, run.load, run.client, run.topology, run.ranks
-    prefix_cache, out, receipts, logs = run.prefix_cache, run.out, run.receipts, run.logs
+    out, receipts, logs = run.out, run.receipts, run.logs
     rq, rk, ps, lp, dt = state.rq, state.rk, state.ps, state.lp, state.dt
     record_passes = logs.pass_log.shape[0] > 0
     bounded = receipts[0].shape[0] > 0
@@ -205,39 +205,33 @@ def _end_pass_nb(w, t, run, state):
         for i in range(rk.run_len[g]):
             k = rk.running[g, i]
             leaves = False
-            emits = 0  # tokens the request emits now: 1 if it samples; a verification, 1 + its accepted proposals
-            drafts = 0
+            samples = False
+            accepted = 0  # a verification's accepted proposals, emitted after its sampled token
             n_tok = rq.sched_n[k]
             if n_tok > 0:  # synchronous: the pass's tokens are computed now
                 rq.computed[k] += n_tok
                 rq.sched_n[k] = 0
-                emits = 1 if rq.computed[k] == requests.input_tokens[k] + out.generated[k] else 0
+                samples = rq.computed[k] == requests.input_tokens[k] + out.generated[k]
                 if n_tok > 1 and rq.drafts[k] > 0:  # a verification (1 + its proposals); its rejected
                     drafts = rq.drafts[k]  # proposals' slots are computed again (docs/speculative.md)
                     rq.drafts[k] = 0
-                    emits = 1 + spec_verify_nb(ranks, g, k, requests.token_offset[k] + out.generated[k],
-                                               requests.spec_alpha, drafts, out.spec_counts)
-            elif asynchronous:  # computed advanced when the pass was built
-                emits = 1 if rq.sample_flag[slot, k] else 0
-                rq.sample_flag[slot, k] = False
-            for _ in range(emits):
-                if drafts > 0:  # the tokens computed when this one is sampled
+                    accepted = spec_verify_nb(ranks, g, k, requests.token_offset[k] + out.generated[k],
+                                              requests.spec_alpha, drafts, out.spec_counts)
+                    samples = True
                     rq.computed[k] = requests.input_tokens[k] + out.generated[k]
-                if radix_inserts and (
-                    rk.extend[g] or out.generated[k] + 1 == requests.output_tokens[k]
-                    or requests.input_tokens[k] + out.generated[k] + 1 >= ranks.seq_limit[g]
-                ):
-                    radix_insert_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, rq.computed[k],
-                                    ranks.block_size[g], rk.blocks_used)
-                if hidden:
-                    leaves = True
-                    xfer_size, num_handoffs = _hand_off_nb(k, g, t, xfer_size, num_handoffs, run, state)
-                else:
-                    leaves, num_out, num_emitted, send_size = _emit_nb(
-                        k, g, t, num_out, num_emitted, send_size, run, state
+            elif asynchronous:  # computed advanced when the pass was built
+                samples = rq.sample_flag[slot, k]
+                rq.sample_flag[slot, k] = False
+            if samples:
+                leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size = _sampled_nb(
+                    k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted, send_size,
+                    run, state,
+                )
+                if accepted > 0 and not leaves:
+                    leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size = _emit_accepted_nb(
+                        k, g, t, accepted, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted,
+                        send_size, run, state,
                     )
-                if leaves:
-                    break
             if not leaves:
                 rk.running[g, keep] = k
                 keep += 1
@@ -279,6 +273,44 @@ def _end_pass_nb(w, t, run, state):
                 ps.queued_summary[w], ps.queued_rank_ms[w],
             )
     return OK
+
+
+@njit(cache=True, inline="always")
+def _sampled_nb(k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted, send_size, run, state):
+    """(a) request k samples a token on rank g at t: SGLang's radix insert (a prompt once
+    computed, a request as it finishes), then the hand-off (prefill worker) or the emit.
+    Returns whether it leaves and the updated counts."""
+    requests, ranks, prefix_cache, out = run.requests, run.ranks, run.prefix_cache, run.out
+    rq, rk = state.rq, state.rk
+    if radix_inserts and (
+        rk.extend[g] or out.generated[k] + 1 == requests.output_tokens[k]
+        or requests.input_tokens[k] + out.generated[k] + 1 >= ranks.seq_limit[g]
+    ):
+        radix_insert_nb(prefix_cache, g, ranks.num_blocks.shape[0], k, rq.computed[k], ranks.block_size[g],
+                        rk.blocks_used)
+    if hidden:
+        xfer_size, num_handoffs = _hand_off_nb(k, g, t, xfer_size, num_handoffs, run, state)
+        return True, xfer_size, num_handoffs, num_out, num_emitted, send_size
+    leaves, num_out, num_emitted, send_size = _emit_nb(k, g, t, num_out, num_emitted, send_size, run, state)
+    return leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size
+
+
+@njit(cache=True)
+def _emit_accepted_nb(k, g, t, accepted, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted,
+                      send_size, run, state):
+    """(a) after a verification's sampled token, request k's ``accepted`` proposals, each
+    sampled at t in turn (docs/speculative.md); out of line, so the common pass end
+    samples once without a loop.  Returns whether it leaves and the updated counts."""
+    leaves = False
+    for _ in range(accepted):
+        # the tokens computed when this one is sampled
+        state.rq.computed[k] = run.requests.input_tokens[k] + run.out.generated[k]
+        leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size = _sampled_nb(
+            k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted, send_size, run, state,
+        )
+        if leaves:
+            break
+    return leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size
 
 
 @njit(cache=True, inline="always")
