@@ -134,3 +134,15 @@ def test_the_summary_warns_and_covered_runs_do_not(mha_model):
     assert len(run.summary["timing_warnings"]) == 1
     assert "generation_attention" in run.summary["timing_warnings"][0]
     assert "timing_warnings" not in simcore.run(base).summary
+
+
+def test_the_report_prints_the_timing_warnings_first():
+    from runners.report import warnings_for
+
+    note = "timing.type=aic: decode attention (generation_attention) extrapolated: ..."
+    assert warnings_for({"timing_warnings": [note], "config": {"load": {"type": "poisson"}}}) == [note]
+    closed = {"timing_warnings": [note], "num_requests": 2,
+              "config": {"load": {"type": "closed_loop", "concurrency": 1000}}}
+    lines = warnings_for(closed)
+    assert lines[0] == note and len(lines) == 2 and "load.concurrency=1000" in lines[1]
+    assert warnings_for({"config": {"load": {"type": "poisson"}}}) == []
