@@ -196,22 +196,25 @@ def cache_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
 def warnings_for(summary: Mapping[str, Any]) -> list[str]:
     """Warnings about a finished run's configuration (one line each, without the program's prefix).
 
+    An operator of the timing model priced beyond its data (the summary's
+    ``timing_warnings``: aic decode attention beyond the database's KV heads).
     A closed loop whose concurrency is more than
     :data:`CONCURRENCY_WARNING_FACTOR` times its requests (sessions, with
     sessions) sends every one of them at the start: the run is the same as
     with the concurrency equal to that count.
     """
+    notes = list(summary.get("timing_warnings") or [])
     config = summary.get("config") or {}
     load = config.get("load") or {}
     if load.get("type") != "closed_loop":
-        return []
+        return notes
     units, what = summary.get("num_sessions"), "sessions"
     if units is None:
         units, what = summary.get("num_requests"), "requests"
     concurrency = load.get("concurrency")
     if not units or concurrency is None or concurrency <= CONCURRENCY_WARNING_FACTOR * units:
-        return []
-    return [f"load.concurrency={_num(concurrency)} is more than {CONCURRENCY_WARNING_FACTOR} times the workload's "
+        return notes
+    return notes + [f"load.concurrency={_num(concurrency)} is more than {CONCURRENCY_WARNING_FACTOR} times the workload's "
             f"{units} {what}: all of them are sent at the start, as with load.concurrency={units}"]
 
 

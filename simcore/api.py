@@ -169,6 +169,12 @@ def _result(cfg: SimConfig, table, engine) -> Result:
     summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)
     summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine))
     summary.update(saturation(cols))
+    if cfg.timing.type == "aic":  # an operator priced beyond the database: which, and how (docs/timing.md)
+        from simcore.timing import aic
+
+        notes = aic.extrapolation_notes(cfg.timing)
+        if notes:
+            summary["timing_warnings"] = notes
     return Result(
         requests=requests_table(
             table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn

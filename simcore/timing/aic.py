@@ -75,6 +75,9 @@ GA_REFINE_TOL = 2e-4
 DECODE_INTEGER_BATCH = 256
 
 _MEMO: dict[str, tuple[np.ndarray, np.ndarray, dict]] = {}
+#: The one rule that prices decode attention beyond the database's KV heads (docs/timing.md,
+#: "Decode attention beyond the database"); it enters the cache key of the specs it applies to.
+GA_FOLD_RULE = "fold-kv-heads-into-batch/1"
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,124 @@ def model_dimensions(model: str) -> tuple[int | None, int | None]:
         config = json.load(handle)
     config = config.get("text_config", config)  # multimodal wrappers keep the LLM's inside
     return config.get("num_hidden_layers"), config.get("hidden_size")
+
+
+def attention_shape(model: str) -> tuple[int, int, int, int] | None:
+    """``(num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim)`` of ``timing.model``
+    from its config.json (as :func:`model_dimensions` finds it); None when it lacks one of them.
+
+    ``num_key_value_heads`` defaults to the attention heads (multi-head attention) and
+    ``head_dim`` to ``hidden_size / num_attention_heads``, as Hugging Face's Llama config does.
+    """
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+    else:
+        import aiconfigurator_core
+
+        root = os.path.dirname(aiconfigurator_core.__file__)
+        path = os.path.join(root, "model_configs", model.replace("/", "--") + "_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config = config.get("text_config", config)
+    layers, heads, hidden = config.get("num_hidden_layers"), config.get("num_attention_heads"), config.get("hidden_size")
+    if not all(isinstance(v, int) and v > 0 for v in (layers, heads)):
+        return None
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) else None)
+    if not (isinstance(kv, int) and kv > 0 and isinstance(head_dim, int) and head_dim > 0):
+        return None
+    return layers, heads, kv, head_dim
+
+
+def covered_kv_heads(spec: AicSpec, head_dim: int) -> tuple[int, ...]:
+    """The KV-head counts of the database's decode-attention rows at ``head_dim`` (all head sizes if
+    it has none at that one): ``generation_attention_perf.parquet`` of the spec's GPU, backend and
+    (resolved) version; () when the file is not there."""
+    return _covered_kv_heads(spec.gpu, spec.backend, spec.backend_version, head_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _covered_kv_heads(gpu: str, backend: str, backend_version: str | None, head_dim: int) -> tuple[int, ...]:
+    import aiconfigurator_core
+    import pyarrow.parquet as pq
+    from aiconfigurator_core.sdk import perf_database
+
+    try:
+        version = perf_database.resolve_query_version(gpu, backend, backend_version or "current")
+    except Exception:
+        version = backend_version
+    if not version:
+        return ()
+    root = os.path.dirname(aiconfigurator_core.__file__)
+    path = os.path.join(root, "systems", "data", gpu, "attention", backend, str(version),
+                        "generation_attention_perf.parquet")
+    if not os.path.isfile(path):
+        return ()
+    table = pq.read_table(path, columns=["num_key_value_heads", "head_dim"]).to_pydict()
+    pairs = list(zip(table["num_key_value_heads"], table["head_dim"]))
+    at_size = sorted({kv for kv, size in pairs if size == head_dim})
+    return tuple(at_size or sorted({kv for kv, _ in pairs}))
+
+
+@dataclass(frozen=True)
+class FoldRule:
+    """Decode attention of a model with more KV heads per GPU than the database measured
+    (docs/timing.md, "Decode attention beyond the database"): ``B`` sequences of
+    ``model_kv_heads`` heads are priced as ``fold x B`` sequences of ``kv_heads`` (the largest
+    measured count dividing the model's) with the same query heads per KV head, at the same
+    context: the same KV bytes read and the same (sequence, KV head) work items of the kernel."""
+
+    model_kv_heads: int  # per GPU
+    model_q_heads: int  # per GPU
+    kv_heads: int  # the covered count used
+    q_heads: int
+    fold: int  # model_kv_heads / kv_heads
+    head_dim: int
+    layers: int
+    covered: tuple[int, ...]
+
+    def op_json(self) -> str:
+        """The ad-hoc decode-attention op (aiconfigurator-core's OpSpec JSON) of the covered shape."""
+        return json.dumps([{"GenerationAttention": {
+            "name": "generation_attention", "scale_factor": float(self.layers), "n": self.q_heads,
+            "n_kv": self.kv_heads, "head_size": self.head_dim, "window_size": 0,
+            "kv_cache_dtype": "bfloat16", "lane_order": ["default"],
+        }}])
+
+    def note(self) -> str:
+        """The summary's warning: the operator extrapolated and how."""
+        return (
+            f"timing.type=aic: decode attention (generation_attention) extrapolated: the model has "
+            f"{self.model_kv_heads} KV heads per GPU, the database measured "
+            f"{', '.join(str(k) for k in self.covered)}; priced as {self.fold} x the batch at "
+            f"{self.kv_heads} KV heads ({self.q_heads} query heads), the same context: the same KV bytes "
+            f"and (sequence, KV head) work items (docs/timing.md)"
+        )
+
+
+def fold_rule(spec: AicSpec) -> FoldRule | None:
+    """The decode-attention rule of ``spec`` when its model's KV heads per GPU exceed the database's
+    largest measured count, else None (the database's own rows price it).
+
+    Per GPU: ``max(1, heads // tp)`` query and ``max(1, kv_heads // tp)`` KV heads (tensor
+    parallelism splits the heads).  Rows within the measured range are never changed.
+    """
+    shape = attention_shape(spec.model)
+    if shape is None:
+        return None
+    layers, heads, kv, head_dim = shape
+    kv_gpu, q_gpu = max(1, kv // spec.tp), max(1, heads // spec.tp)
+    covered = covered_kv_heads(spec, head_dim)
+    if not covered or kv_gpu <= max(covered):
+        return None
+    dividing = [k for k in covered if kv_gpu % k == 0]
+    if not dividing:
+        return None
+    kv_used = max(dividing)
+    per_kv = max(1, q_gpu // kv_gpu)
+    return FoldRule(kv_gpu, q_gpu, kv_used, per_kv * kv_used, kv_gpu // kv_used, head_dim, layers, covered)
 
 
 def direct_model(spec: AicSpec):
@@ -489,13 +610,58 @@ def _op_indices(handle) -> tuple[list[int], int, int, list[int], int, list[int],
     return na, ca, lg, ng, ga, ar_ctx, ar_gen
 
 
-def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
+def _compile(spec: AicSpec):
+    """aiconfigurator-core's compiled engine of ``spec`` (``EngineHandle``); ConfigError if it cannot."""
+    package_version(spec.gpu)
+    from aiconfigurator_core.sdk import EngineHandle
+
+    try:
+        with _quiet_stderr():
+            return EngineHandle.compile(
+                spec.model, spec.gpu, spec.backend, backend_version=spec.backend_version, tp_size=spec.tp,
+                moe_tp_size=spec.moe_tp, moe_ep_size=spec.moe_ep,
+            )
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"aiconfigurator-core cannot model {_what(spec)}: {exc}") from None
+
+
+def _ga_function(handle, ga: int, rule: FoldRule | None):
+    """Decode attention of B sequences at K tokens, ms: the compiled op, or under ``rule`` the covered
+    shape at ``fold x B`` sequences (:class:`FoldRule`)."""
+    if rule is None:
+        return lambda b, k: float(sum(r[1] for r in handle.evaluate_generation_ops([ga], batch_size=b, s=k)))
+    ops = rule.op_json()
+    return lambda b, k: float(sum(r[1] for r in handle.evaluate_ops_json(
+        ops, is_context=False, batch_size=rule.fold * b, s=k)))
+
+
+def _check_op_json(handle, ga: int, rule: FoldRule) -> None:
+    """The ad-hoc op at the model's own shape must price what the compiled op does (same JSON form)."""
+    own = FoldRule(rule.model_kv_heads, rule.model_q_heads, rule.model_kv_heads, rule.model_q_heads, 1,
+                   rule.head_dim, rule.layers, rule.covered)
+    for b, k in ((1, 1024), (8, 4096)):
+        want = _ga_function(handle, ga, None)(b, k)
+        got = _ga_function(handle, ga, own)(b, k)
+        if not abs(got - want) <= 1e-9 * max(abs(want), 1e-12):
+            raise ConfigError(
+                f"timing.type=aic: cannot apply the decode-attention rule beyond the database's KV heads: "
+                f"the ad-hoc op at the model's shape gives {got:.6f} ms, the compiled op {want:.6f} ms "
+                f"(B={b}, K={k})"
+            )
+
+
+def build_tables(spec: AicSpec, rule: FoldRule | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Evaluate the component tables of ``spec``; returns the kernel's ``(params, table)``.
 
     Parameters
     ----------
     spec : AicSpec
         Model, GPU, backend (version), TP and the table limits.
+    rule : FoldRule or None
+        Decode attention beyond the database's KV heads (:func:`fold_rule`); None: the
+        database's own rows.
 
     Returns
     -------
@@ -509,20 +675,11 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
     ConfigError
         aiconfigurator-core cannot model ``spec``.
     """
-    package_version(spec.gpu)
-    from aiconfigurator_core.sdk import EngineHandle
-
-    try:
-        with _quiet_stderr():
-            handle = EngineHandle.compile(
-                spec.model, spec.gpu, spec.backend, backend_version=spec.backend_version, tp_size=spec.tp,
-                moe_tp_size=spec.moe_tp, moe_ep_size=spec.moe_ep,
-            )
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"aiconfigurator-core cannot model {_what(spec)}: {exc}") from None
+    handle = _compile(spec)
     na, ca, lg, ng, ga, ar_ctx, ar_gen = _op_indices(handle)
+    if rule is not None:
+        with _quiet_stderr():
+            _check_op_json(handle, ga, rule)
     ctx_ops = handle.evaluate_context_ops
     gen_ops = handle.evaluate_generation_ops
 
@@ -540,7 +697,8 @@ def build_tables(spec: AicSpec) -> tuple[np.ndarray, np.ndarray]:
         arg_tab = np.array([zero_if_none(ar_gen, gen_ops, batch_size=b, s=1) for b in range(1, spec.sequences + 1)])
         base = kv_knots(spec.context)
         b_knots = decode_batch_knots(spec.sequences)
-        rows = [_refined_row(lambda k, b=int(b): total(gen_ops([ga], batch_size=b, s=k)), base) for b in b_knots]
+        ga_ms = _ga_function(handle, ga, rule)
+        rows = [_refined_row(lambda k, b=int(b): ga_ms(b, k), base) for b in b_knots]
         ga_starts = np.cumsum([0] + [r[0].size for r in rows])
         ga_knots = np.concatenate([r[0] for r in rows])
         ga_tab = np.concatenate([r[1] for r in rows])
@@ -623,8 +781,12 @@ def random_passes(spec: AicSpec, count: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-def self_check(spec: AicSpec, params: np.ndarray, table: np.ndarray, count: int = NUM_CHECKS) -> dict:
+def self_check(spec: AicSpec, params: np.ndarray, table: np.ndarray, count: int = NUM_CHECKS,
+               rule: FoldRule | None = None) -> dict:
     """Compare the tables with direct calls on ``count`` random passes; ConfigError above 1%.
+
+    Under ``rule`` (:func:`fold_rule`) the direct estimate's decode attention at ``(B, K)`` is
+    replaced by the rule's, both evaluated as the tables are (``K = (decode_kv_tokens - B) // B``).
 
     Parameters
     ----------
@@ -651,6 +813,15 @@ def self_check(spec: AicSpec, params: np.ndarray, table: np.ndarray, count: int 
     nb.pass_times_nb(nb.TIMING_AIC, params, table, passes, got)
     with _quiet_stderr():
         want = np.array([direct_pass_ms(model, *row) for row in passes])
+        if rule is not None:
+            handle = _compile(spec)
+            ga = _op_indices(handle)[4]
+            native, folded = _ga_function(handle, ga, None), _ga_function(handle, ga, rule)
+            for i, row in enumerate(passes):
+                b = int(row[3])
+                if b:
+                    k = int((row[4] - b) // b)
+                    want[i] += folded(b, k) - native(b, k)
     err = np.abs(got - want) / np.maximum(want, 1e-12)
     worst = int(np.argmax(err))
     stats = {
@@ -680,7 +851,7 @@ def cache_dir() -> str:
     return os.path.join(root, "aic")
 
 
-def cache_key(spec: AicSpec, version: str) -> str:
+def cache_key(spec: AicSpec, version: str, rule: FoldRule | None = None) -> str:
     """Hex key of the disk-cache entry of ``spec`` (24 characters of a SHA-256).
 
     Parameters
@@ -689,12 +860,18 @@ def cache_key(spec: AicSpec, version: str) -> str:
         Model, GPU, backend (version), TP and the table limits.
     version : str
         The installed aiconfigurator-core version.
+    rule : FoldRule or None
+        Decode attention beyond the database (:func:`fold_rule`); it enters the key only when
+        it applies, so the keys of every other spec are unchanged.
 
     Returns
     -------
     str
     """
-    blob = json.dumps({"spec": spec.__dict__, "package": version, "layout": LAYOUT_VERSION}, sort_keys=True)
+    content = {"spec": spec.__dict__, "package": version, "layout": LAYOUT_VERSION}
+    if rule is not None:
+        content["decode_attention"] = {"rule": GA_FOLD_RULE, **rule.__dict__}
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -715,6 +892,15 @@ def aic_arrays(cfg: TimingConfig) -> tuple[np.ndarray, np.ndarray]:
     return params, table
 
 
+def extrapolation_notes(cfg: TimingConfig) -> list[str]:
+    """The warnings of ``cfg``'s aic tables: each operator priced beyond the database and how
+    (the summary's ``timing_warnings``); [] for other timing types or covered models."""
+    if cfg.type != "aic":
+        return []
+    rule = fold_rule(AicSpec.from_config(cfg))
+    return [] if rule is None else [rule.note()]
+
+
 def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
     """``(params, table, info)``; ``info`` holds the self-check errors and the build time.
 
@@ -731,19 +917,22 @@ def load_or_build(spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict]:
         :func:`self_check` statistics, ``build_seconds`` (s), package, spec, key.
     """
     version = package_version(spec.gpu)
-    key = cache_key(spec, version)
+    rule = fold_rule(spec)
+    key = cache_key(spec, version, rule)
     if key in _MEMO:
         return _MEMO[key]
     path = os.path.join(cache_dir(), f"{key}.npz")
-    found = load_entry(path, spec)
+    found = load_entry(path, spec, rule)
     if found is not None:
         _MEMO[key] = found
         return found
     start = time.perf_counter()
-    params, table = build_tables(spec)
+    params, table = build_tables(spec, rule)
     built = time.perf_counter() - start
-    info = self_check(spec, params, table)
+    info = self_check(spec, params, table, rule=rule)
     info.update(build_seconds=built, package=version, spec=spec.__dict__, key=key)
+    if rule is not None:
+        info.update(extrapolated=[rule.note()])
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
@@ -828,7 +1017,7 @@ def layout_problem(spec: AicSpec, params: np.ndarray, table: np.ndarray) -> str 
     return None
 
 
-def load_entry(path: str, spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict] | None:
+def load_entry(path: str, spec: AicSpec, rule: FoldRule | None = None) -> tuple[np.ndarray, np.ndarray, dict] | None:
     """The cache entry at ``path`` if it is sound, else None (the caller rebuilds and replaces it).
 
     Sound: readable, its stored SHA-256 matches its arrays, its layout fits
@@ -842,6 +1031,8 @@ def load_entry(path: str, spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict] 
         The ``.npz`` entry.
     spec : AicSpec
         The spec of its key.
+    rule : FoldRule or None
+        Its decode-attention rule (:func:`fold_rule`).
 
     Returns
     -------
@@ -859,7 +1050,7 @@ def load_entry(path: str, spec: AicSpec) -> tuple[np.ndarray, np.ndarray, dict] 
     if stored != tables_digest(params, table) or layout_problem(spec, params, table) is not None:
         return None
     try:
-        self_check(spec, params, table, count=LOAD_CHECKS)
+        self_check(spec, params, table, count=LOAD_CHECKS, rule=rule)
     except ConfigError:
         return None
     return params, table, info
