@@ -90,6 +90,8 @@ MODEL = "llama-3.1-8b"
 #: lm_head over the draft vocabulary (config.json: hidden_size 4096, intermediate_size 14336,
 #: 32 heads, 8 KV heads of 128, draft_vocab_size 32000).
 EAGLE3_HEAD = dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, draft_vocab=32000)
+#: Requests per dataset and batch size the study averages (its scripts/vis_speedup.py, max_reqs).
+REQUESTS = 100
 SECTION_HEADING = "## Speculative decoding against a measured vLLM study"
 TARGET = 0.10
 
@@ -526,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     derive = sub.add_parser("derive", help="write bench/data/specdecode_bench/ from the study's published files")
     derive.add_argument("--simulator", required=True, help="SpecDecode-Bench/simulator: a checkout or its git directory")
     derive.add_argument("--figure", required=True, help="the study's Figure 1 (specdecode-bench.github.io assets/img/fig1.pdf)")
-    parser.add_argument("--requests", type=int, default=None, help="first N requests per dataset (default: all)")
+    parser.add_argument("--requests", type=int, default=REQUESTS,
+                        help=f"first N requests of each dataset's file (default {REQUESTS}, as the study averages; 0: all)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "accuracy.md"))
     args = parser.parse_args(argv)
     if args.command == "derive":
@@ -537,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     requests = read_csv(os.path.join(DATA, "requests.csv"))
     measured = read_csv(os.path.join(DATA, "measured_speedup.csv"))
-    predicted = replay(requests, args.requests)
+    predicted = replay(requests, args.requests or None)
+    args.requests = args.requests or None
     text = section(measured, predicted, args.requests, READING)
     with open(args.out, encoding="utf-8") as handle:
         old = handle.read()
