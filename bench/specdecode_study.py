@@ -1,6 +1,6 @@
 """Replay a measured study of speculative decoding on vLLM and compare the speedups: docs/accuracy.md.
 
-    python bench/specdecode_study.py [--requests N] [--out docs/accuracy.md]
+    python bench/specdecode_study.py [--requests N] [--out docs/accuracy.md] [--predictions JSON]
     python bench/specdecode_study.py derive --simulator GITDIR --figure fig1.pdf
 
 The study: X. Liu, J. Yu, J. Park, I. Stoica, A. Cheung, *Speculative Decoding:
