@@ -565,6 +565,25 @@ ROOFLINE_READING = (
 )
 
 
+#: Sections of docs/accuracy.md written by other scripts, kept as they are when this one rewrites
+#: the file: bench/specdecode_study.py's.
+KEPT_SECTIONS = ("## Speculative decoding against a measured vLLM study",)
+
+
+def kept_sections(path: str, text: str) -> str:
+    """``text`` followed by the :data:`KEPT_SECTIONS` that ``path`` holds now."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            old = handle.read()
+    except FileNotFoundError:
+        return text
+    for heading in KEPT_SECTIONS:
+        if heading in old and heading not in text:
+            kept = heading + old.split(heading, 1)[1].split("\n## ", 1)[0]
+            text = text.rstrip("\n") + "\n\n" + kept.rstrip("\n") + "\n"
+    return text
+
+
 def splice_roofline(path: str, results: list[dict]) -> str:
     """``path``'s text with its roofline section replaced (or inserted before the decode-step
     section) by the one of ``results``."""
@@ -1464,7 +1483,7 @@ def main(argv: list[str] | None = None) -> int:
         aic_version = "not installed"
     from simcore.timing import aic as aic_module
 
-    text = render(results, {"layout": aic_module.LAYOUT_VERSION, "aic": aic_version})
+    text = kept_sections(args.out, render(results, {"layout": aic_module.LAYOUT_VERSION, "aic": aic_version}))
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(text)
     print(text)
