@@ -1,8 +1,10 @@
 """Queue orders: vLLM priority scheduling against FCFS, per-class p99 TTFT and host cost.
 
 Deployment: one vllm worker, linear timing (base 6 ms, 60 us per prefill token,
-100 us per decode sequence, 2 ns per KV token), 4,000 blocks of 16 tokens (64k
-tokens of KV: preemptions under load).  Workload: prompts uniform in [256,
+100 us per decode sequence, 2 ns per KV token), 1,500 blocks of 16 tokens (24k
+tokens of KV: admission waits for blocks, so a queue forms, and decodes preempt;
+with a larger cache the token budget admits every waiting request at once at
+this load and no order changes anything).  Workload: prompts uniform in [256,
 2048], outputs uniform in [64, 512] tokens, two priority classes (0 high, 1
 low) drawn 1 : 4 (``workload.priority_classes``, a stream of its own, so the
 FCFS run has the same lengths and sends).  Load: Poisson at ``--load`` (0.8)
@@ -34,6 +36,7 @@ from simcore.workload.api import priority_draws  # noqa: E402
 from benchtime import median_seconds  # noqa: E402  (bench/ is the script directory)
 
 SEED = 1
+BLOCKS = 1500  # 24k tokens of KV: admission waits for blocks, and decodes preempt
 CLASSES = [0, 1]
 WEIGHTS = [1, 4]
 TIMING = {"type": "linear", "base_ms": 6.0, "per_prefill_token_us": 60.0, "per_decode_seq_us": 100.0,
@@ -49,7 +52,7 @@ def config(requests: int, load: dict, order: str) -> dict:
         "seed": SEED,
         "workload": workload,
         "load": load,
-        "engine": {"aggregated": {"num_blocks": 4000, "block_size": 16, "queue_order": order}},
+        "engine": {"aggregated": {"num_blocks": BLOCKS, "block_size": 16, "queue_order": order}},
         "timing": TIMING,
     }
 
