@@ -241,3 +241,27 @@ def test_fcfs_is_the_default_bit_for_bit():
     explicit = simcore.run({**cfg, "engine": {"aggregated": {**cfg["engine"]["aggregated"], "queue_order": "fcfs"}}})
     assert explicit.requests.equals(default)
     assert np.asarray(default.column("num_preemptions")).sum() > 0  # the case exercises preemption
+
+
+def test_the_batch_path_runs_every_order_as_a_single_run():
+    """run_batch stacks the configurations' queue orders, keys and shuffle keys along its configuration axis."""
+    base = {"workload": {"num_requests": 40, "input_dist": "uniform", "input_tokens": 200, "range_ratio": 0.1,
+                         "output_tokens": 30},
+            "load": {"type": "poisson", "request_rate": 300.0},
+            "engine": {"aggregated": {"num_blocks": 40, "block_size": 8, "max_sequences": 4}}, "timing": FIXED}
+    configs = [
+        base,
+        {**base, "workload": {**base["workload"], "priority_classes": [0, 1, 2]},
+         "engine": {"aggregated": {**base["engine"]["aggregated"], "queue_order": "priority"}}},
+        {**base, "engine": {"aggregated": {**base["engine"]["aggregated"], "queue_order": "shortest_prompt"}}},
+    ]
+    sglang = {**base, "engine": {"policy": "sglang",
+                                 "aggregated": {"num_blocks": 320, "block_size": 1, "max_sequences": 4}}}
+    configs += [sglang] + [{**sglang, "engine": {"policy": "sglang", "aggregated": {
+        **sglang["engine"]["aggregated"], "queue_order": order}}} for order in ("lof", "random")]
+    batched = simcore.run_batch(configs)
+    singles = [simcore.run(config) for config in configs]
+    for one, many in zip(singles, batched):
+        assert many.requests.equals(one.requests)
+    assert not singles[1].requests.equals(singles[0].requests)  # the orders change something here
+    assert not singles[5].requests.equals(singles[3].requests)
