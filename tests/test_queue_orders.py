@@ -173,6 +173,8 @@ def test_priority_classes_are_drawn_from_their_own_stream():
     assert first.column("input_tokens").equals(plain.column("input_tokens"))
     assert first.column("send_ms").equals(plain.column("send_ms"))
     assert simcore.run(classes).requests.equals(first)
+    assert set(first.column("priority").to_pylist()) == {0, 1}  # reported in the request table
+    assert plain.column("priority").null_count == plain.num_rows
 
 
 def test_shortest_output_needs_the_column():
