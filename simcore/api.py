@@ -177,7 +177,8 @@ def _result(cfg: SimConfig, table, engine) -> Result:
             summary["timing_warnings"] = notes
     return Result(
         requests=requests_table(
-            table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn
+            table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn,
+            table.priority,
         ),
         summary=summary,
         passes=passes_table(engine) if cfg.output.passes else None,

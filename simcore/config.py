@@ -406,6 +406,9 @@ KEY_SCOPES = (
              "engine.router.policy=prefix_aware", lambda cfg: f"engine.router.policy={cfg.engine.router.policy}"),
     KeyScope("timing", ("memory_fraction",), lambda cfg: bool(_auto_pools(cfg)), "engine.<pool>.num_blocks=auto",
              lambda cfg: "no pool's num_blocks=auto", _NO_EFFECT),
+    KeyScope("workload", ("priority_classes", "priority_weights"),
+             lambda cfg: any(pool.queue_order == "priority" for pool in cfg.engine.pools),
+             "engine.<pool>.queue_order=priority", lambda cfg: "no pool's queue_order=priority", _NO_EFFECT),
 )
 
 

@@ -92,6 +92,7 @@ REQUESTS_SCHEMA = _schema(
         _field("detokenization_ms", pa.float64(), "ms", "TTFT stage: first token emitted -> received"),
         _field("session_id", pa.string(), "", "multi-turn sessions: the request's session; null without sessions"),
         _field("turn", pa.int64(), "", "multi-turn sessions: the turn within its session (0 first); null without"),
+        _field("priority", pa.int64(), "", "queue orders: the request's priority (the table's priority column or workload.priority_classes; lower first); null without"),
     ]
 )
 

@@ -16,6 +16,7 @@ import simcore.engine.api as engine_api
 from simcore.config import load_config
 from simcore.engine.api import simulate_engine
 from simcore.metrics.api import POOL_NAMES, RequestColumns, STATUS_NAMES, summarize
+from simcore.scheduler.policies import SCHEDULING_POLICIES
 from simcore.workload.api import RequestTable
 
 MOONCAKE_SAMPLE = Path(__file__).resolve().parents[1] / "runners" / "samples" / "mooncake_conversation_300.jsonl"
@@ -58,6 +59,7 @@ def random_scenario(
     chunked_prefill_off: bool = False,
     expert_parallel: bool = False,
     speculative: bool = False,
+    queue_order: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -103,6 +105,12 @@ def random_scenario(
     policy's engine form (random method and proposals, acceptance rates or a
     mean acceptance length, proposer costs; half the fixed timings become
     linear, so that proposals are priced); drawn last.
+    ``queue_order`` draws one of the policy's queue orders other than fcfs
+    (docs/semantics.md) for the pools (each pool keeps fcfs a fifth of the
+    time), with a random ``priority`` column (classes -1 to 2, or none) and a
+    ``predicted_output_tokens`` column for ``shortest_output``; mostly one busy
+    rank per pool with sends bunched (queues), half the time longer outputs
+    (preemptions); drawn last.
     """
     rnd = random.Random(seed)
     n = rnd.randint(1, 24)
@@ -322,9 +330,31 @@ def random_scenario(
                     "alltoall": {"latency_us": rnd.choice([None, 0.0, 20.0]),
                                  "bandwidth_gb_per_second": rnd.choice([0.5, 16.0, 123.4])},
                 }
+    columns = {}
+    if queue_order:
+        order = rnd.choice([o for o in SCHEDULING_POLICIES[policy].queue_orders if o != "fcfs"])
+        for name in ("aggregated", "prefill", "decode"):
+            pool = config["engine"].get(name)
+            if isinstance(pool, dict):
+                pool["queue_order"] = order if rnd.random() < 0.8 else "fcfs"
+        if order == "priority" and rnd.random() < 0.9:
+            columns["priority"] = [rnd.choice([-1, 0, 0, 1, 2]) for _ in inputs]
+        if order == "shortest_output":
+            columns["predicted_output_tokens"] = [rnd.randint(1, 12) for _ in inputs]
+        if rnd.random() < 0.7:  # one busy rank per pool: queues form and orders matter
+            for name in ("aggregated", "prefill", "decode"):
+                pool = config["engine"].get(name)
+                if isinstance(pool, dict):
+                    pool.update(replicas=1, attention_dp=1, max_sequences=rnd.randint(1, 4))
+            if closed:
+                config["load"]["concurrency"] = n
+            else:
+                send_ns = [x // 20 for x in send_ns]
+        if rnd.random() < 0.5:  # decodes that outgrow the cache: preemptions
+            outputs[:] = [rnd.randint(3, 25) for _ in outputs]
     ids = [f"req-{seed}-{k}" for k in range(n)]
     scenario = {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids,
-                "hash_ids": hash_ids}
+                "hash_ids": hash_ids, **columns}
     if acceptance_length is not None:
         scenario["acceptance_length"] = acceptance_length
     return scenario
@@ -442,6 +472,9 @@ def run_fast(scenario: dict, record_passes: bool = True):
         hash_ids=None if hash_ids is None else pa.array(hash_ids, type=pa.list_(pa.int64())),
         acceptance_length=None if scenario.get("acceptance_length") is None
         else np.array(scenario["acceptance_length"], dtype=np.float64),
+        priority=None if scenario.get("priority") is None else np.array(scenario["priority"], dtype=np.int64),
+        predicted_output_tokens=None if scenario.get("predicted_output_tokens") is None
+        else np.array(scenario["predicted_output_tokens"], dtype=np.int64),
     )
     send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
     run = simulate_engine(cfg, table, send, record_passes=record_passes)

@@ -4,6 +4,7 @@ scenarios; and the two detokenization paths against each other."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -31,6 +32,7 @@ NUM_CHUNK_OFF_SCENARIOS = 300  # mixed with prefix caching, async scheduling, wh
 NUM_SKEW_SCENARIOS = 300  # mixed with the policies, P/D, async scheduling, CUDA graphs, pass terms
 NUM_EP_SCENARIOS = 300  # mixed with P/D, async scheduling, prefix caching, CUDA graphs, the all-to-all
 NUM_SPEC_SCENARIOS = 120  # per policy; a third disaggregated, a third with prefix caching
+NUM_QUEUE_ORDER_SCENARIOS = 200  # per policy; a third disaggregated, a quarter with prefix caching
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -43,7 +45,8 @@ def reference(scenario):
     config = merge_config(scenario["config"])
     return config, reference_simulate(
         config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids"),
-        acceptance_length=scenario.get("acceptance_length"),
+        acceptance_length=scenario.get("acceptance_length"), priority=scenario.get("priority"),
+        predicted_output_tokens=scenario.get("predicted_output_tokens"),
     )
 
 
@@ -413,3 +416,28 @@ def test_speculative_with_vllm_features_matches_reference(seed):
         chunked_prefill_off=seed % 5 == 3, attention_skew=seed % 3 == 0, long_outputs=seed % 4 == 2,
         speculative=True,
     ))
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+@pytest.mark.parametrize("seed", range(NUM_QUEUE_ORDER_SCENARIOS))
+def test_queue_orders_match_reference(policy, seed):
+    """Keyed waiting-queue orders (docs/semantics.md): vLLM priority (its preemption of the
+    lowest-priority request), SGLang lof, the shortest-job orders."""
+    compare_with_reference(random_scenario(seed, policy=policy, queue_order=True, disaggregated=seed % 3 == 2,
+                                           prefix_caching=seed % 4 == 1, long_outputs=policy == "sglang" and seed % 5 == 0))
+
+
+def test_queue_order_scenarios_cover_the_features():
+    """The queue-order scenarios give orders that change results and vLLM priority preemptions."""
+    differs = preempted = 0
+    for seed in range(100):
+        s = random_scenario(seed, queue_order=True)
+        _, slow = reference(s)
+        fcfs = copy.deepcopy(s)
+        for pool in fcfs["config"]["engine"].values():
+            if isinstance(pool, dict) and "queue_order" in pool:
+                pool["queue_order"] = "fcfs"
+        _, base = reference(fcfs)
+        differs += slow["requests"] != base["requests"]
+        preempted += any(r["num_preemptions"] > 0 for r in slow["requests"])
+    assert differs >= 30 and preempted >= 10

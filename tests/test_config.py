@@ -65,7 +65,7 @@ def test_every_default_is_valid_and_every_key_is_reachable():
         ({"request_id": ["a", "b", "a"], "input_tokens": [1, 2, 3], "output_tokens": [1, 1, 1]}, "duplicate request_id 'a' at row 2 (first at row 0)"),
         ({"input_tokens": [1, 0], "output_tokens": [1, 1]}, "input_tokens must be >= 1 at row 1"),
         ({"input_tokens": [1, 2], "output_tokens": [1, 1], "send_ms": [5.0, 1.0]}, "send_ms must be non-decreasing"),
-        ({"input_tokens": [1], "output_tokens": [1], "priority": [3]}, "unknown column(s) priority"),
+        ({"input_tokens": [1], "output_tokens": [1], "temperature": [3]}, "unknown column(s) temperature"),
     ],
 )
 def test_bad_request_tables_are_rejected_with_the_row(columns, message):

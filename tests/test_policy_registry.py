@@ -81,6 +81,7 @@ def _pool(**keys):
     {"reserve_full_isl": True},
     {"cache_generated_blocks": True},
     {"kv_offload": {"num_blocks": 64, "bandwidth_gb_per_second": 10.0, "bytes_per_token": 1000.0}},
+    {"queue_order": "priority"},
 ])
 def test_a_variant_keeps_its_bases_pool_features(variant, pool):
     for name in ("vllm", VARIANT):

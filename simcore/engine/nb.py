@@ -58,7 +58,7 @@ from numba.extending import intrinsic
 from simcore.scheduler.offload_nb import (
     offload_enabled_nb, offload_loads_end_nb, offload_loads_pending_nb, offload_next_event_nb,
 )
-from simcore.scheduler.nb import POLICY_SGLANG
+from simcore.scheduler.nb import ORDER_RANDOM, POLICY_SGLANG
 from simcore.heap_nb import heap_push_nb
 from simcore.engine.sessions_nb import session_next_instant_nb, session_start_nb
 from simcore.enums import (  # noqa: F401  shared with the client and metrics stages
@@ -314,6 +314,9 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
     any_async = False
     for w in range(num_workers):
         any_async = any_async or worker_async[w]
+    any_random = False  # SGLang random: a shuffle buffer
+    for g in range(num_ranks):
+        any_random = any_random or ranks.queue_order[g] == ORDER_RANDOM
     request_state = RequestState(
         np.zeros(n, dtype=np.int64),  # computed
         np.zeros(n, dtype=np.int64),  # held
@@ -323,6 +326,8 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
         np.zeros(n, dtype=np.int64) if any_async else out.generated,  # planned
         np.zeros((2, n if any_async else 0), dtype=np.bool_),  # sample_flag
         np.zeros(n, dtype=np.int64),  # drafts
+        np.zeros(n, dtype=np.int64),  # queued_ns
+        np.empty(n if any_random else 0, dtype=np.int64),  # shuffle_buf
     )
     rank_state = RankState(
         np.full(num_ranks, -1, dtype=np.int64),  # wait_head
@@ -334,6 +339,7 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
         np.full(num_ranks, -1, dtype=np.int64),  # chunked
         np.zeros(num_ranks, dtype=np.bool_),  # extend
         np.zeros(num_ranks, dtype=np.int64),  # inflight
+        np.zeros(num_ranks, dtype=np.int64),  # shuffles
     )
     pass_state = PassState(
         np.full(num_workers, -1, dtype=np.int64),  # pass_end

@@ -24,7 +24,7 @@ from simcore.scheduler.kv_tree_nb import prefix_register_nb, prefix_release_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_release_nb
 from simcore.scheduler.nb import (
     POLICY_SGLANG, POLICY_VLLM, batch_summary_nb, POLICY_TRTLLM, build_sglang_batch_nb, reset_ratio_if_idle_nb,
-    build_vllm_batch_nb, wait_push_back_nb,
+    build_vllm_batch_nb, wait_insert_nb, wait_push_back_nb, ORDER_FCFS, ORDER_RANDOM,
 )
 from simcore.client.nb import detokenize_pass_nb
 from simcore.scheduler.spec_nb import spec_proposer_ms_nb, spec_verify_nb
@@ -668,8 +668,12 @@ def _enter_rank_nb(k, g, t, run, state):
             route_leave_nb(lp.route, k, g)
         if load.session_mode:
             lp.counts[SEND_SIZE] = heap_push_nb(lp.send_key, lp.send_val, lp.counts[SEND_SIZE], t, k)
-    else:
+    elif ranks.queue_order[g] == ORDER_FCFS or ranks.queue_order[g] == ORDER_RANDOM:
         wait_push_back_nb(rk.wait_head, rk.wait_tail, rq.wait_next, rq.wait_prev, g, k)
+    else:  # a keyed order (docs/semantics.md): its place by key, then entry instant or insertion
+        rq.queued_ns[k] = t
+        wait_insert_nb(rk.wait_head, rk.wait_tail, rq.wait_next, rq.wait_prev, g, k, ranks.queue_order[g],
+                       requests.queue_key, rq.queued_ns)
 
 
 @njit(cache=True)

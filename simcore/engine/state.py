@@ -34,6 +34,7 @@ class Requests(NamedTuple):
     recv_rank: I64  # global rank that receives the request
     transfer_ns: I64  # KV-transfer duration (P/D), ns
     spec_alpha: F64  # (n,) or (0,): each request's own acceptance per proposal (NaN: the pool's rates)
+    queue_key: I64  # (n,): the waiting-queue key of a keyed queue order (lower first; docs/semantics.md)
 
 
 class Load(NamedTuple):
@@ -103,6 +104,9 @@ class Ranks(NamedTuple):
     spec_proposer: F64_2D  # (ranks, 3) [proposer passes per step, ms per pass, us per sequence and pass]
     spec_key: I64  # the acceptance draws' key (counter-based, seeded outside the kernel)
     spec_positions: I64  # most proposals accepted per step
+    queue_order: I64  # ORDER_* (simcore.scheduler.nb): FCFS, key then entry instant, key then insertion
+    preempt_lowest: BOOL  # vLLM priority: a preemption takes the running request of largest (key, entry instant)
+    shuffle_key: I64  # SGLang random: the shuffles' key (counter-based, seeded outside the kernel)
 
 
 class Timing(NamedTuple):
@@ -189,6 +193,8 @@ class RequestState(NamedTuple):
     planned: I64  # emitted plus in-flight outputs (``Outputs.generated`` itself without async workers)
     sample_flag: BOOL_2D  # (2, n) or (2, 0): async sample slots, whether its chunk samples a token
     drafts: I64  # speculative proposals verified in the pass being built or run
+    queued_ns: I64  # the instant it entered its current rank (a keyed queue order's second key), ns
+    shuffle_buf: I64  # (n,) or (0,): SGLang random, the waiting queue being shuffled
 
 
 class RankState(NamedTuple):
@@ -203,6 +209,7 @@ class RankState(NamedTuple):
     chunked: I64  # SGLang chunked request (-1: none)
     extend: BOOL  # SGLang: the batch built is an extend batch
     inflight: I64  # KV transfers from or to the rank
+    shuffles: I64  # SGLang random: waiting-queue shuffles so far (the draws' counter)
 
 
 class PassState(NamedTuple):

@@ -93,7 +93,7 @@ class RequestColumns:
 
 def requests_table(
     request_id: pa.Array, input_tokens, output_tokens, cols: RequestColumns,
-    session_id: pa.Array | None = None, turn: np.ndarray | None = None,
+    session_id: pa.Array | None = None, turn: np.ndarray | None = None, priority: np.ndarray | None = None,
 ) -> pa.Table:
     """The per-request table (``REQUESTS_SCHEMA``), one row per request in send order.
 
@@ -107,6 +107,8 @@ def requests_table(
         Instants and metrics derived from the engine run.
     session_id, turn : pyarrow.StringArray, ndarray(int64, ndim=1), optional
         Multi-turn sessions: each request's session and turn (null without).
+    priority : ndarray(int64, ndim=1), optional
+        Each request's priority (queue orders; null without).
 
     Returns
     -------
@@ -141,6 +143,7 @@ def requests_table(
         **cols.stages,
         "session_id": pa.nulls(len(request_id), pa.string()) if session_id is None else session_id,
         "turn": pa.nulls(len(request_id), pa.int64()) if turn is None else turn,
+        "priority": pa.nulls(len(request_id), pa.int64()) if priority is None else priority,
     }
     arrays = [to_arrow(value) if isinstance(value, np.ndarray) else value for value in data.values()]
     return conform(pa.table(arrays, names=list(data)), REQUESTS_SCHEMA)

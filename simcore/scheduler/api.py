@@ -60,6 +60,26 @@ def spec_key(seed: int) -> int:
     return int(state[0]) & (2**63 - 1)
 
 
+#: The waiting-queue shuffles' spawn key under the run seed (SGLang ``random``; 4 is the priority classes').
+SHUFFLE_STREAM = 5
+
+
+def shuffle_key(seed: int) -> int:
+    """The key of SGLang ``random``'s shuffles (``simcore.scheduler.nb``): 63 bits of the run seed's stream 5.
+
+    Parameters
+    ----------
+    seed : int
+        The run seed.
+
+    Returns
+    -------
+    int
+    """
+    state = np.random.SeedSequence(seed, spawn_key=(SHUFFLE_STREAM,)).generate_state(1, dtype=np.uint64)
+    return int(state[0]) & (2**63 - 1)
+
+
 def request_acceptance(pools: Sequence[PoolConfig], acceptance_length: np.ndarray | None) -> np.ndarray:
     """Each request's own per-proposal acceptance ``alpha`` (``Requests.spec_alpha``), from its mean
     acceptance length (the request table's ``acceptance_length``; the geometric model, docs/speculative.md).
@@ -162,7 +182,56 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Rank
         spec_key=np.full(len(ranks), spec_key(seed), dtype=np.int64),
         spec_positions=np.array([0 if p.speculative is None else p.speculative.positions for p in ranks],
                                 dtype=np.int64),
+        queue_order=np.array([spec.order_code(pool.queue_order) for pool in ranks], dtype=np.int64),
+        preempt_lowest=np.array([pool.queue_order == "priority" for pool in ranks], dtype=np.bool_),
+        shuffle_key=np.full(len(ranks), shuffle_key(seed), dtype=np.int64),
     )
+
+
+def queue_keys(pools: Sequence[PoolConfig], requests: RequestTable) -> np.ndarray:
+    """Each request's waiting-queue key (``Requests.queue_key``; lower first) under the pools' queue orders.
+
+    ``priority``: the table's priority (0 without the column); ``lof``: minus the
+    requested output tokens; ``shortest_prompt``: the prompt tokens;
+    ``shortest_output``: the table's ``predicted_output_tokens``.  All pools of a
+    deployment with a keyed order share one key, so keyed orders may not differ
+    between pools.
+
+    Parameters
+    ----------
+    pools : sequence of PoolConfig
+        The active pools.
+    requests : RequestTable
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        Per request (zeros when every pool is FCFS).
+
+    Raises
+    ------
+    ConfigError
+        Two pools with different keyed orders, or ``shortest_output`` without the column.
+    """
+    n = len(requests)
+    orders = {pool.queue_order for pool in pools} - {"fcfs", "random"}
+    if not orders:
+        return np.zeros(n, dtype=np.int64)
+    if len(orders) > 1:
+        raise ConfigError(f"engine.prefill.queue_order and engine.decode.queue_order must be equal or fcfs, "
+                          f"got {' and '.join(sorted(orders))}")
+    order = orders.pop()
+    if order == "priority":
+        key = np.zeros(n, dtype=np.int64) if requests.priority is None else requests.priority
+    elif order == "lof":
+        key = -requests.output_tokens
+    elif order == "shortest_prompt":
+        key = requests.input_tokens
+    else:
+        if requests.predicted_output_tokens is None:
+            raise ConfigError("queue_order=shortest_output needs the request table's predicted_output_tokens column")
+        key = requests.predicted_output_tokens
+    return np.ascontiguousarray(key, dtype=np.int64)
 
 
 def prefix_cache_inputs(

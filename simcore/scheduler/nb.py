@@ -10,13 +10,14 @@ request; ``batch_summary_nb`` then reads the SPEC §8 batch summary off it.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
 from simcore.scheduler.kv_nb import kv_allocate_nb
 from simcore.scheduler.kv_tree_nb import prefix_hits_nb, prefix_register_nb, prefix_release_nb, prefix_take_hits_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
-from simcore.scheduler.spec_nb import spec_query_nb
+from simcore.scheduler.spec_nb import GOLDEN, UNIT, _mix_nb, spec_query_nb
 from simcore.scheduler.offload_nb import (
     BLOCKED,
     PROCEED,
@@ -28,6 +29,15 @@ from simcore.scheduler.offload_nb import (
 POLICY_VLLM = 0
 POLICY_SGLANG = 1
 POLICY_TRTLLM = 2
+
+# Waiting-queue orders (``Ranks.queue_order``; simcore.scheduler.policies.ORDER_*, docs/semantics.md):
+# arrival order; a key, then the instant the request entered the rank (vLLM's heap,
+# request_queue.py PriorityRequestQueue); a key, then insertion order (SGLang's stable
+# sort of its waiting list, schedule_policy.py SchedulePolicy.calc_priority).
+ORDER_FCFS = 0
+ORDER_KEY_INSTANT = 1
+ORDER_KEY_STABLE = 2
+ORDER_RANDOM = 3  # arrival order, shuffled before each extend batch (SGLang's random.shuffle)
 
 # SGLang constants (python/sglang/srt/managers/schedule_policy.py, scheduler.py).
 CLIP_MAX_NEW_TOKENS = 4096
@@ -96,6 +106,121 @@ def _wait_pop_front_nb(head, tail, nxt, prv, g):
     else:
         tail[g] = -1
     return k
+
+
+@njit(cache=True)
+def _precedes_nb(a, b, order, queue_key, queued_ns):
+    """Whether request a goes before request b in a keyed waiting queue (lower key first;
+    on equal keys the earlier entry instant under ``ORDER_KEY_INSTANT``)."""
+    if queue_key[a] != queue_key[b]:
+        return queue_key[a] < queue_key[b]
+    return order == ORDER_KEY_INSTANT and queued_ns[a] < queued_ns[b]
+
+
+@njit(cache=True)
+def wait_insert_nb(head, tail, nxt, prv, g, k, order, queue_key, queued_ns):
+    """Put request k into rank g's waiting queue in its keyed order.
+
+    It goes after every waiting request it does not precede
+    (:func:`_precedes_nb`), so requests that tie keep their insertion order.
+    The walk starts at the tail: a request of the lowest class costs O(1).
+
+    Parameters
+    ----------
+    head, tail : ndarray(int64, ndim=1)
+        Per rank, first and last waiting request (-1: empty); updated.
+    nxt, prv : ndarray(int64, ndim=1)
+        Per request, next and previous links (-1: none); updated.
+    g : int
+        Global rank.
+    k : int
+        Request index.
+    order : int
+        ``ORDER_KEY_INSTANT`` or ``ORDER_KEY_STABLE``.
+    queue_key : ndarray(int64, ndim=1)
+        Per request, the order's key (lower first).
+    queued_ns : ndarray(int64, ndim=1)
+        Per request, the instant it entered its rank, ns.
+    """
+    j = tail[g]
+    while j >= 0 and _precedes_nb(k, j, order, queue_key, queued_ns):
+        j = prv[j]
+    if j < 0:
+        _wait_push_front_nb(head, tail, nxt, prv, g, k)
+        return
+    after = nxt[j]
+    prv[k] = j
+    nxt[k] = after
+    nxt[j] = k
+    if after >= 0:
+        prv[after] = k
+    else:
+        tail[g] = k
+
+
+@njit(cache=True)
+def shuffle_uniform_nb(key, g, shuffle, i):
+    """The uniform in [0, 1) of position ``i`` of rank ``g``'s shuffle number ``shuffle``.
+
+    Parameters
+    ----------
+    key : int
+        The run's shuffle key, in [0, 2**63).
+    g : int
+        Global rank.
+    shuffle : int
+        The rank's shuffles before this one.
+    i : int
+        The Fisher-Yates position.
+
+    Returns
+    -------
+    float
+        ``(h >> 11) * 2**-53`` with ``h = mix(mix(mix(key + g * G) + shuffle * G) + i * G)``, G the
+        golden-ratio constant (SplitMix64's finaliser, as the speculative draws).
+    """
+    x = _mix_nb(np.uint64(key) + np.uint64(g) * GOLDEN)
+    x = _mix_nb(x + np.uint64(shuffle) * GOLDEN)
+    x = _mix_nb(x + np.uint64(i) * GOLDEN)
+    return np.float64(x >> np.uint64(11)) * UNIT
+
+
+@njit(cache=True)
+def _shuffle_waiting_nb(g, head, tail, nxt, prv, buf, key, shuffles):
+    """SGLang ``random``: shuffle rank g's waiting queue (Fisher-Yates as Python's
+    ``random.shuffle``: for i from the last position down to 1, swap i with
+    ``floor(u * (i + 1))``), u from :func:`shuffle_uniform_nb`."""
+    m = 0
+    k = head[g]
+    while k >= 0:
+        buf[m] = k
+        m += 1
+        k = nxt[k]
+    c = shuffles[g]
+    shuffles[g] = c + 1
+    for i in range(m - 1, 0, -1):
+        j = np.int64(shuffle_uniform_nb(key, g, c, i) * (i + 1))
+        tmp = buf[i]
+        buf[i] = buf[j]
+        buf[j] = tmp
+    head[g] = buf[0]
+    tail[g] = buf[m - 1]
+    for i in range(m):
+        prv[buf[i]] = buf[i - 1] if i > 0 else -1
+        nxt[buf[i]] = buf[i + 1] if i + 1 < m else -1
+
+
+@njit(cache=True)
+def _lowest_priority_nb(running, run_len, g, queue_key, queued_ns):
+    """Index in ``running[g]`` of vLLM's priority victim: the largest (key, entry instant), the
+    first such in running order (``max(self.running, key=lambda r: (r.priority, r.arrival_time))``)."""
+    worst = 0
+    for j in range(1, run_len[g]):
+        a = running[g, j]
+        b = running[g, worst]
+        if queue_key[a] > queue_key[b] or (queue_key[a] == queue_key[b] and queued_ns[a] > queued_ns[b]):
+            worst = j
+    return worst
 
 
 @njit(cache=True)
@@ -175,6 +300,10 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
     spec_drafts = ranks.spec_drafts[g]
     lookahead = ranks.spec_lookahead[g]
     drafts = rq.drafts
+    order = ranks.queue_order[g]
+    preempt_lowest = ranks.preempt_lowest[g]
+    queue_key = requests.queue_key
+    queued_ns = rq.queued_ns
     first_admit_ns = out.first_admit_ns
     num_preemptions = out.num_preemptions
     cached_tokens = out.cached_tokens
@@ -213,14 +342,29 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         grow = _grow_nb(slots, held[k], block_size)
         self_preempted = False
         while grow > num_blocks - blocks_used[g]:
-            run_len[g] -= 1
-            victim = running[g, run_len[g]]
+            if preempt_lowest:  # vLLM priority: the lowest-priority running request, wherever it is
+                worst = _lowest_priority_nb(running, run_len, g, queue_key, queued_ns)
+                victim = running[g, worst]
+                for j in range(worst, run_len[g] - 1):
+                    running[g, j] = running[g, j + 1]
+                run_len[g] -= 1
+                if worst < i:  # scheduled earlier in this pass: its tokens go back to the budget
+                    budget += sched_n[victim]
+                    sched_n[victim] = 0
+                    drafts[victim] = 0
+                    i -= 1
+            else:
+                run_len[g] -= 1
+                victim = running[g, run_len[g]]
             in_flight = planned[victim] - out.generated[victim]  # an output its running-pass entry samples
             cache_generated_on_release_nb(pc, ranks, g, victim, computed[victim] - in_flight, blocks_used)
             prefix_release_nb(pc, g, victim, held, blocks_used)
             computed[victim] = 0
             num_preemptions[victim] += 1
-            _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
+            if order == ORDER_FCFS:
+                _wait_push_front_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim)
+            else:
+                wait_insert_nb(wait_head, wait_tail, wait_next, wait_prev, g, victim, order, queue_key, queued_ns)
             preempted = True
             if victim == k:
                 self_preempted = True
@@ -436,6 +580,10 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
     rem_input = rank_max_prefill_tokens[g]
     rem_chunk = rank_chunk_tokens[g]
     scheduled = 0
+    if ranks.queue_order[g] == ORDER_RANDOM and wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
+        # SchedulePolicy.calc_priority: random.shuffle(waiting_queue) before each extend batch
+        _shuffle_waiting_nb(g, wait_head, wait_tail, wait_next, wait_prev, rq.shuffle_buf, ranks.shuffle_key[g],
+                            rk.shuffles)
     if chunked >= 0:
         k = chunked
         need = input_tokens[k] + generated[k] - computed[k]
@@ -547,7 +695,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
         q = spec_query_nb(spec_drafts, generated[v], computed[v], input_tokens[v] + generated[v], seq_limit)
         needed -= _grow_nb(computed[v] + q, held[v], block_size)
         _retract_nb(g, victim_i, running, run_len, blocks_used, held, computed,
-                    num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc)
+                    num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc,
+                    ranks.queue_order[g], requests.queue_key, rq.queued_ns)
         decoders -= 1
         retracted = True
     if needed > num_blocks - blocks_used[g] and chunked >= 0:
@@ -556,7 +705,8 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
         for i in range(run_len[g]):
             if running[g, i] == chunked:
                 _retract_nb(g, i, running, run_len, blocks_used, held, computed,
-                            num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc)
+                            num_preemptions, wait_head, wait_tail, wait_next, wait_prev, pc,
+                            ranks.queue_order[g], requests.queue_key, rq.queued_ns)
                 break
         chunked = -1
         rank_chunked[g] = -1
@@ -586,10 +736,11 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
 
 @njit(cache=True)
 def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preemptions,
-                wait_head, wait_tail, wait_next, wait_prev, pc):
+                wait_head, wait_tail, wait_next, wait_prev, pc, order, queue_key, queued_ns):
     """Retract ``running[g, i]`` (SGLang): the others keep their order, it frees
     its blocks (its radix-tree ones stay cached), recomputes from scratch later
-    and joins the back of waiting."""
+    and joins the back of waiting (under a keyed order, its place by key: SGLang
+    sorts the waiting list, stably, before the next extend batch)."""
     k = running[g, i]
     for j in range(i, run_len[g] - 1):
         running[g, j] = running[g, j + 1]
@@ -597,7 +748,10 @@ def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preempt
     radix_release_nb(pc, g, k, held, blocks_used)
     computed[k] = 0
     num_preemptions[k] += 1
-    wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+    if order == ORDER_FCFS or order == ORDER_RANDOM:
+        wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
+    else:
+        wait_insert_nb(wait_head, wait_tail, wait_next, wait_prev, g, k, order, queue_key, queued_ns)
 
 
 @njit(cache=True)

@@ -39,6 +39,16 @@ POOL_KEYS = ("max_batched_tokens", "max_sequences", "block_size", "chunked_prefi
              "max_prefill_tokens", "schedule_conservativeness", "chunked_prefill")
 #: ``engine.policy``'s default, and the defaults read for a policy not (yet) checked.
 DEFAULT_POLICY = "vllm"
+#: ``engine.<pool>.queue_order``: the waiting-queue orders (docs/semantics.md, "Queue orders").
+#: ``fcfs`` is every engine's default; ``priority`` is vLLM's ``--scheduling-policy priority``;
+#: ``lof`` and ``random`` are SGLang's ``--schedule-policy lof`` and ``random``; ``shortest_prompt`` and ``shortest_output``
+#: (by the table's ``predicted_output_tokens``) are research orders, no engine's default.
+QUEUE_ORDERS = ("fcfs", "priority", "lof", "random", "shortest_prompt", "shortest_output")
+#: ``Ranks.queue_order`` codes: the arrival order; a key, then the instant the request
+#: entered the rank (vLLM's heap of requests); a key, then insertion order (SGLang's stable
+#: sort of its waiting list); arrival order shuffled before each extend batch (SGLang's
+#: ``random``).  ``simcore.scheduler.nb.ORDER_*`` must equal them.
+ORDER_FCFS, ORDER_KEY_INSTANT, ORDER_KEY_STABLE, ORDER_RANDOM = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,8 @@ class Policy:
     expert_parallel: bool = False
     # the engine form of pool.speculative.config (simcore.scheduler.speculative.SPEC_FORMS)
     speculative_form: str = "vLLM --speculative-config"
+    # the values of pool.queue_order it models (QUEUE_ORDERS), fcfs first
+    queue_orders: tuple = ("fcfs",)
 
     def __post_init__(self):
         if self.kernel not in KERNEL_CODES or self.prefix_cache not in PREFIX_CACHES:
@@ -75,6 +87,8 @@ class Policy:
             raise ValueError(f"policy {self.name!r}: a chunked_prefill default of False needs the chunked_prefill feature")
         if self.chunked_prefill and KERNEL_BUILDERS[self.kernel] != BUILDER_VLLM:
             raise ValueError(f"policy {self.name!r}: chunked_prefill=false is modelled in vLLM's batch builder only")
+        if not self.queue_orders or self.queue_orders[0] != "fcfs" or not set(self.queue_orders) <= set(QUEUE_ORDERS):
+            raise ValueError(f"policy {self.name!r}: queue_orders must start with fcfs and be among {QUEUE_ORDERS}")
 
     @property
     def code(self) -> int:
@@ -85,6 +99,15 @@ class Policy:
     def builder(self) -> str:
         """The batch builder the kernel runs (``vllm`` or ``sglang``)."""
         return KERNEL_BUILDERS[self.kernel]
+
+    def order_code(self, queue_order: str) -> int:
+        """``Ranks.queue_order`` for ``queue_order`` (one of :attr:`queue_orders`): FCFS, or a key
+        then the entry instant (vLLM's builder) or the insertion order (SGLang's)."""
+        if queue_order == "fcfs":
+            return ORDER_FCFS
+        if queue_order == "random":
+            return ORDER_RANDOM
+        return ORDER_KEY_INSTANT if self.builder == BUILDER_VLLM else ORDER_KEY_STABLE
 
 
 #: The features a :class:`Policy` flags (its boolean fields).
@@ -116,12 +139,14 @@ SCHEDULING_POLICIES: dict[str, Policy] = {policy.name: policy for policy in (
         defaults=_defaults(max_batched_tokens=8192, max_sequences=256, block_size=16, chunked_prefill=True),
         async_scheduling=True, reserve_full_isl=True, cache_generated_blocks=True, kv_offload=True,
         chunked_prefill=True, vllm_graph_sizes=True, expert_parallel=True,
+        queue_orders=("fcfs", "priority", "shortest_prompt", "shortest_output"),
     ),
     Policy(
         "sglang", kernel="sglang", aic_backend="sglang", prefix_cache="radix",
         defaults=_defaults(max_sequences=4096, block_size=1, chunked_prefill_size=8192, max_prefill_tokens=16384,
                            schedule_conservativeness=1.0),
         speculative_form="SGLang --speculative-*",
+        queue_orders=("fcfs", "lof", "random", "shortest_prompt", "shortest_output"),
     ),
     Policy(
         "trtllm", kernel="trtllm", aic_backend="trtllm", prefix_cache="blocks",

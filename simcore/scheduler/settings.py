@@ -28,7 +28,7 @@ from simcore.checks import (
 )
 from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
-from simcore.scheduler.policies import SCHEDULING_POLICIES, supporting, supports
+from simcore.scheduler.policies import QUEUE_ORDERS, SCHEDULING_POLICIES, supporting, supports
 from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.speculative import Speculation, acceptance_rates, read_engine_form
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
@@ -206,6 +206,16 @@ class PoolConfig:
     )
     # aggregated or decode pool: speculative decoding (docs/speculative.md); None after parsing: off
     speculative: Speculation | None = section(SpeculativeConfig)
+    queue_order: str = key(
+        "fcfs",
+        doc="Order of the waiting queue (docs/semantics.md, Queue orders): fcfs (every engine's default); "
+        "vllm: priority (--scheduling-policy priority: by the table's priority, lower first, then arrival; "
+        "a preemption takes the lowest-priority running request); sglang: lof (--schedule-policy lof, longest "
+        "output first), random (--schedule-policy random, shuffled before each extend batch from the seed); "
+        "research orders, no engine's default: shortest_prompt, shortest_output (by the "
+        "table's predicted_output_tokens).",
+        values="fcfs | priority | lof | random | shortest_prompt | shortest_output (those the policy models)",
+    )
     expert_parallel: bool = key(
         False,
         doc="vllm: --enable-expert-parallel with --data-parallel-size = attention_dp: the ranks step together "
@@ -304,6 +314,7 @@ def parse_pool(
         cache_generated_blocks=_cache_generated_blocks(path, raw, policy),
         chunked_prefill=_chunked_prefill(path, raw, pick("chunked_prefill"), policy),
         expert_parallel=_expert_parallel(path, raw["expert_parallel"], policy, timing_type, raw["attention_dp"]),
+        queue_order=_queue_order(path, raw, policy),
         speculative=_speculative(path, raw, policy),
         schedule_conservativeness=None
         if conservativeness is None
@@ -420,6 +431,22 @@ def _chunked_prefill(path: str, raw: Mapping[str, Any], value: Any, policy: str)
     if not enabled and any(v is not None for v in raw["kv_offload"].values()):
         raise ConfigError(f"{name}=false is not modelled with {path}.kv_offload")
     return enabled
+
+
+def _queue_order(path: str, raw: Mapping[str, Any], policy: str) -> str:
+    """One of the orders the policy models (fcfs for all); another order is not modelled with
+    asynchronous scheduling or a CPU tier."""
+    name = f"{path}.queue_order"
+    order = choice(name, raw["queue_order"], QUEUE_ORDERS)
+    if order not in policy_spec(policy).queue_orders:
+        modelled = " or ".join(n for n, spec in SCHEDULING_POLICIES.items() if order in spec.queue_orders)
+        raise ConfigError(f"{name}={order} is modelled for engine.policy={modelled} only, got {policy}")
+    if order != "fcfs":
+        if raw["async_scheduling"]:
+            raise ConfigError(f"{name}={order} is not modelled with {path}.async_scheduling=true")
+        if any(value is not None for value in raw["kv_offload"].values()):
+            raise ConfigError(f"{name}={order} is not modelled with {path}.kv_offload")
+    return order
 
 
 def _prefix_caching(path: str, value: Any) -> bool:

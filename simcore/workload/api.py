@@ -14,6 +14,7 @@ import csv
 import io
 import math
 import mmap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from simcore.units import ms_array_to_ns
 from simcore.values import integral
 from simcore.workload.sessions import SESSION_COLUMNS, first_turns, session_requests, table_sessions
 from simcore.workload.shared_prefix import shared_prefix_requests
+from simcore.workload.settings import MAX_PRIORITY
 from simcore.workload.table import RequestTable, default_ids, first_duplicate, utf8_text
 from simcore.workload.traces import read_trace
 
@@ -125,7 +127,11 @@ def read_table_file(path: str) -> pa.Table:
 CSV_TYPES = {
     "request_id": pa.string(), "input_tokens": pa.int64(), "output_tokens": pa.int64(), "send_ms": pa.float64(),
     "session_id": pa.string(), "turn": pa.int64(), "acceptance_length": pa.float64(),
+    "priority": pa.int64(), "predicted_output_tokens": pa.int64(),
 }
+#: The spawn key of the synthetic priority draws under the run seed (the routers' are 1 and 2,
+#: speculative acceptance 3): a stream of its own, so the other draws stay as they were.
+PRIORITY_STREAM = 4
 
 
 def _read_csv(file: Path) -> pa.Table:
@@ -308,7 +314,8 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
             f"{origin}: missing column(s) {', '.join(missing)}; a request table needs "
             "request_id (optional), input_tokens, output_tokens and, for load.type=trace, send_ms"
         )
-    known = set(REQUIRED_COLUMNS) | {"send_ms", *SESSION_COLUMNS, "acceptance_length"}
+    known = set(REQUIRED_COLUMNS) | {"send_ms", *SESSION_COLUMNS, "acceptance_length", "priority",
+                                     "predicted_output_tokens"}
     extra = [c for c in table.column_names if c not in known]
     if extra:
         raise ConfigError(f"{origin}: unknown column(s) {', '.join(extra)}")
@@ -357,6 +364,11 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
         sessions = dict(session_id=labels, session=session, turn=turn)
     if "acceptance_length" in table.column_names:
         sessions["acceptance_length"] = _acceptance_length(table.column("acceptance_length"), origin)
+    if "priority" in table.column_names:
+        sessions["priority"] = _priority(table.column("priority"), origin)
+    if "predicted_output_tokens" in table.column_names:
+        sessions["predicted_output_tokens"] = _lengths(table.column("predicted_output_tokens"), origin,
+                                                       "predicted_output_tokens")
     return RequestTable(ids, lengths["input_tokens"], lengths["output_tokens"], send_ms, **sessions)
 
 
@@ -371,6 +383,28 @@ def _acceptance_length(column: pa.ChunkedArray, origin: str) -> np.ndarray:
         i = int(np.argmax(bad))
         raise ConfigError(f"{origin}: acceptance_length must be a number >= 1 at {_row(origin, i)}, got {float(values[i])!r}")
     return np.ascontiguousarray(values, dtype=np.float64)
+
+
+def _priority(column: pa.ChunkedArray, origin: str) -> np.ndarray:
+    """Each row's priority: integers (or integral floats) within +-:data:`MAX_PRIORITY`, no missing value."""
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        raise ConfigError(f"{origin}: column priority has type {kind}, expected integers")
+    if column.null_count:
+        raise ConfigError(f"{origin}: priority has a missing value at {_row(origin, _first_null(column))}")
+    values = column.to_numpy()
+    with np.errstate(invalid="ignore"):
+        if pa.types.is_floating(kind):
+            bad = ~np.isfinite(values) | (values != np.round(values)) | (np.abs(values) > MAX_PRIORITY)
+        elif values.dtype == np.uint64:
+            bad = values > MAX_PRIORITY
+        else:
+            bad = np.abs(values.astype(np.int64)) > MAX_PRIORITY
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(f"{origin}: priority must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY} at "
+                          f"{_row(origin, i)}, got {values[i].item()!r}")
+    return np.ascontiguousarray(values.astype(np.int64))
 
 
 def _first_null(column) -> int:
@@ -399,6 +433,11 @@ def build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Gen
     RequestTable
     """
     table = _build_requests(cfg, requests, rng)
+    classes = cfg.workload.priority_classes
+    if classes is not None:
+        if table.priority is not None:
+            raise ConfigError("workload.priority_classes: the request table has a priority column already")
+        table = replace(table, priority=priority_draws(classes, cfg.workload.priority_weights, len(table), cfg.seed))
     think = cfg.resolved["workload"]["sessions"]["think_time_ms"]
     if table.session is None and think != DEFAULTS["workload"]["sessions"]["think_time_ms"]:
         raise ConfigError(
@@ -437,6 +476,30 @@ def _build_requests(cfg: SimConfig, requests: pa.Table | None, rng: np.random.Ge
     if cfg.workload.source == "sessions":
         return session_requests(cfg.workload.sessions, rng)
     return synthetic_requests(cfg.workload, rng)
+
+
+def priority_draws(classes: tuple[int, ...], weights: tuple[float, ...] | None, n: int, seed: int) -> np.ndarray:
+    """Each request's priority class, drawn i.i.d. with the given weights from its own stream.
+
+    Parameters
+    ----------
+    classes : tuple of int
+        The priority values (``workload.priority_classes``).
+    weights : tuple of float or None
+        Their relative frequencies (None: equal).
+    n : int
+        Requests.
+    seed : int
+        The run seed; the draws use its stream :data:`PRIORITY_STREAM`.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(PRIORITY_STREAM,)))
+    p = None if weights is None else np.asarray(weights, dtype=np.float64) / math.fsum(weights)
+    picks = rng.choice(len(classes), size=n, p=p)
+    return np.ascontiguousarray(np.asarray(classes, dtype=np.int64)[picks])
 
 
 def _check_workload_unset(cfg: SimConfig, table: RequestTable) -> None:

@@ -16,6 +16,7 @@ from simcore.checks import (
     choice,
     count,
     flag,
+    is_int,
     key,
     number,
     optional_count,
@@ -51,6 +52,43 @@ def _range_ratio(path: str, value: Any) -> float:
     if ratio > 1:
         raise ConfigError(f"{path} must be in (0, 1], got {value!r}")
     return ratio
+
+
+#: Bound of a priority value (either sign), far inside int64 so that no key overflows.
+MAX_PRIORITY = 2**62
+
+
+def _numbers_list(path: str, value: Any) -> list:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__") or iter(value) is value:
+        raise ConfigError(f"{path} must be a list or null, got {value!r}")
+    items = list(value)
+    if not items:
+        raise ConfigError(f"{path} must not be empty (null: none), got {value!r}")
+    return items
+
+
+def _priority_classes(path: str, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    out = []
+    for item in _numbers_list(path, value):
+        if not is_int(item) or abs(int(item)) > MAX_PRIORITY:
+            raise ConfigError(f"{path} values must be integers within +-{MAX_PRIORITY}, got {item!r}")
+        out.append(int(item))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{path} must not repeat a value, got {list(value)!r}")
+    return tuple(out)
+
+
+def _priority_weights(path: str, value: Any, classes: tuple[int, ...] | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if classes is None:
+        raise ConfigError(f"{path} needs workload.priority_classes, got {value!r}")
+    weights = tuple(number(path, item, strict=True, maximum=1e300) for item in _numbers_list(path, value))
+    if len(weights) != len(classes):
+        raise ConfigError(f"{path} must give one weight per class ({len(classes)}), got {len(weights)}")
+    return weights
 
 
 @dataclass(frozen=True)
@@ -181,6 +219,17 @@ class WorkloadConfig:
         0, count, minimum=0,
         doc="synthetic: every prompt starts with this many identical tokens (a shared prefix for prefix caching).",
     )
+    priority_classes: tuple[int, ...] | None = key(
+        None, _priority_classes,
+        doc="Each request's priority drawn from these values (for engine.<pool>.queue_order=priority; lower "
+        "first), from a stream of its own under the seed; null: the table's priority column, else all 0.",
+        values="list of distinct integers within +-2^62, or null",
+    )
+    priority_weights: tuple[float, ...] | None = key(
+        None,
+        doc="With priority_classes: their relative frequencies, one per class; null: equal.",
+        values="list of numbers > 0 (one per class) or null",
+    )
     shared_prefix: SharedPrefixConfig = section(SharedPrefixConfig)
     sessions: SessionsConfig = section(SessionsConfig)
 
@@ -257,7 +306,10 @@ def parse(raw: Mapping[str, Any], path: str = "workload") -> WorkloadConfig:
         )
     # block_size is checked at its turn, between output_std and drop_invalid
     block_size = Later(lambda: _trace_block_size(raw, path, shared_prefix))
-    return parse_keys(WorkloadConfig, raw, path, shared_prefix=shared_prefix, block_size=block_size)
+    weights = Later(lambda: _priority_weights(f"{path}.priority_weights", raw["priority_weights"],
+                                              _priority_classes(f"{path}.priority_classes", raw["priority_classes"])))
+    return parse_keys(WorkloadConfig, raw, path, shared_prefix=shared_prefix, block_size=block_size,
+                      priority_weights=weights)
 
 
 def parse_load(raw: Mapping[str, Any], path: str = "load") -> LoadConfig:

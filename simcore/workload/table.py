@@ -43,6 +43,12 @@ class RequestTable:
     acceptance_length : ndarray(float64, ndim=1) or None
         Speculative decoding (docs/speculative.md): each row's own mean acceptance
         length, tokens per verification (NaN: the pool's rates); None without the column.
+    priority : ndarray(int64, ndim=1) or None
+        Each row's priority (vLLM's: lower values first), read by
+        ``engine.<pool>.queue_order=priority``; None without the column (all 0).
+    predicted_output_tokens : ndarray(int64, ndim=1) or None
+        Each row's predicted output length, tokens, read by
+        ``queue_order=shortest_output``; None without the column.
     """
 
     request_id: pa.Array
@@ -56,6 +62,8 @@ class RequestTable:
     turn: np.ndarray | None = None
     shared_prefix_tokens: int = 0
     acceptance_length: np.ndarray | None = None
+    priority: np.ndarray | None = None
+    predicted_output_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.input_tokens.shape[0]

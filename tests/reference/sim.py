@@ -77,6 +77,16 @@ None -> DEFAULT_KV_TOKENS // block_size).  Decisions where the text is silent:
 - sglang needs ``chunked_prefill_size // attention_dp >= block_size`` (config
   validation rejects less: a zero-page chunk would block the rank's queue).
 
+Queue orders (``engine.<pool>.queue_order``, docs/semantics.md "Queue orders"): under a
+keyed order every request has a key (priority column, -output, prompt or predicted
+output) and the instant it entered its current rank; a request put into waiting goes
+at the back and the queue is then sorted stably, by key (sglang) or by (key, entry
+instant) (vllm).  vLLM ``priority``: a step-1 preemption takes ``max`` of running by
+(key, entry instant), the first such; one already scheduled in this pass leaves the
+batch and its tokens return to B.  sglang ``random``: FCFS insertion, and the queue is
+shuffled (``shuffle``) at the start of each build on a rank with a waiting request and
+fewer than max_sequences running.
+
 Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; every policy,
 aggregated or P/D prefill pool).  Per rank every physical block (a ``Block``: identity or
 None, reference count) is in use (ref > 0; counted once in ``used_blocks``, which also
@@ -287,6 +297,10 @@ class Request:
         self.spec_alpha = None        # its own acceptance per proposal (None: the pool's rates)
         self.token_offset = 0         # index of its first token in the run's token order (by row)
         self.epoch = 0                # +1 per preemption: older in-flight outputs are stale
+        # queue orders (docs/semantics.md): the order's key, lower first, and the instant it
+        # entered its current rank (vLLM's arrival_time on that engine)
+        self.queue_key = 0
+        self.entered_ns = None
         # prefix caching (docs/prefix-caching.md), on a rank whose pool caches
         self.idents = None            # identities of its complete prompt blocks (recv pool bs)
         self.blocks = []              # the Block objects it references, block order
@@ -381,6 +395,10 @@ class Pool:
                 raise ValueError(f"engine.{name}.chunked_prefill=false: policy vllm only")
             if self.max_batched_tokens < self.L:
                 raise ValueError(f"engine.{name}.max_batched_tokens must be >= L with chunked_prefill=false")
+        # queue orders (docs/semantics.md, "Queue orders")
+        self.queue_order = params.get("queue_order") or "fcfs"
+        if self.queue_order not in spec.queue_orders:
+            raise ValueError(f"engine.{name}.queue_order={self.queue_order}: not modelled for policy {policy}")
         # sglang
         if self.policy == "sglang":
             self.max_prefill_tokens = int(resolved["max_prefill_tokens"])
@@ -450,6 +468,8 @@ class Rank:
         self.new_token_ratio = None  # sglang: set to the pool's init at construction
         self.chunked = None      # sglang: the request whose prompt is being chunked
         self.extend = False      # sglang: the batch built last is an extend batch
+        self.shuffles = 0        # sglang random: waiting-queue shuffles so far
+        self.global_index = None  # its index over every worker's ranks
         self.inflight = 0        # P/D: KV transfers in flight from or to this rank
         # prefix caching: identity -> its block (in use or cached); LRU of cached blocks
         self.resident = {}
@@ -493,7 +513,8 @@ class Worker:
 
 class ReferenceSim(OffloadMixin):
     def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
-                 hash_ids=None, sessions=None, acceptance_length=None):
+                 hash_ids=None, sessions=None, acceptance_length=None, priority=None,
+                 predicted_output_tokens=None):
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
@@ -586,6 +607,14 @@ class ReferenceSim(OffloadMixin):
             for _ in range(pool.W):
                 self.workers.append(Worker(len(self.workers), pool, self.tok_workers,
                                            self.detok_workers))
+        g = 0
+        for worker in self.workers:
+            for rank in worker.ranks:
+                rank.global_index = g
+                g += 1
+        # sglang random's shuffle key: stream 5 of the run seed
+        state = np.random.SeedSequence(int(config["seed"]), spawn_key=(5,)).generate_state(1, dtype=np.uint64)
+        self.shuffle_key = int(state[0]) & ((1 << 63) - 1)
         rp = self.recv_pool
         self.requests = []
         for k in range(n_rows):
@@ -612,6 +641,19 @@ class ReferenceSim(OffloadMixin):
             alphas = geometric_alpha(np.array(acceptance_length, dtype=np.float64), len(self.emit_pool.spec_rates))
             for req, alpha in zip(self.requests, alphas):
                 req.spec_alpha = None if math.isnan(alpha) else float(alpha)
+
+        # Queue orders: every request's key under the (one) keyed order of the pools.
+        keyed = {p.queue_order for p in pools} - {"fcfs", "random"}
+        assert len(keyed) <= 1
+        for req in self.requests:
+            if "priority" in keyed:
+                req.queue_key = 0 if priority is None else int(priority[req.row])
+            elif "lof" in keyed:  # SGLang: -max_new_tokens
+                req.queue_key = -req.output_tokens
+            elif "shortest_prompt" in keyed:
+                req.queue_key = req.input_tokens
+            elif "shortest_output" in keyed:
+                req.queue_key = int(predicted_output_tokens[req.row])
 
         # Routing (tests/reference/routing.py): a policy other than round robin
         # places each request when it is sent (-1: not yet).
@@ -822,7 +864,28 @@ class ReferenceSim(OffloadMixin):
         if req.input_tokens >= self.recv_pool.L:
             self.reject(req, t)
             return
-        self.workers[req.worker].ranks[req.rank].waiting.append(req)
+        req.entered_ns = t
+        self.enqueue(self.recv_pool, self.workers[req.worker].ranks[req.rank], req)
+
+    @staticmethod
+    def enqueue(pool, rank, req, front=False):
+        """Put a request into a rank's waiting queue.  FCFS: at the back, or at the FRONT
+        (a vLLM preemption victim).  A keyed order (docs/semantics.md): at the back, then
+        the whole queue is sorted, stably, by key (SGLang's calc_priority sorts its list),
+        and for vLLM's builder by (key, entry instant) (its heap of requests)."""
+        if pool.queue_order in ("fcfs", "random"):  # random: shuffled before each extend batch
+            if front:
+                rank.waiting.appendleft(req)
+            else:
+                rank.waiting.append(req)
+            return
+        rank.waiting.append(req)
+        if pool.policy == "sglang":
+            ordered = sorted(rank.waiting, key=lambda r: r.queue_key)
+        else:
+            ordered = sorted(rank.waiting, key=lambda r: (r.queue_key, r.entered_ns))
+        rank.waiting.clear()
+        rank.waiting.extend(ordered)
 
     def transfer_ns(self, req):
         """SPEC §6: ((input * bytes_per_token) / (bandwidth * 1e9)) * 1e3 ms, 0 when off."""
@@ -879,7 +942,8 @@ class ReferenceSim(OffloadMixin):
         req.computed = req.input_tokens - 1
         req.generated = 0
         req.held_blocks = 0
-        decode_rank.waiting.append(req)  # BACK
+        req.entered_ns = t
+        self.enqueue(dp, decode_rank, req)  # BACK (FCFS)
 
     def receive(self, items, t):
         """SPEC §7: the client receives every token of a detokenization job at t."""
@@ -1108,13 +1172,25 @@ class ReferenceSim(OffloadMixin):
                 spec_entry = n > 1
             self_victim = False
             while not self.fits(pool, rank, req, n, look):
-                victim = rank.running.pop()  # the LAST running request
+                if pool.queue_order == "priority":
+                    # vLLM priority: max(running, key=(priority, arrival_time)), the first such
+                    victim = max(rank.running, key=lambda r: (r.queue_key, r.entered_ns))
+                    at = next(j for j, r in enumerate(rank.running) if r is victim)
+                    del rank.running[at]
+                    if at < i:  # already in this batch: out of it, its tokens back to B
+                        entry = next(e for e in batch if e[0] is victim)
+                        batch.remove(entry)
+                        B += entry[1]
+                        victim.drafts = 0
+                        i -= 1
+                else:
+                    victim = rank.running.pop()  # the LAST running request
                 self.release(pool, rank, victim)
                 victim.computed = 0
                 victim.placeholders = 0  # its in-flight output is dropped (vLLM 0.33)
                 victim.epoch += 1
                 victim.num_preemptions += 1
-                rank.waiting.appendleft(victim)  # FRONT of waiting
+                self.enqueue(pool, rank, victim, front=True)  # FRONT of waiting (FCFS)
                 preempted = True
                 if victim is req:
                     self_victim = True
@@ -1199,6 +1275,30 @@ class ReferenceSim(OffloadMixin):
         rank.waiting.extendleft(reversed(skipped))
         return batch, preempted, admitted
 
+    def shuffle(self, rank):
+        """sglang random (docs/semantics.md): Python's random.shuffle algorithm (Fisher-Yates
+        from the last position down) on the waiting queue, the uniform of position i of the
+        rank's c-th shuffle a SplitMix64 hash of (key, global rank, c, i)."""
+        mask = (1 << 64) - 1
+        golden = 0x9E3779B97F4A7C15
+
+        def mix(x):
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+            return x ^ (x >> 31)
+
+        items = list(rank.waiting)
+        c = rank.shuffles
+        rank.shuffles += 1
+        for i in range(len(items) - 1, 0, -1):
+            x = mix((self.shuffle_key + rank.global_index * golden) & mask)
+            x = mix((x + c * golden) & mask)
+            x = mix((x + i * golden) & mask)
+            j = int((x >> 11) * 2.0 ** -53 * (i + 1))
+            items[i], items[j] = items[j], items[i]
+        rank.waiting.clear()
+        rank.waiting.extend(items)
+
     def build_batch_sglang(self, pool, rank):
         """docs/policies.md sglang: an extend batch (chunked request, then waiting FIFO)
         or, if that is empty, a decode batch with retraction."""
@@ -1230,6 +1330,8 @@ class ReferenceSim(OffloadMixin):
             offset += min(req.output_tokens - req.generated, SGLANG_RESERVE_CAP) * ratio
         rem_input = pool.max_prefill_tokens
         rem_chunk = pool.rem_chunk_init
+        if pool.queue_order == "random" and rank.waiting and len(rank.running) < pool.max_sequences:
+            self.shuffle(rank)
 
         # 3. the chunked request first, if its blocks fit
         if chunked is not None:
@@ -1304,7 +1406,7 @@ class ReferenceSim(OffloadMixin):
             self.release(pool, rank, victim)  # its radix-tree blocks stay cached, untouched
             victim.computed = 0
             victim.num_preemptions += 1
-            rank.waiting.append(victim)  # BACK of waiting
+            self.enqueue(pool, rank, victim)  # BACK of waiting (FCFS)
 
         retracted = False
         while new_blocks() > pool.num_blocks - rank.used_blocks and len(decoders) > 1:
@@ -1728,12 +1830,13 @@ class ReferenceSim(OffloadMixin):
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None,
-             acceptance_length=None):
+             acceptance_length=None, priority=None, predicted_output_tokens=None):
     """Run the reference simulation; see the module docstring and the task brief.
     ``hash_ids``: None, or one list of ints per row (Mooncake prefix-chained block
     hashes at workload.block_size tokens per block), for prefix caching.
     ``sessions``: None, or ``{"session": one label per row, "shared_prefix_tokens": int}``
     (multi-turn sessions; send_ns then gives the first turns' sends only).
-    ``acceptance_length``: None, or each row's mean acceptance length (NaN: the pool's rates)."""
+    ``acceptance_length``: None, or each row's mean acceptance length (NaN: the pool's rates).
+    ``priority``, ``predicted_output_tokens``: None, or one int per row (queue orders)."""
     return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns,
-                        hash_ids, sessions, acceptance_length).run()
+                        hash_ids, sessions, acceptance_length, priority, predicted_output_tokens).run()

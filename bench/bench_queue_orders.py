@@ -1,0 +1,103 @@
+"""Queue orders: vLLM priority scheduling against FCFS, per-class p99 TTFT and host cost.
+
+Deployment: one vllm worker, linear timing (base 6 ms, 60 us per prefill token,
+100 us per decode sequence, 2 ns per KV token), 1,500 blocks of 16 tokens (24k
+tokens of KV: admission waits for blocks, so a queue forms, and decodes preempt;
+with a larger cache the token budget admits every waiting request at once at
+this load and no order changes anything).  Workload: prompts uniform in [256,
+2048], outputs uniform in [64, 512] tokens, two priority classes (0 high, 1
+low) drawn 1 : 4 (``workload.priority_classes``, a stream of its own, so the
+FCFS run has the same lengths and sends).  Load: Poisson at ``--load`` (0.8)
+times the deployment's saturation throughput, measured first as the request
+throughput of a closed loop of 512 clients over the same requests.
+
+Prints a CSV (case, requests, output_tokens, median_s, us_per_output_token,
+p99 TTFT of the high and low class, ms, preemptions), then the ratio of host
+cost per output token (priority / fcfs; medians of ``--runs`` timed
+``simcore.run`` calls each, interleaved round by round, after an untimed run of
+each, so JIT compilation is excluded) and the p99 TTFT changes.
+
+Usage: python bench/bench_queue_orders.py [--runs 5] [--requests 4000] [--load 0.8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import simcore  # noqa: E402
+from simcore.workload.api import priority_draws  # noqa: E402
+from benchtime import median_seconds  # noqa: E402  (bench/ is the script directory)
+
+SEED = 1
+BLOCKS = 1500  # 24k tokens of KV: admission waits for blocks, and decodes preempt
+CLASSES = [0, 1]
+WEIGHTS = [1, 4]
+TIMING = {"type": "linear", "base_ms": 6.0, "per_prefill_token_us": 60.0, "per_decode_seq_us": 100.0,
+          "per_kv_token_ns": 2.0}
+
+
+def config(requests: int, load: dict, order: str) -> dict:
+    workload = {"num_requests": requests, "input_dist": "uniform", "input_tokens": 2048, "range_ratio": 0.125,
+                "output_dist": "uniform", "output_tokens": 512}
+    if order == "priority":
+        workload = {**workload, "priority_classes": CLASSES, "priority_weights": WEIGHTS}
+    return {
+        "seed": SEED,
+        "workload": workload,
+        "load": load,
+        "engine": {"aggregated": {"num_blocks": BLOCKS, "block_size": 16, "queue_order": order}},
+        "timing": TIMING,
+    }
+
+
+def class_p99_ttft(result, classes: np.ndarray) -> list[float]:
+    table = result.requests
+    ttft = np.asarray(table.column("ttft_ms").to_numpy(zero_copy_only=False), dtype=np.float64)
+    done = np.asarray(table.column("status").to_pylist()) == "completed"
+    return [float(np.percentile(ttft[done & (classes == c)], 99)) for c in CLASSES]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--load", type=float, default=0.8)
+    args = parser.parse_args()
+    saturated = simcore.run(config(args.requests, {"type": "closed_loop", "concurrency": 512}, "fcfs"))
+    capacity = saturated.summary["request_throughput"]
+    load = {"type": "poisson", "request_rate": args.load * capacity}
+    classes = priority_draws(tuple(CLASSES), tuple(WEIGHTS), args.requests, SEED)
+    print(f"# saturation {capacity:.3f} req/s; offered {load['request_rate']:.3f} req/s ({args.load:g} load); "
+          f"high class {int((classes == 0).sum())} of {args.requests} requests")
+    print("case,requests,output_tokens,median_s,us_per_output_token,p99_ttft_high_ms,p99_ttft_low_ms,preemptions")
+    orders = ("fcfs", "priority")
+    configs = {order: config(args.requests, load, order) for order in orders}
+    results = {order: simcore.run(configs[order]) for order in orders}  # also the warm-up (JIT, caches)
+    seconds = {order: [] for order in orders}
+    for _ in range(args.runs):  # interleaved round by round: the machine is shared
+        for order in orders:
+            seconds[order].append(median_seconds(lambda cfg=configs[order]: simcore.run(cfg), 1))
+    cost, p99 = {}, {}
+    for order in orders:
+        result = results[order]
+        tokens = int(np.asarray(result.requests.column("generated_tokens")).sum())
+        median = statistics.median(seconds[order])
+        cost[order] = median / tokens * 1e6
+        p99[order] = class_p99_ttft(result, classes)
+        preemptions = int(np.asarray(result.requests.column("num_preemptions")).sum())
+        print(f"{order},{args.requests},{tokens},{median:.4f},{cost[order]:.4f},{p99[order][0]:.2f},"
+              f"{p99[order][1]:.2f},{preemptions}")
+    print(f"priority: host cost per output token {cost['priority'] / cost['fcfs']:.3f}x fcfs; p99 TTFT high class "
+          f"{p99['fcfs'][0]:.1f} -> {p99['priority'][0]:.1f} ms, low class {p99['fcfs'][1]:.1f} -> "
+          f"{p99['priority'][1]:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

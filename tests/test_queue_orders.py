@@ -1,0 +1,269 @@
+"""Waiting-queue orders (engine.<pool>.queue_order, docs/semantics.md "Queue orders"):
+hand-worked timelines for each order and for vLLM's priority preemption, the
+priority column and classes, and the one-line errors.  The engine is compared
+with the reference implementation in tests/test_against_reference.py
+(``test_queue_orders_match_reference``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import simcore
+from simcore.config import ConfigError, load_config
+
+FIXED = {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 2.0}
+
+
+def run(requests: dict, pool: dict, policy: str = "vllm", **config) -> dict:
+    """One rank under ``policy``, fixed timing (SPEC §8): 10 ms for a pass with a prefill
+    (extend) entry, plus 2 ms if it has a decode entry; open loop from ``send_ms``."""
+    table = pa.table(requests)
+    cfg = {
+        "load": {"type": "trace"},
+        "workload": {"num_requests": table.num_rows},
+        "engine": {"policy": policy, "aggregated": pool},
+        "timing": FIXED,
+        **config,
+    }
+    return simcore.run(cfg, requests=table).requests.to_pydict()
+
+
+FOUR = {
+    "request_id": ["a", "b", "c", "d"], "input_tokens": [4, 4, 4, 4], "output_tokens": [1, 1, 1, 1],
+    "send_ms": [0.0, 0.0, 0.0, 0.0], "priority": [1, 0, 1, -1],
+}
+
+
+@pytest.mark.parametrize("order, ttft", [
+    # A budget of 4 tokens: one prompt per pass of 10 ms, each emitting its only token.
+    # FCFS: a, b, c, d.
+    ("fcfs", [10.0, 20.0, 30.0, 40.0]),
+    # priority: by (priority, entry instant): d (-1), b (0), then a and c (1, both entered
+    # at 0: a entered first and stays first).
+    ("priority", [30.0, 20.0, 40.0, 10.0]),
+    # shortest_prompt: every prompt has 4 tokens, so the key ties and arrival order stays.
+    ("shortest_prompt", [10.0, 20.0, 30.0, 40.0]),
+])
+def test_vllm_waiting_order(order, ttft):
+    pool = {"num_blocks": 100, "block_size": 1, "max_batched_tokens": 4, "queue_order": order}
+    out = run(FOUR, pool)
+    assert out["ttft_ms"] == ttft
+    assert out["num_preemptions"] == [0, 0, 0, 0]
+
+
+def test_vllm_shortest_output_reads_the_predicted_column():
+    # Predicted outputs 9, 3, 5, 1: d, b, c, a (the true outputs are all 1).
+    requests = {**FOUR, "predicted_output_tokens": [9, 3, 5, 1]}
+    del requests["priority"]
+    pool = {"num_blocks": 100, "block_size": 1, "max_batched_tokens": 4, "queue_order": "shortest_output"}
+    assert run(requests, pool)["ttft_ms"] == [40.0, 20.0, 30.0, 10.0]
+
+
+@pytest.mark.parametrize("order, ttft, e2el", [
+    # a (output 1), b (3), c (2), all 4-token prompts sent at 0; max_prefill_tokens 4: one
+    # prompt per extend batch, and extend batches go first.  FCFS: extends a [0, 10],
+    # b [10, 20], c [20, 30]; then decodes of b and c [30, 32] (c's last), b [32, 34].
+    ("fcfs", [10.0, 20.0, 30.0], [10.0, 34.0, 32.0]),
+    # lof (longest output first): b [0, 10], c [10, 20], a [20, 30]; then decodes of b
+    # and c [30, 32] (c's last), b [32, 34].
+    ("lof", [30.0, 10.0, 20.0], [30.0, 34.0, 32.0]),
+    # shortest_prompt: equal prompts, arrival order kept.
+    ("shortest_prompt", [10.0, 20.0, 30.0], [10.0, 34.0, 32.0]),
+])
+def test_sglang_waiting_order(order, ttft, e2el):
+    requests = {"request_id": ["a", "b", "c"], "input_tokens": [4, 4, 4], "output_tokens": [1, 3, 2],
+                "send_ms": [0.0, 0.0, 0.0]}
+    pool = {"num_blocks": 1000, "block_size": 1, "max_prefill_tokens": 4, "queue_order": order}
+    out = run(requests, pool, policy="sglang")
+    assert out["ttft_ms"] == ttft
+    assert out["e2el_ms"] == e2el
+
+
+def _documented_uniform(key: int, g: int, c: int, i: int) -> float:
+    """docs/semantics.md, SGLang random: (h >> 11) * 2^-53, h = mix(mix(mix(key + gG) + cG) + iG)."""
+    mask, golden = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def mix(x):
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    h = mix((mix((mix((key + g * golden) & mask) + c * golden) & mask) + i * golden) & mask)
+    return (h >> 11) * 2.0**-53
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sglang_random_shuffles_before_each_extend_batch(seed):
+    """Five 4-token prompts of one output token sent at 0, one prompt per extend batch of
+    10 ms: before batch c (c = 0..4) the c-th shuffle of the requests still waiting
+    (Fisher-Yates from the last position down), and its head runs."""
+    names = ["a", "b", "c", "d", "e"]
+    key = int(np.random.SeedSequence(seed, spawn_key=(5,)).generate_state(1, dtype=np.uint64)[0]) & (2**63 - 1)
+    waiting, admitted = list(names), []
+    for c in range(len(names)):
+        for i in range(len(waiting) - 1, 0, -1):
+            j = int(_documented_uniform(key, 0, c, i) * (i + 1))
+            waiting[i], waiting[j] = waiting[j], waiting[i]
+        admitted.append(waiting.pop(0))
+    requests = {"request_id": names, "input_tokens": [4] * 5, "output_tokens": [1] * 5, "send_ms": [0.0] * 5}
+    pool = {"num_blocks": 1000, "block_size": 1, "max_prefill_tokens": 4, "queue_order": "random"}
+    out = run(requests, pool, policy="sglang", seed=seed)
+    assert out["ttft_ms"] == [10.0 * (admitted.index(name) + 1) for name in names]
+
+
+def test_priority_preempts_the_lowest_priority_request_itself():
+    """b (priority 1, 3 + 3 tokens) at 0, a (priority 0, 3 + 3) at 5; 7 blocks of 1 token.
+
+    [0, 10] prefills b; [10, 22] decodes b (4 blocks) and prefills a (3 blocks, 7 used).
+    At 22 b needs a 5th block and none is free.  FCFS preempts the last running
+    request, a: [22, 24] decodes b's last token; a is prefilled again with its
+    output (3 + 1 tokens) [24, 34] and decodes [34, 36].  Priority preempts the
+    lowest-priority request, b, which is the one being scheduled: the step ends
+    with nothing scheduled, and the retry at 22 decodes a [22, 24] (b needs 3 + 2
+    blocks, 3 are free: head of line) and [24, 26] (a's last); b is prefilled again
+    (5 tokens) [26, 36] and emits its last token at 36.
+    """
+    requests = {"request_id": ["b", "a"], "input_tokens": [3, 3], "output_tokens": [3, 3],
+                "send_ms": [0.0, 5.0], "priority": [1, 0]}
+    pool = {"num_blocks": 7, "block_size": 1, "max_batched_tokens": 100}
+    fcfs = run(requests, {**pool, "queue_order": "fcfs"})
+    assert fcfs["ttft_ms"] == [10.0, 17.0]
+    assert fcfs["e2el_ms"] == [24.0, 31.0]
+    assert fcfs["num_preemptions"] == [0, 1]
+    prio = run(requests, {**pool, "queue_order": "priority"})
+    assert prio["ttft_ms"] == [10.0, 17.0]
+    assert prio["e2el_ms"] == [36.0, 21.0]
+    assert prio["num_preemptions"] == [1, 0]
+
+
+def test_priority_preempts_a_request_scheduled_earlier_in_the_pass():
+    """c (priority 1, 2 + 3 tokens) at 0, a (priority 0, 4 + 3) at 5; 4 blocks of 2 tokens.
+
+    [0, 10] prefills c (1 block); [10, 22] decodes c (2 blocks) and prefills a (2
+    blocks): 4 used.  At 22 c's next token fits its blocks and is scheduled; a's
+    needs a 3rd block and none is free.  FCFS preempts a itself: [22, 24] decodes
+    c's last token; a is prefilled again (4 + 1 tokens) [24, 34] and decodes [34, 36].
+    Priority preempts c, already scheduled in this pass: it leaves the batch and
+    frees its 2 blocks, and a takes its 3rd: [22, 24] and [24, 26] decode a (c needs
+    2 blocks for 2 + 2 tokens, 1 is free: head of line); c is prefilled again (4
+    tokens) [26, 36] and emits its last token at 36.
+    """
+    requests = {"request_id": ["c", "a"], "input_tokens": [2, 4], "output_tokens": [3, 3],
+                "send_ms": [0.0, 5.0], "priority": [1, 0]}
+    pool = {"num_blocks": 4, "block_size": 2, "max_batched_tokens": 100}
+    fcfs = run(requests, {**pool, "queue_order": "fcfs"})
+    assert fcfs["e2el_ms"] == [24.0, 31.0]
+    assert fcfs["num_preemptions"] == [0, 1]
+    prio = run(requests, {**pool, "queue_order": "priority"})
+    assert prio["ttft_ms"] == [10.0, 17.0]
+    assert prio["e2el_ms"] == [36.0, 21.0]
+    assert prio["num_preemptions"] == [1, 0]
+
+
+def test_priority_classes_are_drawn_from_their_own_stream():
+    """Classes change neither the lengths nor the sends, and the same seed draws the same classes."""
+    base = {"workload": {"num_requests": 40, "input_dist": "uniform", "input_tokens": 64, "range_ratio": 0.5},
+            "load": {"type": "poisson", "request_rate": 50.0}, "timing": FIXED, "seed": 7}
+    plain = simcore.run(base).requests
+    classes = {**base, "workload": {**base["workload"], "priority_classes": [0, 1], "priority_weights": [1, 3]},
+               "engine": {"aggregated": {"queue_order": "priority"}}}
+    first = simcore.run(classes).requests
+    assert first.column("input_tokens").equals(plain.column("input_tokens"))
+    assert first.column("send_ms").equals(plain.column("send_ms"))
+    assert simcore.run(classes).requests.equals(first)
+    assert set(first.column("priority").to_pylist()) == {0, 1}  # reported in the request table
+    assert plain.column("priority").null_count == plain.num_rows
+
+
+def test_shortest_output_needs_the_column():
+    pool = {"num_blocks": 100, "block_size": 1, "queue_order": "shortest_output"}
+    with pytest.raises(ConfigError, match=r"^queue_order=shortest_output needs the request table's "
+                                          r"predicted_output_tokens column$"):
+        run({"input_tokens": [4], "output_tokens": [1], "send_ms": [0.0]}, pool)
+
+
+@pytest.mark.parametrize("column, message", [
+    ({"priority": [0, 1.5]}, r"^requests: priority must be an integer from -\d+ to \d+ at row 1, got 1\.5$"),
+    ({"priority": ["x", "y"]}, r"^requests: column priority has type string, expected integers$"),
+    ({"priority": [0, 2**62 + 1]}, r"^requests: priority must be an integer .* at row 1"),
+    ({"predicted_output_tokens": [3, 0]}, r"^requests: predicted_output_tokens must be >= 1 at row 1, got 0$"),
+])
+def test_bad_columns_name_the_row(column, message):
+    requests = {"input_tokens": [4, 4], "output_tokens": [1, 1], "send_ms": [0.0, 0.0], **column}
+    with pytest.raises(ConfigError, match=message) as error:
+        run(requests, {"queue_order": "priority"})
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"engine": {"aggregated": {"queue_order": "lpm"}}},
+     r"^engine\.aggregated\.queue_order must be one of fcfs, priority, lof, random, shortest_prompt, "
+     r"shortest_output; "
+     r"got 'lpm'$"),
+    ({"engine": {"policy": "sglang", "aggregated": {"queue_order": "priority"}}},
+     r"^engine\.aggregated\.queue_order=priority is modelled for engine\.policy=vllm only, got sglang$"),
+    ({"engine": {"aggregated": {"queue_order": "lof"}}},
+     r"^engine\.aggregated\.queue_order=lof is modelled for engine\.policy=sglang only, got vllm$"),
+    ({"engine": {"policy": "trtllm", "aggregated": {"queue_order": "shortest_prompt"}}},
+     r"^engine\.aggregated\.queue_order=shortest_prompt is modelled for engine\.policy=vllm or sglang only, "
+     r"got trtllm$"),
+    ({"engine": {"aggregated": {"queue_order": "priority", "async_scheduling": True}}},
+     r"^engine\.aggregated\.queue_order=priority is not modelled with engine\.aggregated\.async_scheduling=true$"),
+    ({"workload": {"priority_classes": [0, 1]}},
+     r"^workload\.priority_classes has no effect here: it is only used with engine\.<pool>\.queue_order=priority"),
+    ({"workload": {"priority_classes": [0, 0]}, "engine": {"aggregated": {"queue_order": "priority"}}},
+     r"^workload\.priority_classes must not repeat a value"),
+    ({"workload": {"priority_classes": [0.5]}, "engine": {"aggregated": {"queue_order": "priority"}}},
+     r"^workload\.priority_classes values must be integers"),
+    ({"workload": {"priority_classes": []}, "engine": {"aggregated": {"queue_order": "priority"}}},
+     r"^workload\.priority_classes must not be empty"),
+    ({"workload": {"priority_classes": [0, 1], "priority_weights": [1]},
+      "engine": {"aggregated": {"queue_order": "priority"}}},
+     r"^workload\.priority_weights must give one weight per class \(2\), got 1$"),
+    ({"workload": {"priority_classes": [0, 1], "priority_weights": [1, 0]},
+      "engine": {"aggregated": {"queue_order": "priority"}}},
+     r"^workload\.priority_weights"),
+    ({"workload": {"priority_weights": [1]}, "engine": {"aggregated": {"queue_order": "priority"}}},
+     r"^workload\.priority_weights needs workload\.priority_classes"),
+])
+def test_bad_keys_name_the_key(config, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(config)
+    assert "\n" not in str(error.value)
+
+
+def test_fcfs_is_the_default_bit_for_bit():
+    cfg = {"workload": {"num_requests": 30, "input_dist": "uniform", "input_tokens": 300, "range_ratio": 0.1,
+                        "output_tokens": 40},
+           "load": {"type": "poisson", "request_rate": 400.0},
+           "engine": {"aggregated": {"num_blocks": 60, "block_size": 8}}, "timing": FIXED}
+    default = simcore.run(cfg).requests
+    explicit = simcore.run({**cfg, "engine": {"aggregated": {**cfg["engine"]["aggregated"], "queue_order": "fcfs"}}})
+    assert explicit.requests.equals(default)
+    assert np.asarray(default.column("num_preemptions")).sum() > 0  # the case exercises preemption
+
+
+def test_the_batch_path_runs_every_order_as_a_single_run():
+    """run_batch stacks the configurations' queue orders, keys and shuffle keys along its configuration axis."""
+    base = {"workload": {"num_requests": 40, "input_dist": "uniform", "input_tokens": 200, "range_ratio": 0.1,
+                         "output_tokens": 30},
+            "load": {"type": "poisson", "request_rate": 300.0},
+            "engine": {"aggregated": {"num_blocks": 40, "block_size": 8, "max_sequences": 4}}, "timing": FIXED}
+    configs = [
+        base,
+        {**base, "workload": {**base["workload"], "priority_classes": [0, 1, 2]},
+         "engine": {"aggregated": {**base["engine"]["aggregated"], "queue_order": "priority"}}},
+        {**base, "engine": {"aggregated": {**base["engine"]["aggregated"], "queue_order": "shortest_prompt"}}},
+    ]
+    sglang = {**base, "engine": {"policy": "sglang",
+                                 "aggregated": {"num_blocks": 320, "block_size": 1, "max_sequences": 4}}}
+    configs += [sglang] + [{**sglang, "engine": {"policy": "sglang", "aggregated": {
+        **sglang["engine"]["aggregated"], "queue_order": order}}} for order in ("lof", "random")]
+    batched = simcore.run_batch(configs)
+    singles = [simcore.run(config) for config in configs]
+    for one, many in zip(singles, batched):
+        assert many.requests.equals(one.requests)
+    assert not singles[1].requests.equals(singles[0].requests)  # the orders change something here
+    assert not singles[5].requests.equals(singles[3].requests)
