@@ -354,15 +354,28 @@ def test_acceptance_length_column_of_a_csv_table(tmp_path):
         simcore.run(config)
 
 
-def test_roofline_prices_proposals_as_decode_rows():
-    """``roofline`` (catalogue Llama-3.1-8B on an H100 SXM): D proposals of B decodes cost what B + D decode
-    rows at the decodes' mean context cost, and more than the B decodes alone."""
+def test_roofline_verification_reads_each_kv_once():
+    """``roofline`` (catalogue Llama-3.1-8B on an H100 SXM): D proposals of B decodes run the GEMMs and
+    ``lm_head`` on B + D rows, as B + D decode rows do; their attention reads each sequence's KV once, so
+    over the B decodes alone it adds, where memory-bound, only the D rows' KV writes and outputs."""
     from simcore.timing import nb
     from simcore.timing.api import timing_arrays
 
     cfg = load_config({"timing": {"type": "roofline", "model": "llama-3.1-8b", "gpu": "H100-SXM"}})
     model, params, table = timing_arrays(cfg.timing)
-    with_drafts = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, 16, 16 * 2001, 2001, 48)
-    as_rows = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, 64, 16 * 2001 + 48 * 2001, 2001)
-    plain = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, 16, 16 * 2001, 2001)
-    assert with_drafts == as_rows > plain
+    b, d, ctx = 16, 48, 2001
+    with_drafts = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, b, b * ctx, ctx, d)
+    as_rows = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, b + d, (b + d) * ctx, ctx)
+    plain = nb.rank_time_ms_nb(model, params, table, 0, 0, 0, b, b * ctx, ctx)
+    assert plain < with_drafts < as_rows
+    gemms = nb.roofline_pass_ms_nb(params, table, 0, 0, 0, b, b * ctx, b + d, d) - nb.roofline_attention_ms_nb(
+        params, table, 0, 0, 0, b, b * ctx, d)
+    gemms_as_rows = nb.roofline_pass_ms_nb(params, table, 0, 0, 0, b + d, (b + d) * ctx, b + d) - (
+        nb.roofline_attention_ms_nb(params, table, 0, 0, 0, b + d, (b + d) * ctx))
+    assert gemms == pytest.approx(gemms_as_rows, rel=1e-12)
+    added = 0.0  # the D rows' KV writes and outputs, per attention group, at the memory roofline
+    for g in range(int(params[nb.RF_NUM_ATTN])):
+        row = int(params[nb.RF_ATTN]) + g * nb.RF_ATTN_WIDTH
+        added += table[row] * d * (table[row + 5] + table[row + 7]) / params[nb.RF_ATTN_BYTES_PER_MS]
+    attention = nb.roofline_attention_ms_nb(params, table, 0, 0, 0, b, b * ctx, d)
+    assert attention - nb.roofline_attention_ms_nb(params, table, 0, 0, 0, b, b * ctx) == pytest.approx(added, rel=1e-9)

@@ -181,7 +181,8 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
-    if draft_tokens > 0 and model != TIMING_LINEAR:  # q rows per verification, each at the mean context
+    if draft_tokens > 0 and model != TIMING_LINEAR and model != TIMING_ROOFLINE:
+        # table, aic: q rows per verification, each at the mean context (as aiconfigurator prices MTP)
         decode_kv_tokens += draft_tokens * (decode_kv_tokens // num_decode)
         num_decode += draft_tokens
         draft_tokens = 0
@@ -202,7 +203,8 @@ def rank_time_ms_nb(
     if model == TIMING_ROOFLINE:
         padded = graph_tokens_nb(params, table, ROOFLINE_NUM_PARAMS, tokens)
         ms = roofline_pass_ms_nb(
-            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded,
+            draft_tokens,
         )
         return pass_terms_ms_nb(params, table, ROOFLINE_NUM_PARAMS, ms, num_prefill, padded)
     if model == TIMING_AIC:
@@ -1107,13 +1109,15 @@ def span_sum_nb(first, last, span):
 
 @njit(cache=True)
 def roofline_attention_ms_nb(params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode,
-                             decode_kv_tokens):
+                             decode_kv_tokens, draft_tokens=0):
     """Attention of all layers, ms: per layer group, one roofline of the pass's attention work.
 
     The mean prefill entry (chunk ``c``, cached ``h``) attends ``span_sum(h + 1,
     h + c, span)`` query-key pairs and reads ``min(h + c, span)`` tokens' KV
     plus writes ``c``; a decode reads ``min(context, span)`` tokens' KV (the
     decodes' mean context where a span caps it, their exact sum otherwise).
+    A verification's ``1 + d`` query rows (``draft_tokens = sum d``) read their
+    sequence's KV once, attend it each and write one KV row each.
 
     Parameters
     ----------
@@ -1123,6 +1127,8 @@ def roofline_attention_ms_nb(params, table, num_prefill, prefill_tokens, prefill
         Holds the attention groups.
     num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
         The batch summary of SPEC §8.
+    draft_tokens : int
+        Speculative proposals the decode entries verify.
 
     Returns
     -------
@@ -1154,15 +1160,16 @@ def roofline_attention_ms_nb(params, table, num_prefill, prefill_tokens, prefill
                 reads = num_decode * span
             else:
                 reads = float(decode_kv_tokens)
-            flops += reads * table[row + 3]
-            nbytes += reads * kv_bytes + num_decode * (kv_bytes + table[row + 7])
+            flops += reads * table[row + 3] * (1.0 + draft_tokens / num_decode)  # every query row attends
+            nbytes += reads * kv_bytes + (num_decode + draft_tokens) * (kv_bytes + table[row + 7])
         ms += table[row] * roofline_ms_nb(flops, nbytes, params[RF_ATTN_FLOPS_PER_MS], params[RF_ATTN_BYTES_PER_MS])
     return ms
 
 
 @njit(cache=True)
 def roofline_pass_ms_nb(
-    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, dense_tokens
+    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, dense_tokens,
+    draft_tokens=0,
 ):
     """Pass time from FLOPs and bytes against the GPU's peaks, ms (docs/timing.md, ``roofline``).
 
@@ -1181,7 +1188,10 @@ def roofline_pass_ms_nb(
     num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens : int
         The batch summary of SPEC §8.
     dense_tokens : int
-        Tokens the GEMMs run at (prefill tokens + decodes, padded to a CUDA-graph size).
+        Tokens the GEMMs run at (prefill tokens + decodes + proposals, padded to a CUDA-graph size).
+    draft_tokens : int
+        Speculative proposals the decode entries verify: GEMM and ``lm_head``
+        rows, and query rows of their sequences' attention (KV read once).
 
     Returns
     -------
@@ -1189,7 +1199,7 @@ def roofline_pass_ms_nb(
         The rank's time, ms.
     """
     tokens = float(dense_tokens)
-    seqs = float(num_prefill + num_decode)
+    seqs = float(num_prefill + num_decode + draft_tokens)  # lm_head: every verified position's logits
     ms = 0.0
     off = int(params[RF_GEMM])
     for g in range(int(params[RF_NUM_GEMM])):
@@ -1210,7 +1220,7 @@ def roofline_pass_ms_nb(
             params[RF_MOE_BYTES_PER_MS],
         )
     return ms + roofline_attention_ms_nb(
-        params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens
+        params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, draft_tokens
     )
 
 
