@@ -193,7 +193,7 @@ def _reached(*args, **kwargs):
     (["load.request_rate=4"], "workload and load come from the measured run"),
 ])
 def test_bad_calibrate_options_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, named):
-    monkeypatch.setattr(cal, "calibrate", _reached)
+    monkeypatch.setattr(cal, "calibrate_runs", _reached)
     out = tmp_path / "out"
     code = cal.main([str(_measured_file(tmp_path)), "--fit", "timing.decode_scale", *argv, "--out", str(out)])
     err = capsys.readouterr().err.splitlines()
@@ -203,7 +203,7 @@ def test_bad_calibrate_options_are_one_line_and_exit_2(tmp_path, capsys, monkeyp
 
 def test_calibration_cost_is_bounded_before_the_fit_with_the_estimate(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal, "MAX_SIMULATED_REQUESTS", 100)  # 4 requests x 30 candidates = 120
-    monkeypatch.setattr(cal, "calibrate", _reached)
+    monkeypatch.setattr(cal, "calibrate_runs", _reached)
     code = cal.main([str(_measured_file(tmp_path)), "--fit", "timing.decode_scale", "--max-evals", "30",
                      "--out", str(tmp_path / "out")])
     (err,) = capsys.readouterr().err.splitlines()
