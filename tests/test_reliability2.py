@@ -583,13 +583,15 @@ def check_calibrate_argv(tmp_path: Path, argv: list[str]) -> str:
     class Reached(Exception):
         pass
 
-    def reached(measured, overrides, fit, *, fit_fraction, loss, max_evals, seed):
+    def reached(runs, fit, *, fit_fraction, loss, max_evals, seed, stability_fits, score, max_extrapolation,
+                refuse_extrapolation):
+        assert runs and 0 <= stability_fits <= cal.MAX_STABILITY_FITS and max_extrapolation >= 1
         assert 0 <= seed <= cal.MAX_SEED and 1 <= max_evals <= cal.MAX_EVALS and 0 < fit_fraction <= 1
         assert fit and all(math.isfinite(lo) and math.isfinite(hi) and lo < hi for _, lo, hi in fit)
         raise Reached
 
-    original = cal.calibrate
-    cal.calibrate = reached
+    original = cal.calibrate_runs
+    cal.calibrate_runs = reached
     out = tmp_path / f"out-{uuid.uuid4().hex}"  # one per example (a refused one must leave none)
     stderr = io.StringIO()
     try:
@@ -599,7 +601,7 @@ def check_calibrate_argv(tmp_path: Path, argv: list[str]) -> str:
         shutil.rmtree(out, ignore_errors=True)
         return "accepted"
     finally:
-        cal.calibrate = original
+        cal.calibrate_runs = original
     err = stderr.getvalue().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("replaysim-calibrate: error:"), (code, err)
     assert not out.exists()
