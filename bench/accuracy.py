@@ -259,8 +259,10 @@ def llmservingsim_figures(case: str) -> dict[str, float]:
     return out
 
 
-def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tuple[str, ...] = (),
-             only_roofline: bool = False) -> dict:
+def case_setup(root: str, gpu: str, model_dir: str) -> dict:
+    """A measured run's files and the configs that replay it: ``base`` (lengths only, the run's
+    engine limits), ``shipped`` (as shipped: each stated parameter, the prompts' trace), and what
+    :func:`run_case` reports of them (every local below, by name)."""
     case = os.path.join(root, "bench", gpu, model_dir)
     with open(os.path.join(case, "vllm", "meta.json"), encoding="utf-8") as handle:
         meta = json.load(handle)
@@ -341,6 +343,21 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
         link = (f"expert parallelism over the {dp} DP ranks (each rank idle in a step runs vLLM's dummy batch; "
                 f"DP padding); MoE dispatch and combine on config.json's link: {cluster['link_bw']} GB/s, "
                 f"{latency_us:g} us; requests balanced over the ranks by rank_policy least_loaded")
+    shipped = dict(base, engine=shipped_engine, timing=shipped_timing, workload=shipped_workload)
+    return dict(locals())
+
+
+def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tuple[str, ...] = (),
+             only_roofline: bool = False) -> dict:
+    setup = case_setup(root, gpu, model_dir)
+    (case, meta, cluster, rows, name, model, kwargs, tp, dp, expert_parallel, ep, blocks, blocks_source, requests,
+     engine, base, profile, asynchronous, async_source, shipped_engine, caching, caching_source, whole, whole_source,
+     table_timing, graphs, graphs_source, shipped_timing, prompts_source, shipped_workload, skew_note,
+     link) = (setup[k] for k in (
+        "case", "meta", "cluster", "rows", "name", "model", "kwargs", "tp", "dp", "expert_parallel", "ep", "blocks",
+        "blocks_source", "requests", "engine", "base", "profile", "asynchronous", "async_source", "shipped_engine",
+        "caching", "caching_source", "whole", "whole_source", "table_timing", "graphs", "graphs_source",
+        "shipped_timing", "prompts_source", "shipped_workload", "skew_note", "link"))
     result = {
         "run": f"{gpu} {name.split('/')[-1]} TP{tp}" + (f" DP{dp} EP{ep}" if expert_parallel else ""),
         "requests": len(rows),
@@ -563,6 +580,24 @@ ROOFLINE_READING = (
     "`timing.pass_overhead_us` are declared for; `replaysim-calibrate` can fit them, and here they "
     "stay at their defaults."
 )
+
+
+#: The section bench/calibration_transfer.py writes (kept when this script rewrites the file).
+TRANSFER_HEADING = "## Calibration across runs (leave one run out)"
+
+
+def keep_transfer_section(path: str, text: str) -> str:
+    """``text`` with ``path``'s calibration-across-runs section, if it has one, before the roofline section."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            old = handle.read()
+    except OSError:
+        return text
+    if TRANSFER_HEADING not in old or TRANSFER_HEADING in text:
+        return text
+    section = TRANSFER_HEADING + old.split(TRANSFER_HEADING, 1)[1].split("\n## ", 1)[0]
+    head, rest = text.split(ROOFLINE_HEADING, 1) if ROOFLINE_HEADING in text else (text, None)
+    return head + section.rstrip("\n") + "\n\n" + (ROOFLINE_HEADING + rest if rest is not None else "")
 
 
 def splice_roofline(path: str, results: list[dict]) -> str:
@@ -1464,7 +1499,7 @@ def main(argv: list[str] | None = None) -> int:
         aic_version = "not installed"
     from simcore.timing import aic as aic_module
 
-    text = render(results, {"layout": aic_module.LAYOUT_VERSION, "aic": aic_version})
+    text = keep_transfer_section(args.out, render(results, {"layout": aic_module.LAYOUT_VERSION, "aic": aic_version}))
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(text)
     print(text)
