@@ -1,6 +1,6 @@
 """Leave-one-run-out calibration over the measured runs: fit on the others, score the one left out.
 
-    python bench/calibration_transfer.py [--data DIR] [--out docs/accuracy.md] [--max-evals 960] [--seed 0]
+    python bench/calibration_transfer.py [--data DIR] [--out docs/accuracy.md] [--max-evals 2400] [--seed 0]
 
 Each measured run of ``shared/data/llmservingsim-vllm-bench`` (LLMServingSim's vLLM 0.19.0
 runs, MIT licence, CASYS Lab at KAIST; its README) is replayed as shipped
@@ -126,7 +126,7 @@ def section(result: dict, found: list[cal.FitRun], skipped: list[str], max_evals
                  f"| {100 * mae['calibrated']['tpot_ms']:.1f}% | {100 * mae['uncalibrated']['e2el_ms']:.1f}% "
                  f"| {100 * mae['calibrated']['e2el_ms']:.1f}% | |")
     better = {col: mae["calibrated"][col] < mae["uncalibrated"][col] for col, _ in METRICS}
-    verdict = ("lowers" if all(better.values()) else "raises" if not any(better.values()) else "moves")
+    verdict = ("lower" if all(better.values()) else "raise" if not any(better.values()) else "move")
     lines += [
         "",
         f"Fitted on the other runs, the operator scales {verdict} the mean absolute error of the left-out runs' "
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=os.path.normpath(accuracy.DEFAULT_DATA))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "accuracy.md"))
-    parser.add_argument("--max-evals", type=int, default=960, help="replays per fit (default %(default)s)")
+    parser.add_argument("--max-evals", type=int, default=2400, help="replays per fit (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     found, skipped = runs(args.data)
