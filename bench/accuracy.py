@@ -259,8 +259,10 @@ def llmservingsim_figures(case: str) -> dict[str, float]:
     return out
 
 
-def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tuple[str, ...] = (),
-             only_roofline: bool = False) -> dict:
+def case_setup(root: str, gpu: str, model_dir: str) -> dict:
+    """A measured run's files and the configs that replay it: ``base`` (lengths only, the run's
+    engine limits), ``shipped`` (as shipped: each stated parameter, the prompts' trace), and what
+    :func:`run_case` reports of them (every local below, by name)."""
     case = os.path.join(root, "bench", gpu, model_dir)
     with open(os.path.join(case, "vllm", "meta.json"), encoding="utf-8") as handle:
         meta = json.load(handle)
@@ -341,6 +343,21 @@ def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tupl
         link = (f"expert parallelism over the {dp} DP ranks (each rank idle in a step runs vLLM's dummy batch; "
                 f"DP padding); MoE dispatch and combine on config.json's link: {cluster['link_bw']} GB/s, "
                 f"{latency_us:g} us; requests balanced over the ranks by rank_policy least_loaded")
+    shipped = dict(base, engine=shipped_engine, timing=shipped_timing, workload=shipped_workload)
+    return dict(locals())
+
+
+def run_case(root: str, gpu: str, model_dir: str, *, use_aic: bool, losses: tuple[str, ...] = (),
+             only_roofline: bool = False) -> dict:
+    setup = case_setup(root, gpu, model_dir)
+    (case, meta, cluster, rows, name, model, kwargs, tp, dp, expert_parallel, ep, blocks, blocks_source, requests,
+     engine, base, profile, asynchronous, async_source, shipped_engine, caching, caching_source, whole, whole_source,
+     table_timing, graphs, graphs_source, shipped_timing, prompts_source, shipped_workload, skew_note,
+     link) = (setup[k] for k in (
+        "case", "meta", "cluster", "rows", "name", "model", "kwargs", "tp", "dp", "expert_parallel", "ep", "blocks",
+        "blocks_source", "requests", "engine", "base", "profile", "asynchronous", "async_source", "shipped_engine",
+        "caching", "caching_source", "whole", "whole_source", "table_timing", "graphs", "graphs_source",
+        "shipped_timing", "prompts_source", "shipped_workload", "skew_note", "link"))
     result = {
         "run": f"{gpu} {name.split('/')[-1]} TP{tp}" + (f" DP{dp} EP{ep}" if expert_parallel else ""),
         "requests": len(rows),
@@ -565,9 +582,11 @@ ROOFLINE_READING = (
 )
 
 
+#: The section bench/calibration_transfer.py writes.
+TRANSFER_HEADING = "## Calibration across runs (leave one run out)"
 #: Sections of docs/accuracy.md written by other scripts, kept as they are when this one rewrites
-#: the file: bench/specdecode_study.py's.
-KEPT_SECTIONS = ("## Speculative decoding against a measured vLLM study",)
+#: the file: bench/calibration_transfer.py's and bench/specdecode_study.py's.
+KEPT_SECTIONS = (TRANSFER_HEADING, "## Speculative decoding against a measured vLLM study")
 
 
 def kept_sections(path: str, text: str) -> str:

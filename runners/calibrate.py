@@ -1,7 +1,8 @@
 """``replaysim-calibrate``: fit named simulator parameters to a measured serving run.
 
-    replaysim-calibrate MEASURED [KEY=VALUE ...] --fit KEY[=LOW:HIGH] [--fit ...]
+    replaysim-calibrate MEASURED [MEASURED ...] [KEY=VALUE ...] --fit KEY[=LOW:HIGH] [--fit ...]
         [--fit-fraction 0.5] [--loss quantiles] [--out DIR] [--max-evals 2400] [--seed 0] [--format auto]
+        [--stability-fits 3] [--score MEASURED ...] [--max-extrapolation 2] [--refuse-extrapolation]
 
 The measured run gives the workload (send instants, prompt and output lengths)
 and the per-request latencies; the ``KEY=VALUE`` overrides describe the
@@ -51,13 +52,47 @@ only.  Losses (``--loss``):
 - ``summary``: as ``bench`` without the median (mean and p90).
 
 The optimiser is SciPy's differential evolution (derivative-free), each
-generation one ``simcore.run_batch`` call over the whole population.
+generation one ``simcore.run_batch`` call per run over the whole population.
+
+Several measured files (or a file of several stages) are fitted together: the
+loss is the sum of their losses, every run replayed with its own workload and
+load.  A measured run may keep only aggregates (``vllm-summary``,
+``inference-perf`` below): each stage's statistics (mean, median, percentiles
+of TTFT, TPOT, ITL and E2E) are its targets, the loss the sum of their squared
+relative errors; the stage is replayed at its load (request rate: an open
+loop; concurrency: a closed loop) with its completed requests at its mean
+prompt and output lengths (or the lengths the ``workload.*`` overrides give
+when every input is an aggregate).
+
+Fitted keys are any replaysim key that takes a real value; the declared
+calibration parameters (``key(..., calibration=(low, high))`` in the settings,
+``docs/options.md``) have a default search range, others need ``KEY=LOW:HIGH``.
+The operator scales ``timing.prefill_token_scale``,
+``timing.decode_attention_scale`` and ``timing.decode_base_scale``
+(``docs/timing.md``) split a pass into what its prefill entries add, its
+decodes' attention and the rest of its decodes' time: fitted at a light load
+they keep their meaning at another, where whole-pass scales
+(``timing.prefill_scale``) would stretch the decodes of every mixed pass.
+
+Stability (``--stability-fits N``, default 3; 0: none): the fit is repeated on
+subsets of what it saw: with two or more runs or stages, each left out in turn
+(leave-one-stage-out); with one per-request run, N bootstrap resamples of its
+fit part.  Each parameter's values over the refits (min, max, spread = (max -
+min) / fitted value) are reported.  ``--score MEASURED`` predicts further
+runs with the fitted values (their errors reported, not fitted); a scored run
+whose mean requests in flight (Little's law: the sum of its E2E latencies
+over its span; a stage's concurrency, or rate x mean E2E) lies more than
+``--max-extrapolation`` times outside the fitted runs' range is warned of on
+stderr and in ``calibration.json`` (``--refuse-extrapolation``: refused, exit
+2).  ``calibrated.yaml`` states the fitted range in a comment.
 
 Written to ``--out`` (atomically, only on success): ``calibrated.yaml``, a Hydra
 config of the deployment overrides plus the fitted values (``replaysim
 --config-dir DIR --config-name calibrated``), and ``calibration.json``: the
 fitted values, the loss, and per part (fit, held out) the measured, the
-uncalibrated and the calibrated metrics with their errors.
+uncalibrated and the calibrated metrics with their errors (``errors``, one
+per-request run; ``runs``: every run or stage), ``load_range``, ``stability``,
+``scored`` and ``warnings``.
 
 Measured formats (``--format``, default: from the content):
 
@@ -70,6 +105,19 @@ Measured formats (``--format``, default: from the content):
   (s), ``itls`` (s per chunk), ``start_times`` (perf_counter s, vLLM 0.15+),
   ``errors``; E2E = ``latencies`` when saved (0.33+), else TTFT + sum(ITL);
   failed requests (an error, or no output) are left out of the replay.
+- ``vllm-summary``: ``vllm bench serve --save-result`` JSON without the
+  per-request lists (one object, a JSON list of them, or one a line as
+  ``--append-result`` writes): a stage each, ``{mean,median,pP}_{ttft,tpot,itl,
+  e2el}_ms``, ``completed``, ``total_input_tokens``, ``total_output_tokens``,
+  ``request_rate`` (a Poisson open loop; ``burstiness`` other than 1: gamma)
+  or, with ``request_rate`` ``"inf"``, ``max_concurrency`` (a closed loop).
+- ``inference-perf``: its lifecycle reports (``stage_N_lifecycle_metrics.json``,
+  ``inference_perf/reportgen/base.py``, one object or a list): ``load_summary``
+  ``requested_rate`` (a constant-rate open loop, inference-perf's default load)
+  or ``concurrency`` (a closed loop), ``successes.count``,
+  ``successes.latency.{time_to_first_token, time_per_output_token,
+  inter_token_latency, request_latency}.{mean,median,pP}`` (s),
+  ``successes.prompt_tokens.mean`` and ``successes.output_len.mean``.
 
 Fitted keys must take real values (time scales, overheads, bandwidths, stage
 costs); an integer key fails at its first fractional candidate.
@@ -89,9 +137,10 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -135,6 +184,14 @@ DEFAULT_BOUNDS = {
     "detokenization.base_ms": (0.0, 50.0),
     "detokenization.per_output_us": (0.0, 500.0),
 }
+def declared_ranges() -> dict[str, tuple[float, float]]:
+    """The declared calibration parameters (``key(..., calibration=(low, high))``) and their ranges."""
+    from simcore.checks import describe
+    from simcore.settings import SimConfig
+
+    return {doc.path: tuple(doc.calibration) for doc in describe(SimConfig) if doc.calibration is not None}
+
+
 #: The workload keys that name a trace of the measured run (:func:`trace_rows`).
 TRACE_KEYS = ("workload.source", "workload.path", "workload.block_size")
 POPSIZE = 10  # scipy's multiplier: population = POPSIZE x parameters
@@ -163,11 +220,216 @@ class Measured:
         )
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One load stage measured only in aggregate: its statistics and how it was loaded.
+
+    ``targets`` maps replaysim summary keys (``mean_ttft_ms``, ``median_tpot_ms``,
+    ``p99_itl_ms``, ``mean_e2el_ms``; ms) to the measured values; ``load`` is the
+    ``load`` section that replays the stage (an open loop at its request rate, or a
+    closed loop at its concurrency); ``input_tokens`` and ``output_tokens`` the mean
+    lengths (None: not in the file, the ``workload.*`` overrides must give them).
+    """
+
+    label: str
+    targets: dict[str, float]
+    load: dict[str, Any]
+    num_requests: int
+    input_tokens: float | None
+    output_tokens: float | None
+    format: str
+
+    @property
+    def in_flight(self) -> float:
+        """Mean requests in flight: the concurrency, or (Little's law) rate x mean E2E latency."""
+        if self.load["type"] == "closed_loop":
+            return float(self.load["concurrency"])
+        e2e = self.targets.get("mean_e2el_ms")
+        if e2e is None and "mean_ttft_ms" in self.targets and "mean_tpot_ms" in self.targets and self.output_tokens:
+            e2e = self.targets["mean_ttft_ms"] + self.targets["mean_tpot_ms"] * max(self.output_tokens - 1.0, 0.0)
+        return float("nan") if e2e is None else self.load["request_rate"] * e2e / 1e3
+
+    @property
+    def request_rate(self) -> float | None:
+        return self.load.get("request_rate")
+
+
 # ------------------------------------------------------------------ readers
 
 #: The largest clock reading (s) and latency a measured run may hold: a replayed
 #: instant is an int64 ns count below ``MAX_INSTANT_NS`` (about 146 years).
 MAX_CLOCK_S = MAX_INSTANT_NS / 1e9
+
+
+#: ``--format`` values: per-request runs, and aggregate-only stages.
+FORMATS = ("auto", "jsonl", "vllm", "vllm-summary", "inference-perf")
+#: The metrics a stage's statistics may name: (replaysim summary name, vllm bench serve name,
+#: inference-perf ``successes.latency`` name).
+STAGE_METRICS = (
+    ("ttft", "ttft", "time_to_first_token"),
+    ("tpot", "tpot", "time_per_output_token"),
+    ("itl", "itl", "inter_token_latency"),
+    ("e2el", "e2el", "request_latency"),
+)
+#: The most statistics of one stage taken (a file listing hundreds of percentiles is refused).
+MAX_STAGE_TARGETS = 200
+
+
+def read_input(path: str, fmt: str = "auto") -> Measured | list[Stage]:
+    """A measured run per request (:func:`read_measured`) or aggregate stages (:func:`read_stages`).
+
+    ``auto``: a JSON object with ``ttfts`` (``--save-detailed``) is a per-request
+    ``vllm`` run; JSON holding ``mean_ttft_ms``-like keys (one object, a list of them,
+    or one a line) is ``vllm-summary``; JSON with ``load_summary`` and ``successes`` is
+    ``inference-perf``; anything else ``jsonl`` per request.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt in ("jsonl", "vllm"):
+        return read_measured(path, fmt)
+    text = _read_text(path)
+    if fmt == "auto":
+        head = text.lstrip()[:1]
+        if head == "{" and '"ttfts"' in text:
+            return read_measured(path, "vllm")
+        if head in ("{", "[") and '"load_summary"' in text and '"successes"' in text:
+            fmt = "inference-perf"
+        elif head in ("{", "[") and re.search(r'"(mean|median|p[0-9.]+)_(ttft|tpot|itl|e2el)_ms"', text):
+            fmt = "vllm-summary"
+        else:
+            return read_measured(path, "jsonl")
+    return read_stages(path, text, fmt)
+
+
+def read_stages(path: str, text: str, fmt: str) -> list[Stage]:
+    """Aggregate stages: ``vllm bench serve --save-result`` JSON (one object, a JSON list, or one
+    object a line as ``--append-result`` writes), or inference-perf's ``stage_N_lifecycle_metrics.json``
+    / ``summary_lifecycle_metrics.json`` (one object or a list).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the file and line or JSON path.
+    """
+    docs: list[tuple[str, Any]] = []
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        value = _json(path, text)
+        docs = [(f"{path}: [{i}]", d) for i, d in enumerate(value)]
+    else:
+        try:
+            docs = [(path, json.loads(text))]
+        except (ValueError, RecursionError):  # one object a line
+            for line_no, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    docs.append((f"{path}:{line_no}", _json(path, line, line_no)))
+    if not docs:
+        raise ConfigError(f"{path}: no stages")
+    reader = _vllm_stage if fmt == "vllm-summary" else _inference_perf_stage
+    return [reader(where, doc, i, len(docs)) for i, (where, doc) in enumerate(docs)]
+
+
+def _positive(where: str, key: str, value: Any, *, high: float = MAX_CLOCK_S * 1e3) -> float:
+    number = _number(where, key, value, low=0.0, high=high)
+    if number <= 0:
+        raise ConfigError(f"{where}: {key} must be a number > 0, got {_shown(value)}")
+    return number
+
+
+def _vllm_stage(where: str, doc: Any, index: int, count: int) -> Stage:
+    """One ``vllm bench serve --save-result`` result (``vllm/benchmarks/serve.py``): ``request_rate``
+    (``"inf"``: unlimited), ``burstiness``, ``max_concurrency``, ``completed``,
+    ``total_input_tokens``, ``total_output_tokens`` and ``{mean,median,std,pP}_{metric}_ms``."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: not a vllm bench serve result (a JSON object), got {_shown(doc)}")
+    targets = {}
+    for name, vllm_name, _ in STAGE_METRICS:
+        for key, value in doc.items():
+            m = re.fullmatch(rf"(mean|median|p[0-9]+(?:\.[0-9]+)?)_{vllm_name}_ms", key)
+            if m and value is not None:
+                stat = m.group(1)
+                if stat.startswith("p") and not 0 < float(stat[1:]) < 100:
+                    raise ConfigError(f"{where}: {key}: a percentile must be in (0, 100)")
+                targets[f"{stat}_{name}_ms"] = _number(where, key, value, low=0.0, high=MAX_CLOCK_S * 1e3)
+    if not targets:
+        raise ConfigError(f"{where}: no statistic of ttft, tpot, itl or e2el (mean_ttft_ms, p99_ttft_ms, ...)")
+    if len(targets) > MAX_STAGE_TARGETS:
+        raise ConfigError(f"{where}: {len(targets)} statistics, more than {MAX_STAGE_TARGETS}")
+    completed = _count(where, "completed", doc.get("completed"), 1)
+    rate = doc.get("request_rate")
+    concurrency = doc.get("max_concurrency")
+    unlimited = rate is None or rate == "inf" or (isinstance(rate, float) and math.isinf(rate))
+    if concurrency is not None:
+        concurrency = _count(where, "max_concurrency", concurrency, 1)
+    if unlimited:
+        if concurrency is None:
+            raise ConfigError(f"{where}: request_rate is unlimited and max_concurrency is null: "
+                              "every request sent at once is not a load stage replaysim-calibrate replays")
+        load = {"type": "closed_loop", "concurrency": concurrency, "think_time_ms": 0.0}
+    else:
+        rate = _positive(where, "request_rate", rate, high=1e9)
+        if concurrency is not None:
+            raise ConfigError(f"{where}: request_rate {rate:g} with max_concurrency {concurrency}: an open loop "
+                              "capped by a concurrency is not modelled; give one of the two")
+        burstiness = doc.get("burstiness", 1.0)
+        burstiness = 1.0 if burstiness is None else _positive(where, "burstiness", burstiness, high=1e6)
+        load = {"type": "poisson", "request_rate": rate} if burstiness == 1.0 else {
+            "type": "gamma", "request_rate": rate, "burstiness": burstiness}
+    lengths = []
+    for key in ("total_input_tokens", "total_output_tokens"):
+        value = doc.get(key)
+        lengths.append(None if value is None else _count(where, key, value, completed) / completed)
+    return Stage(where, targets, load, completed, lengths[0], lengths[1], "vllm-summary")
+
+
+def _inference_perf_stage(where: str, doc: Any, index: int, count: int) -> Stage:
+    """One inference-perf lifecycle report (``inference_perf/reportgen/base.py``, ``summarize_requests``):
+    ``load_summary.requested_rate`` (and ``concurrency`` for a concurrency stage), ``successes.count``,
+    ``successes.latency.<metric>.{mean,median,pP}`` in seconds, ``successes.prompt_tokens.mean`` and
+    ``successes.output_len.mean``.  A rate stage is replayed as a constant-rate open loop
+    (inference-perf's default ``load.type: constant``)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("load_summary"), dict) or not isinstance(
+            doc.get("successes"), dict):
+        raise ConfigError(f"{where}: not an inference-perf lifecycle report (load_summary and successes objects)")
+    load_summary, successes = doc["load_summary"], doc["successes"]
+    latency = successes.get("latency")
+    if not isinstance(latency, dict):
+        raise ConfigError(f"{where}: successes.latency is missing or not an object")
+    targets = {}
+    for name, _, ip_name in STAGE_METRICS:
+        stats = latency.get(ip_name)
+        if stats is None:
+            continue
+        if not isinstance(stats, dict):
+            raise ConfigError(f"{where}: successes.latency.{ip_name} must be an object, got {_shown(stats)}")
+        for stat, value in stats.items():
+            if stat == "mean" or stat == "median" or re.fullmatch(r"p[0-9]+(\.[0-9]+)?", stat):
+                if stat.startswith("p") and not 0 < float(stat[1:]) < 100:
+                    raise ConfigError(f"{where}: successes.latency.{ip_name}.{stat}: a percentile must be in (0, 100)")
+                seconds = _number(where, f"successes.latency.{ip_name}.{stat}", value, low=0.0)
+                targets[f"{stat}_{name}_ms"] = seconds * 1e3
+    if not targets:
+        raise ConfigError(f"{where}: successes.latency has no statistic of time_to_first_token, "
+                          "time_per_output_token, inter_token_latency or request_latency")
+    if len(targets) > MAX_STAGE_TARGETS:
+        raise ConfigError(f"{where}: {len(targets)} statistics, more than {MAX_STAGE_TARGETS}")
+    completed = _count(where, "successes.count", successes.get("count"), 1)
+    concurrency = load_summary.get("concurrency")
+    if concurrency is not None:
+        load = {"type": "closed_loop", "concurrency": _count(where, "load_summary.concurrency", concurrency, 1),
+                "think_time_ms": 0.0}
+    else:
+        rate = load_summary.get("requested_rate")
+        if rate is None:
+            raise ConfigError(f"{where}: load_summary has neither requested_rate nor concurrency (a per-stage "
+                              "report, stage_N_lifecycle_metrics.json, has them)")
+        load = {"type": "constant_rate", "request_rate": _positive(where, "load_summary.requested_rate", rate, high=1e9)}
+    lengths = []
+    for key, alt in (("prompt_tokens", "prompt_len"), ("output_len", "output_tokens")):
+        block = successes.get(key) or successes.get(alt)
+        mean = block.get("mean") if isinstance(block, dict) else None
+        lengths.append(None if mean is None else _positive(where, f"successes.{key}.mean", mean, high=MAX_LENGTH))
+    return Stage(where, targets, load, completed, lengths[0], lengths[1], "inference-perf")
 
 
 def read_measured(path: str, fmt: str = "auto") -> Measured:
@@ -523,8 +785,17 @@ def trace_rows(cfg, measured: Measured) -> np.ndarray:
 # ------------------------------------------------------------------ overrides
 
 
-def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` tokens (YAML values, as on the replaysim command line) as a nested mapping."""
+#: The workload keys that may describe the requests of aggregate stages (their lengths).
+STAGE_WORKLOAD_KEYS = ("workload.input_tokens", "workload.output_tokens", "workload.input_dist",
+                       "workload.output_dist", "workload.range_ratio", "workload.input_std", "workload.output_std",
+                       "workload.prefix_tokens")
+
+
+def parse_overrides(tokens: Sequence[str], *, stages_only: bool = False) -> dict[str, Any]:
+    """``key=value`` tokens (YAML values, as on the replaysim command line) as a nested mapping.
+
+    ``stages_only``: every input is an aggregate stage, whose requests' lengths the
+    :data:`STAGE_WORKLOAD_KEYS` may describe."""
     from omegaconf import OmegaConf
 
     known = set(dotted_keys())
@@ -532,6 +803,8 @@ def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
         key = token.split("=", 1)[0]
         if "=" not in token or key not in known:
             raise ConfigError(f"override {token!r}: expected KEY=VALUE with a replaysim key")
+        if stages_only and key in STAGE_WORKLOAD_KEYS:
+            continue
         if (key.startswith(("workload.", "load.")) and key not in TRACE_KEYS) or key == "output.dir":
             raise ConfigError(f"override {token!r}: the workload and load come from the measured run "
                               f"(a trace of it may give the prompts' blocks: {', '.join(TRACE_KEYS)})")
@@ -564,6 +837,8 @@ def parse_fit(specs: Sequence[str]) -> list[tuple[str, float, float]]:
                 low, high = (float(x) for x in bounds.split(":"))
             except ValueError:
                 raise ConfigError(f"--fit {spec!r}: bounds must be LOW:HIGH numbers") from None
+        elif key in declared_ranges():
+            low, high = declared_ranges()[key]
         elif key in DEFAULT_BOUNDS:
             low, high = DEFAULT_BOUNDS[key]
         else:
@@ -600,71 +875,103 @@ class Calibration:
     generations: int
     seconds: float
     report: dict
+    runs: list[dict] = field(default_factory=list)  # per run: label, kind, load, errors
+    stability: dict | None = None  # the parameters' spread over fit subsets
+    load_range: dict | None = None  # the loads the fit saw
+    scored: list[dict] = field(default_factory=list)  # runs predicted with the fit, not fitted
+    warnings: list[str] = field(default_factory=list)
 
 
-def calibrate(
-    measured: Measured,
-    overrides: dict[str, Any],
-    fit: list[tuple[str, float, float]],
-    *,
-    fit_fraction: float = 0.5,
-    loss: str = DEFAULT_LOSS,
-    max_evals: int = 2400,
-    seed: int = 0,
-) -> Calibration:
-    """Fit the parameters ``fit`` to the fit part of ``measured`` (see the module docstring).
+@dataclass
+class FitRun:
+    """One measured run or stage to fit (or score): its deployment and its measurement.
 
-    Parameters
-    ----------
-    measured : Measured
-    overrides : dict
-        Nested deployment overrides (the workload and load are set here).
-    fit : list of (key, low, high)
-    fit_fraction : float
-        Share of the requests (by send instant) in the fit part, (0, 1]; 1: no held-out part.
-    loss : str
-        A name in :data:`LOSSES` (see the module docstring).
-    max_evals : int
-        Upper bound on simulated candidates (the optimiser may stop earlier).
-    seed : int
-        The optimiser's seed (same inputs and seed: the same result).
-
-    Returns
-    -------
-    Calibration
+    ``measured``: per-request latencies (the workload and sends are the run's own);
+    ``stage``: aggregate statistics (the workload from the stage's mean lengths or the
+    ``workload.*`` overrides, the load from the stage).
     """
-    from scipy.optimize import differential_evolution
 
-    if not 0 < fit_fraction <= 1:
-        raise ConfigError(f"--fit-fraction must be in (0, 1], got {fit_fraction!r}")
-    if loss not in LOSSES:
-        raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    n = len(measured.request_id)
-    n_fit = max(1, int(math.floor(n * fit_fraction)))
-    parts = {"fit": slice(0, n_fit)}
-    if n_fit < n:
-        parts["held_out"] = slice(n_fit, n)
-    targets = {name: part_metrics(measured.latency, rows) for name, rows in parts.items()}
-    base = json.loads(json.dumps(overrides))
-    base.setdefault("load", {})["type"] = "trace"
+    label: str
+    overrides: dict[str, Any]
+    measured: Measured | None = None
+    stage: Stage | None = None
+
+    @property
+    def kind(self) -> str:
+        return "requests" if self.measured is not None else "stage"
+
+
+@dataclass
+class _Prepared:
+    run: FitRun
+    base: dict
+    requests: pa.Table | None
+    rows_of: np.ndarray | None
+    parts: dict[str, np.ndarray]  # per-request runs: fit and held-out rows (measured order)
+
+
+def _prepare(run: FitRun, fit_fraction: float) -> _Prepared:
+    """The run's base config (workload and load set) and request table; a bad deployment fails here."""
+    base = json.loads(json.dumps(run.overrides))
+    if run.measured is not None:
+        n = len(run.measured.request_id)
+        base.setdefault("load", {})["type"] = "trace"
+        base.setdefault("workload", {}).setdefault("num_requests", n)
+        requests, rows_of = replay_inputs(base, run.measured)
+        n_fit = max(1, int(math.floor(n * fit_fraction)))
+        parts = {"fit": np.arange(n_fit)}
+        if n_fit < n:
+            parts["held_out"] = np.arange(n_fit, n)
+        load_config(base)
+        return _Prepared(run, base, requests, rows_of, parts)
+    stage = run.stage
+    base["load"] = dict(stage.load)
     workload = base.setdefault("workload", {})
-    workload.setdefault("num_requests", n)
-    requests, rows_of = replay_inputs(base, measured)
-    load_config(base)  # a bad deployment fails before any fitting
-    for key, low, high in fit:
-        for value in (low, high):
-            trial = json.loads(json.dumps(base))
-            set_dotted(trial, key, value)
-            load_config(trial)
+    if workload.get("source", "synthetic") == "synthetic":
+        for key, mean in (("input_tokens", stage.input_tokens), ("output_tokens", stage.output_tokens)):
+            if key not in workload:
+                if mean is None:
+                    raise ConfigError(f"{stage.label}: the stage gives no mean {key.replace('_', ' ')}: "
+                                      f"set workload.{key} (and its distribution) among the overrides")
+                workload[key] = max(1, int(round(mean)))
+    workload["num_requests"] = stage.num_requests
+    percentiles = sorted({float(k.split("_", 1)[0][1:]) for k in stage.targets if k.startswith("p")})
+    if percentiles:
+        base.setdefault("metrics", {})["percentiles"] = [int(p) if p.is_integer() else p for p in percentiles]
+    load_config(base)
+    return _Prepared(run, base, None, None, {})
 
-    def configs_for(points: np.ndarray) -> list[dict]:
-        out = []
-        for x in points:
-            cfg = json.loads(json.dumps(base))
-            for (key, _, _), value in zip(fit, x):
-                set_dotted(cfg, key, float(value))
-            out.append(cfg)
-        return out
+
+def _with(base: dict, fit: list[tuple[str, float, float]], x: Sequence[float]) -> dict:
+    cfg = json.loads(json.dumps(base))
+    for (key, _, _), value in zip(fit, x):
+        set_dotted(cfg, key, float(value))
+    return cfg
+
+
+def stage_loss(summary: dict[str, Any], targets: dict[str, float]) -> float:
+    """Sum of squared relative errors of a stage's statistics; a statistic the replay has no
+    finite value of counts as predicted 0 (error -100%)."""
+    total = 0.0
+    for key, value in targets.items():
+        if not value > 0:
+            continue
+        predicted = summary.get(key)
+        predicted = predicted if isinstance(predicted, (int, float)) and math.isfinite(predicted) else 0.0
+        total += (predicted / value - 1.0) ** 2
+    return total
+
+
+def _run_loss(prep: _Prepared, result, loss: str, rows: np.ndarray | None) -> float:
+    if prep.run.measured is not None:
+        return loss_value(loss, predicted_latency(result, prep.rows_of), prep.run.measured, rows)
+    return stage_loss(result.summary, prep.run.stage.targets)
+
+
+def _optimise(preps: list[_Prepared], fit, loss: str, max_evals: int, seed: int,
+              rows: list[np.ndarray | None]) -> tuple[np.ndarray, float, int, int]:
+    """Differential evolution over ``fit``: the summed loss of ``preps`` on ``rows`` (per run)."""
+    from scipy.optimize import differential_evolution
 
     evaluations = 0
     generations = 0
@@ -672,17 +979,19 @@ def calibrate(
     def population_loss(x: np.ndarray) -> np.ndarray:
         nonlocal evaluations, generations
         points = np.atleast_2d(x.T)  # scipy (vectorized): x is (parameters, candidates)
-        try:
-            results = simcore.run_batch(configs_for(points), requests=requests)
-        except ConfigError as exc:  # SciPy would wrap a ValueError in its own RuntimeError
-            raise _Refused(exc) from None
-        evaluations += len(results)
+        total = np.zeros(len(points))
+        for prep, part in zip(preps, rows):
+            try:
+                results = simcore.run_batch([_with(prep.base, fit, p) for p in points], requests=prep.requests)
+            except ConfigError as exc:  # SciPy would wrap a ValueError in its own RuntimeError
+                raise _Refused(exc) from None
+            evaluations += len(results)
+            total += [_run_loss(prep, r, loss, part) for r in results]
         generations += 1
-        return np.array([loss_value(loss, predicted_latency(r, rows_of), measured, parts["fit"]) for r in results])
+        return total
 
     population = 1 << (POPSIZE * len(fit) - 1).bit_length()  # Sobol initialisation: a power of two
-    maxiter = max(1, max_evals // population - 1)  # the initial population is one generation more
-    start = time.perf_counter()
+    maxiter = max(1, max_evals // (population * len(preps)) - 1)  # the initial population is one generation more
     try:
         found = differential_evolution(
             population_loss,
@@ -701,33 +1010,258 @@ def calibrate(
     if not math.isfinite(float(found.fun)):
         raise ConfigError(f"the loss of every candidate is {found.fun}: the measured latencies cannot be compared "
                           "(see the measured run's values)")
-    seconds = time.perf_counter() - start
-    values = {key: float(v) for (key, _, _), v in zip(fit, found.x)}
-    best, initial = simcore.run_batch(configs_for(np.array([found.x]))[:1] + [base], requests=requests)
-    report = {}
-    for name, rows in parts.items():
-        report[name] = {
-            "requests": rows.stop - rows.start,
-            "calibrated": errors_of(part_metrics(predicted_latency(best, rows_of), rows), targets[name]),
-            "uncalibrated": errors_of(part_metrics(predicted_latency(initial, rows_of), rows), targets[name]),
+    return np.asarray(found.x, dtype=np.float64), float(found.fun), evaluations, generations
+
+
+def _in_flight(run: FitRun) -> float:
+    """The mean requests in flight a run measured (Little's law over its span), or a stage's."""
+    if run.stage is not None:
+        return run.stage.in_flight
+    m = run.measured
+    e2e = m.latency["e2el_ms"]
+    span = float(np.max(m.send_ms + e2e) - np.min(m.send_ms))
+    return float(np.sum(e2e) / span) if span > 0 else float(len(e2e))
+
+
+def _request_rate(run: FitRun) -> float | None:
+    if run.stage is not None:
+        return run.stage.request_rate
+    send = run.measured.send_ms
+    return float((send.size - 1) / (send[-1] - send[0]) * 1e3) if send.size > 1 and send[-1] > send[0] else None
+
+
+def _run_report(prep: _Prepared, best, initial) -> dict:
+    """The calibrated and uncalibrated errors of one run (per part for a per-request run)."""
+    run = prep.run
+    out: dict[str, Any] = {"label": run.label, "kind": run.kind, "in_flight": _in_flight(run),
+                           "request_rate": _request_rate(run)}
+    if run.measured is not None:
+        out["requests"] = len(run.measured.request_id)
+        out["parts"] = {}
+        for name, rows in prep.parts.items():
+            target = part_metrics(run.measured.latency, rows)
+            out["parts"][name] = {
+                "requests": int(rows.size),
+                "calibrated": errors_of(part_metrics(predicted_latency(best, prep.rows_of), rows), target),
+                "uncalibrated": errors_of(part_metrics(predicted_latency(initial, prep.rows_of), rows), target),
+            }
+    else:
+        out["load"] = run.stage.load
+        out["errors"] = {
+            key: {"measured": value, "calibrated": best.summary.get(key), "uncalibrated": initial.summary.get(key)}
+            for key, value in run.stage.targets.items()
         }
-    return Calibration(values, float(found.fun), evaluations, generations, seconds, report)
+        for row in out["errors"].values():
+            for side in ("calibrated", "uncalibrated"):
+                p = row[side]
+                row[f"{side}_error"] = p / row["measured"] - 1.0 if isinstance(p, (int, float)) and math.isfinite(
+                    p) and row["measured"] > 0 else None
+    return out
+
+
+#: A scored run whose load (mean requests in flight) lies beyond this factor of the fitted
+#: loads' range is an extrapolation (``--max-extrapolation``).
+DEFAULT_MAX_EXTRAPOLATION = 2.0
+
+
+def extrapolation(load_range: dict, in_flight: float) -> float:
+    """How far ``in_flight`` lies outside the fitted range, as a factor (1: inside)."""
+    low, high = load_range["in_flight_min"], load_range["in_flight_max"]
+    if not (math.isfinite(in_flight) and in_flight > 0 and low > 0):
+        return 1.0
+    return max(1.0, in_flight / high, low / in_flight)
+
+
+def calibrate_runs(
+    runs: list[FitRun],
+    fit: list[tuple[str, float, float]],
+    *,
+    fit_fraction: float = 0.5,
+    loss: str = DEFAULT_LOSS,
+    max_evals: int = 2400,
+    seed: int = 0,
+    stability_fits: int = 0,
+    score: Sequence[FitRun] = (),
+    max_extrapolation: float = DEFAULT_MAX_EXTRAPOLATION,
+    refuse_extrapolation: bool = False,
+) -> Calibration:
+    """Fit ``fit`` to every run of ``runs`` at once (the sum of their losses), then measure the
+    fit's stability and predict the ``score`` runs.
+
+    Parameters
+    ----------
+    runs : list of FitRun
+        Per-request runs (fitted on their first ``fit_fraction`` by send instant) and
+        aggregate stages (every statistic fitted), each with its own deployment.
+    fit : list of (key, low, high)
+    fit_fraction, loss, max_evals, seed
+        As :func:`calibrate`; ``max_evals`` counts replays (candidates x runs).
+    stability_fits : int
+        0: no stability figures.  With two or more runs: each run left out in turn
+        (leave-one-stage-out: as many fits as runs); with one per-request run:
+        this many bootstrap fits (the fit part's requests resampled with
+        replacement, seeded).  Each fit has the budget of the main one.
+    score : sequence of FitRun
+        Runs predicted with the fitted values and scored, not fitted.
+    max_extrapolation : float
+        A scored run whose mean requests in flight lies beyond this factor outside
+        the fitted runs' range is warned of (``Calibration.warnings``).
+    refuse_extrapolation : bool
+        Refuse such a run instead (ConfigError), before fitting.
+
+    Returns
+    -------
+    Calibration
+    """
+    if not runs:
+        raise ConfigError("no measured run to fit")
+    if not 0 < fit_fraction <= 1:
+        raise ConfigError(f"--fit-fraction must be in (0, 1], got {fit_fraction!r}")
+    if loss not in LOSSES:
+        raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    if not (math.isfinite(max_extrapolation) and max_extrapolation >= 1):
+        raise ConfigError(f"--max-extrapolation must be a number >= 1, got {max_extrapolation!r}")
+    preps = [_prepare(run, fit_fraction) for run in runs]
+    scored = [_prepare(run, 1.0) for run in score]
+    for prep in preps + scored:  # each bound of each parameter must be a valid config
+        for key, low, high in fit:
+            for value in (low, high):
+                trial = json.loads(json.dumps(prep.base))
+                set_dotted(trial, key, value)
+                load_config(trial)
+    loads = [_in_flight(run) for run in runs]
+    finite = [x for x in loads if math.isfinite(x)]
+    rates = [r for r in (_request_rate(run) for run in runs) if r is not None]
+    load_range = {
+        "in_flight_min": min(finite) if finite else float("nan"),
+        "in_flight_max": max(finite) if finite else float("nan"),
+        "request_rate_min": min(rates) if rates else None,
+        "request_rate_max": max(rates) if rates else None,
+    }
+    warnings = []
+    for prep in scored:
+        factor = extrapolation(load_range, _in_flight(prep.run))
+        if factor > max_extrapolation:
+            message = (f"{prep.run.label}: {_in_flight(prep.run):.3g} requests in flight is {factor:.2f}x outside "
+                       f"the fitted loads ({load_range['in_flight_min']:.3g} to {load_range['in_flight_max']:.3g}); "
+                       f"the fit is extrapolated beyond --max-extrapolation {max_extrapolation:g}")
+            if refuse_extrapolation:
+                raise ConfigError(message)
+            warnings.append(message)
+    fit_rows = [prep.parts.get("fit") for prep in preps]
+    start = time.perf_counter()
+    x, fun, evaluations, generations = _optimise(preps, fit, loss, max_evals, seed, fit_rows)
+    seconds = time.perf_counter() - start
+    values = {key: float(v) for (key, _, _), v in zip(fit, x)}
+    reports = []
+    for prep in preps + scored:
+        best, initial = simcore.run_batch([_with(prep.base, fit, x), prep.base], requests=prep.requests)
+        reports.append(_run_report(prep, best, initial))
+    for report in reports[len(preps):]:
+        report["extrapolation"] = extrapolation(load_range, report["in_flight"])
+    stability = None
+    if stability_fits > 0:
+        stability = _stability(preps, fit, loss, max_evals, seed, fit_rows, stability_fits, values)
+    first = reports[0]
+    report = first.get("parts", {}) if len(preps) == 1 else {}
+    return Calibration(values, fun, evaluations, generations, seconds, report, reports[:len(preps)], stability,
+                       load_range, reports[len(preps):], warnings)
+
+
+def _stability(preps, fit, loss, max_evals, seed, fit_rows, count, values) -> dict:
+    """The fitted values over fit subsets: leave-one-run-out with two or more runs, else
+    ``count`` bootstrap resamples of the one run's fit part."""
+    subsets: list[tuple[str, list[_Prepared], list]] = []
+    if len(preps) >= 2:
+        method = "leave-one-stage-out"
+        for i, prep in enumerate(preps):
+            keep = [j for j in range(len(preps)) if j != i]
+            subsets.append((f"without {prep.run.label}", [preps[j] for j in keep], [fit_rows[j] for j in keep]))
+    elif preps[0].run.measured is not None:
+        method = "bootstrap"
+        rng = np.random.default_rng(seed)
+        rows = fit_rows[0]
+        for b in range(count):
+            sample = np.sort(rng.choice(rows, size=rows.size, replace=True))
+            subsets.append((f"resample {b + 1}", preps, [sample]))
+    else:
+        return {"method": "none", "fits": 0, "note": "one aggregate stage: no subset to refit on"}
+    fitted: dict[str, list[float]] = {key: [] for key, _, _ in fit}
+    labels = []
+    for label, subset, rows in subsets:
+        x, _, _, _ = _optimise(subset, fit, loss, max_evals, seed, rows)
+        labels.append(label)
+        for (key, _, _), v in zip(fit, x):
+            fitted[key].append(float(v))
+    parameters = {}
+    for key, series in fitted.items():
+        low, high = min(series), max(series)
+        centre = values[key]
+        parameters[key] = {
+            "value": centre, "min": low, "max": high, "values": series,
+            "spread": (high - low) / abs(centre) if centre != 0 else float("inf") if high > low else 0.0,
+        }
+    return {"method": method, "fits": len(subsets), "subsets": labels, "parameters": parameters}
+
+
+def calibrate(
+    measured: Measured,
+    overrides: dict[str, Any],
+    fit: list[tuple[str, float, float]],
+    *,
+    fit_fraction: float = 0.5,
+    loss: str = DEFAULT_LOSS,
+    max_evals: int = 2400,
+    seed: int = 0,
+    stability_fits: int = 0,
+) -> Calibration:
+    """Fit the parameters ``fit`` to the fit part of ``measured`` (see the module docstring).
+
+    Parameters
+    ----------
+    measured : Measured
+    overrides : dict
+        Nested deployment overrides (the workload and load are set here).
+    fit : list of (key, low, high)
+    fit_fraction : float
+        Share of the requests (by send instant) in the fit part, (0, 1]; 1: no held-out part.
+    loss : str
+        A name in :data:`LOSSES` (see the module docstring).
+    max_evals : int
+        Upper bound on simulated candidates (the optimiser may stop earlier).
+    seed : int
+        The optimiser's seed (same inputs and seed: the same result).
+    stability_fits : int
+        Bootstrap refits for the stability figures (0: none).
+
+    Returns
+    -------
+    Calibration
+    """
+    run = FitRun("measured", overrides, measured=measured)
+    return calibrate_runs([run], fit, fit_fraction=fit_fraction, loss=loss, max_evals=max_evals, seed=seed,
+                          stability_fits=stability_fits)
 
 
 # ------------------------------------------------------------------ output
 
 
-def calibrated_yaml(overrides: dict[str, Any], values: dict[str, float]) -> str:
-    """A Hydra config: the app's ``config`` plus the deployment overrides and the fitted values."""
+def calibrated_yaml(overrides: dict[str, Any], values: dict[str, float], load_range: dict | None = None) -> str:
+    """A Hydra config: the app's ``config`` plus the deployment overrides and the fitted values
+    (a comment says the loads the fit saw)."""
     from omegaconf import OmegaConf
 
     tree = json.loads(json.dumps(overrides))
     for key, value in values.items():
         set_dotted(tree, key, value)
     body = OmegaConf.to_yaml(OmegaConf.create(tree)) if tree else ""
+    seen = ""
+    if load_range and math.isfinite(load_range.get("in_flight_min", math.nan)):
+        seen = (f"# Fitted at {load_range['in_flight_min']:.3g} to {load_range['in_flight_max']:.3g} requests in "
+                "flight (calibration.json: load_range); far outside them the fit is extrapolated.\n")
     return (
         "# Written by replaysim-calibrate; run it with\n"
-        "#   replaysim --config-dir <this directory> --config-name calibrated [overrides]\n"
+        "#   replaysim --config-dir <this directory> --config-name calibrated [overrides]\n" + seen +
         "defaults:\n  - config\n  - _self_\n\n" + body
     )
 
@@ -762,14 +1296,18 @@ def _int_text(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer value: {text[:40]!r}") from None
 
 
-def check_cost(max_evals: int, requests: int) -> None:
-    """Refuse a calibration whose candidates x requests exceed :data:`MAX_SIMULATED_REQUESTS`."""
+def check_cost(max_evals: int, requests: int, fits: int = 1) -> None:
+    """Refuse a calibration whose candidates x requests (x fits: the fit and its stability
+    refits) exceed :data:`MAX_SIMULATED_REQUESTS`; ``requests``: of the largest run."""
     if not 1 <= max_evals <= MAX_EVALS:
         raise ConfigError(f"--max-evals must be an integer from 1 to {MAX_EVALS}, got {_shown(max_evals)}")
-    cost = max_evals * requests
+    one = max_evals * requests
+    cost = one * fits
     if cost > MAX_SIMULATED_REQUESTS:
-        raise ConfigError(f"--max-evals {max_evals} x {requests} measured requests = {cost:.3g} simulated requests, "
-                          f"above the bound of {MAX_SIMULATED_REQUESTS:.0e}: lower --max-evals")
+        each = f" a fit x {fits} fits (the fit and --stability-fits) = {cost:.3g}" if fits > 1 else ""
+        raise ConfigError(f"--max-evals {max_evals} x {requests} measured requests = {one:.3g} simulated requests"
+                          f"{each}, above the bound of {MAX_SIMULATED_REQUESTS:.0e}: lower --max-evals"
+                          f"{' or --stability-fits' if fits > 1 else ''}")
 
 
 def _stop_on_signals() -> None:
@@ -792,14 +1330,37 @@ def _error(message: object, code: int = EXIT_BAD_INPUT) -> int:
     return code
 
 
+def _is_override(token: str) -> bool:
+    """Whether a positional token is a ``KEY=VALUE`` override (else a measured file)."""
+    key, eq, _ = token.partition("=")
+    return bool(eq) and "." in key and "/" not in key and not os.path.exists(token)
+
+
+def _runs(paths: Sequence[str], fmt: str, overrides: dict[str, Any]) -> list[FitRun]:
+    """Each file's runs: one per-request run, or its aggregate stages."""
+    runs = []
+    for path in paths:
+        found = read_input(path, fmt)
+        if isinstance(found, Measured):
+            runs.append(FitRun(path, overrides, measured=found))
+        else:
+            runs += [FitRun(stage.label, overrides, stage=stage) for stage in found]
+    return runs
+
+
+def _count_requests(runs: Sequence[FitRun]) -> int:
+    return sum(len(r.measured.request_id) if r.measured is not None else r.stage.num_requests for r in runs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command: bad input prints one line and returns 2, an unwritable ``--out`` 74; nothing is written."""
     if argv is None:
         _stop_on_signals()
         argv = sys.argv[1:]
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    parser.add_argument("measured", help="the measured run (JSONL per request, or vllm bench serve JSON)")
-    parser.add_argument("overrides", nargs="*", help="replaysim KEY=VALUE overrides of the deployment")
+    parser.add_argument("inputs", nargs="+", metavar="MEASURED|KEY=VALUE",
+                        help="measured runs or stages (files; several are fitted together) and replaysim "
+                             "KEY=VALUE overrides of the deployment")
     parser.add_argument("--fit", action="append", default=[], metavar="KEY[=LOW:HIGH]", help="a parameter to fit")
     parser.add_argument("--fit-fraction", type=float, default=0.5, help="share of requests (by send) fitted")
     parser.add_argument("--loss", default=DEFAULT_LOSS, choices=tuple(LOSSES),
@@ -809,16 +1370,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=_int_text, default=0,
                         help=f"seed of the optimiser (differential evolution), 0 to {MAX_SEED}; the same inputs and "
                              "seed give the same fit (default %(default)s)")
-    parser.add_argument("--format", default="auto", choices=("auto", "jsonl", "vllm"),
+    parser.add_argument("--format", default="auto", choices=FORMATS,
                         help="format of the measured run: jsonl (one JSON object per request), vllm (vllm bench serve "
-                             "--save-result --save-detailed JSON), or auto: vllm when the file is one JSON "
-                             "object with 'ttfts', else jsonl (default %(default)s)")
+                             "--save-result --save-detailed JSON), vllm-summary (vllm bench serve --save-result "
+                             "statistics, one object a stage), inference-perf (its lifecycle metrics reports), or "
+                             "auto: from the content (default %(default)s)")
+    parser.add_argument("--stability-fits", type=_int_text, default=3, metavar="N",
+                        help="the fit's stability: with several runs or stages each left out in turn, with one "
+                             "per-request run N bootstrap refits; 0: none (default %(default)s)")
+    parser.add_argument("--score", action="append", default=[], metavar="MEASURED",
+                        help="a run or stages predicted with the fit and scored, not fitted")
+    parser.add_argument("--max-extrapolation", type=float, default=DEFAULT_MAX_EXTRAPOLATION, metavar="F",
+                        help="warn when a scored run's mean requests in flight lies more than F times outside "
+                             "the fitted runs' (default %(default)s)")
+    parser.add_argument("--refuse-extrapolation", action="store_true",
+                        help="refuse such a scored run (exit 2) instead of warning")
     try:
         args = parser.parse_intermixed_args(list(argv))  # overrides before or after the flags
     except _ArgumentsError as exc:
         return _error(exc)
     out = os.path.abspath(args.out)
     created = [str(d) for d in missing_ancestors(Path(out))]
+    paths = [t for t in args.inputs if not _is_override(t)]
+    tokens = [t for t in args.inputs if _is_override(t)]
     try:
         if not 0 <= args.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED}, got {_shown(args.seed)}")
@@ -826,27 +1400,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--max-evals must be an integer from 1 to {MAX_EVALS}, got {_shown(args.max_evals)}")
         if not 0 < args.fit_fraction <= 1:
             raise ConfigError(f"--fit-fraction must be in (0, 1], got {args.fit_fraction!r}")
-        measured = read_measured(args.measured, args.format)
-        check_cost(args.max_evals, len(measured.request_id))
-        overrides = parse_overrides(args.overrides)
+        if not 0 <= args.stability_fits <= MAX_STABILITY_FITS:
+            raise ConfigError(f"--stability-fits must be an integer from 0 to {MAX_STABILITY_FITS}, "
+                              f"got {_shown(args.stability_fits)}")
+        if not (math.isfinite(args.max_extrapolation) and args.max_extrapolation >= 1):
+            raise ConfigError(f"--max-extrapolation must be a number >= 1, got {args.max_extrapolation!r}")
+        if not paths:
+            raise ConfigError("name at least one measured run (a file)")
+        runs = _runs(paths, args.format, {})
+        scored = _runs(args.score, args.format, {})
+        overrides = parse_overrides(tokens, stages_only=all(r.stage is not None for r in runs + scored))
+        for run in runs + scored:
+            run.overrides = overrides
+        fits = 1 + (args.stability_fits if len(runs) == 1 else len(runs)) * (args.stability_fits > 0)
+        check_cost(args.max_evals, max(_count_requests([r]) for r in runs), fits)
         fit = parse_fit(args.fit)
         try:
             check_writable(out)  # before the fit, not after it
         except OSError as exc:
             _remove_created(created)
             return _error(f"cannot write results to {exc.filename or out}: {_reason(exc)}", EXIT_ENVIRONMENT)
-        result = calibrate(
-            measured, overrides, fit, fit_fraction=args.fit_fraction, loss=args.loss,
-            max_evals=args.max_evals, seed=args.seed,
+        result = calibrate_runs(
+            runs, fit, fit_fraction=args.fit_fraction, loss=args.loss, max_evals=args.max_evals, seed=args.seed,
+            stability_fits=args.stability_fits, score=scored, max_extrapolation=args.max_extrapolation,
+            refuse_extrapolation=args.refuse_extrapolation,
         )
     except ConfigError as exc:
         _remove_created(created)
         return _error(exc)
+    first = runs[0]
     document = {
-        "measured": os.path.abspath(args.measured),
-        "format": measured.format,
-        "requests": len(measured.request_id),
-        "dropped_failed_requests": measured.dropped,
+        "measured": [os.path.abspath(p) for p in paths] if len(paths) > 1 else os.path.abspath(paths[0]),
+        "format": first.measured.format if first.measured is not None else first.stage.format,
+        "requests": _count_requests(runs),
+        "dropped_failed_requests": sum(r.measured.dropped for r in runs if r.measured is not None),
         "fit_fraction": args.fit_fraction,
         "loss_kind": args.loss,
         "overrides": overrides,
@@ -857,25 +1444,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": result.seconds,
         "seed": args.seed,
         "errors": result.report,
+        "runs": result.runs,
+        "load_range": result.load_range,
+        "stability": result.stability,
+        "scored": result.scored,
+        "warnings": result.warnings,
     }
     deployment = {key: value for key, value in overrides.items() if key != "workload"}  # not the run's trace
     try:  # both files or neither
-        write_atomic(out, [("calibrated.yaml", text_file(calibrated_yaml(deployment, result.values))),
-                           ("calibration.json", text_file(json.dumps(document, indent=2, allow_nan=False) + "\n"))])
+        write_atomic(out, [("calibrated.yaml", text_file(calibrated_yaml(deployment, result.values, result.load_range))),
+                           ("calibration.json", text_file(json.dumps(_finite(document), indent=2, allow_nan=False) + "\n"))])
     except OSError as exc:  # a full disk; the temporary files are gone
         _remove_created(created)
         return _error(f"cannot write results to {exc.filename or out}: {_reason(exc)}", EXIT_ENVIRONMENT)
+    for message in result.warnings:
+        print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
     for key, value in result.values.items():
         print(f"{key} = {value:.6g}")
-    for name, part in result.report.items():
-        cells = ", ".join(
-            f"{stat} {label} {100 * part['calibrated'][f'{stat}_{col}']['error']:+.1f}%"
-            for col, label in METRICS
-            for stat in ("mean",)
-        )
-        print(f"{name} ({part['requests']} requests): {cells}")
+    for line in _summary_lines(result):
+        print(line)
     print(f"loss {result.loss:.4g}, {result.evaluations} candidates in {result.seconds:.1f} s; wrote {args.out}")
     return 0
+
+
+#: Most stability refits (``--stability-fits``).
+MAX_STABILITY_FITS = 100
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _summary_lines(result: Calibration) -> list[str]:
+    """The terminal lines: each run's calibrated mean errors, the stability, the scored runs."""
+    lines = []
+    for run in result.runs + result.scored:
+        tag = "scored " if run in result.scored else ""
+        if "parts" in run:
+            for name, part in run["parts"].items():
+                cells = ", ".join(f"mean {label} {100 * part['calibrated'][f'mean_{col}']['error']:+.1f}%"
+                                  for col, label in METRICS)
+                where = f"{name}" if len(result.runs) == 1 and not tag else f"{tag}{run['label']} {name}"
+                lines.append(f"{where} ({part['requests']} requests): {cells}")
+        else:
+            cells = ", ".join(f"{key} {100 * row['calibrated_error']:+.1f}%" for key, row in run["errors"].items()
+                              if key.startswith("mean_") and row["calibrated_error"] is not None)
+            lines.append(f"{tag}{run['label']}: {cells}")
+    if result.stability and result.stability.get("fits"):
+        cells = ", ".join(f"{key} {p['min']:.4g}..{p['max']:.4g} (spread {100 * p['spread']:.1f}%)"
+                          for key, p in result.stability["parameters"].items())
+        lines.append(f"stability ({result.stability['method']}, {result.stability['fits']} fits): {cells}")
+    return lines
 
 
 def _reason(exc: OSError) -> str:

@@ -387,6 +387,7 @@ def _memory_terms(cfg: SimConfig, size: WorkloadSize) -> list[tuple[str, int]]:
 
 def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None) -> list[tuple[str, float]]:
     """(keys, ms) of each sum of services the run can contain (float64; inf when huge)."""
+    from simcore.timing.settings import OPERATOR_SCALES  # lazy: no import cycle through the stages
     n, total_in, total_out = size.num_requests, float(size.total_input), float(size.total_output)
     ld, tok, detok, t = cfg.load, cfg.tokenization, cfg.detokenization, cfg.timing
     send_key = "speedup" if ld.type == "trace" else "request_rate"
@@ -428,6 +429,11 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
             scale_key = "prefill_scale" if t.prefill_scale >= t.decode_scale else "decode_scale"
             scale = getattr(t, scale_key)
             scaled = f"{each} x timing.{scale_key}={scale!r}" if scale != 1 else each
+            # the operator scales weigh non-negative parts of the model time: at most their largest
+            operator_key = max(OPERATOR_SCALES, key=lambda name: getattr(t, name))
+            if getattr(t, operator_key) != 1.0:
+                scale *= getattr(t, operator_key)
+                scaled += f" x timing.{operator_key}={getattr(t, operator_key)!r}"
             terms += [
                 (f"timing.base_ms={t.base_ms!r}{scaled}", passes * t.base_ms * scale),
                 (f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{scaled} of {prefill_tokens:.4g} tokens",
@@ -455,7 +461,7 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
         if spec is not None:  # docs/speculative.md: the proposals (linear) and the proposer, every pass
             key = f"engine.{_pool_names(cfg)[index]}.speculative"
             if t.type == "linear":
-                scale = max(t.prefill_scale, t.decode_scale)
+                scale = max(t.prefill_scale, t.decode_scale) * max(getattr(t, name) for name in OPERATOR_SCALES)
                 terms.append((f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{each} of {pool.max_sequences}"
                               f" x {spec.draft_tokens} proposals ({key})",
                               passes * t.per_prefill_token_us * pool.max_sequences * spec.draft_tokens / 1000 * scale))

@@ -26,6 +26,7 @@ from simcore.units import INT64_MAX
 _DEFAULT, _CHECK, _AT, _SECTION = "key_default", "key_check", "key_at", "key_section"
 #: Field metadata names of a key's documentation (docs/options.md, ``replaysim --help``).
 _DOC, _UNIT, _VALUES = "key_doc", "key_unit", "key_values"
+_CALIBRATION = "key_calibration"
 #: Units read from a key's name when it ends so (STYLE: names carry their unit).
 UNIT_SUFFIXES = (("_ms", "ms"), ("_us", "µs"), ("_ns", "ns"), ("_gb_per_second", "GB/s"),
                  ("bytes_per_token", "bytes/token"), ("_tokens", "tokens"), ("_len", "tokens"))
@@ -40,6 +41,7 @@ def key(
     doc: str = "",
     unit: str | None = None,
     values: str | None = None,
+    calibration: tuple[float, float] | None = None,
     **options: Any,
 ) -> Any:
     """A dataclass field that is a config key.
@@ -64,6 +66,9 @@ def key(
     values : str or None
         The values allowed, in words; None: said by ``check`` and its options
         (:func:`allowed_values`).
+    calibration : (float, float) or None
+        A declared calibration parameter: the range ``replaysim-calibrate --fit KEY``
+        searches by default (its default must leave results unchanged).
     **options
         Keyword arguments bound to ``check`` (``minimum=0``, ``allowed=...``).
 
@@ -73,7 +78,8 @@ def key(
         A field without a Python default unless ``optional``.
     """
     bound = None if check is None else partial(check, **options)
-    metadata = {_DEFAULT: default, _CHECK: bound, _AT: at, _DOC: doc, _UNIT: unit, _VALUES: values}
+    metadata = {_DEFAULT: default, _CHECK: bound, _AT: at, _DOC: doc, _UNIT: unit, _VALUES: values,
+                _CALIBRATION: calibration}
     return field(default=default, metadata=metadata) if optional else field(metadata=metadata)
 
 
@@ -151,6 +157,7 @@ class KeyDoc(NamedTuple):
     unit: str  # "" for a count or a name
     values: str  # the values allowed, in words
     doc: str
+    calibration: tuple[float, float] | None = None  # a declared calibration parameter's search range
 
 
 def describe(cls: type, path: str = "") -> list[KeyDoc]:
@@ -183,7 +190,8 @@ def describe(cls: type, path: str = "") -> list[KeyDoc]:
             values = f.metadata[_VALUES]
             if values is None:
                 values = allowed_values(f.metadata[_CHECK])
-            found.append(KeyDoc(dotted, f.metadata[_DEFAULT], str(f.type), unit, values, f.metadata[_DOC]))
+            found.append(KeyDoc(dotted, f.metadata[_DEFAULT], str(f.type), unit, values, f.metadata[_DOC],
+                                f.metadata.get(_CALIBRATION)))
     return found
 
 

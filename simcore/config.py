@@ -60,6 +60,7 @@ from simcore.timing.settings import (
     FIXED_KEYS,
     LINEAR_KEYS,
     MODEL_KEYS,
+    OPERATOR_SCALES,
     ROOFLINE_KEYS,
     TABLE_KEYS,
     TIMING_TYPES,
@@ -286,6 +287,12 @@ def _check_expert_parallel(cfg: SimConfig) -> None:
                     "holding every expert; experts split by tensor parallelism are not modelled"
                 )
     for name, pool in zip(names, cfg.engine.pools):
+        scaled = [key for key in OPERATOR_SCALES if getattr(timing, key) != 1.0]
+        if pool.expert_parallel and scaled:
+            raise ConfigError(
+                f"timing.{scaled[0]} is not modelled with engine.{name}.expert_parallel (the ranks' lock-step "
+                "splits no pass into operators); use timing.prefill_scale and timing.decode_scale there"
+            )
         if pool.expert_parallel and pool.speculative is not None:
             raise ConfigError(
                 f"engine.{name}.expert_parallel is not modelled with engine.{name}.speculative (the ranks' "

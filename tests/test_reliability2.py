@@ -193,7 +193,7 @@ def _reached(*args, **kwargs):
     (["load.request_rate=4"], "workload and load come from the measured run"),
 ])
 def test_bad_calibrate_options_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, argv, named):
-    monkeypatch.setattr(cal, "calibrate", _reached)
+    monkeypatch.setattr(cal, "calibrate_runs", _reached)
     out = tmp_path / "out"
     code = cal.main([str(_measured_file(tmp_path)), "--fit", "timing.decode_scale", *argv, "--out", str(out)])
     err = capsys.readouterr().err.splitlines()
@@ -203,7 +203,7 @@ def test_bad_calibrate_options_are_one_line_and_exit_2(tmp_path, capsys, monkeyp
 
 def test_calibration_cost_is_bounded_before_the_fit_with_the_estimate(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal, "MAX_SIMULATED_REQUESTS", 100)  # 4 requests x 30 candidates = 120
-    monkeypatch.setattr(cal, "calibrate", _reached)
+    monkeypatch.setattr(cal, "calibrate_runs", _reached)
     code = cal.main([str(_measured_file(tmp_path)), "--fit", "timing.decode_scale", "--max-evals", "30",
                      "--out", str(tmp_path / "out")])
     (err,) = capsys.readouterr().err.splitlines()
@@ -583,13 +583,15 @@ def check_calibrate_argv(tmp_path: Path, argv: list[str]) -> str:
     class Reached(Exception):
         pass
 
-    def reached(measured, overrides, fit, *, fit_fraction, loss, max_evals, seed):
+    def reached(runs, fit, *, fit_fraction, loss, max_evals, seed, stability_fits, score, max_extrapolation,
+                refuse_extrapolation):
+        assert runs and 0 <= stability_fits <= cal.MAX_STABILITY_FITS and max_extrapolation >= 1
         assert 0 <= seed <= cal.MAX_SEED and 1 <= max_evals <= cal.MAX_EVALS and 0 < fit_fraction <= 1
         assert fit and all(math.isfinite(lo) and math.isfinite(hi) and lo < hi for _, lo, hi in fit)
         raise Reached
 
-    original = cal.calibrate
-    cal.calibrate = reached
+    original = cal.calibrate_runs
+    cal.calibrate_runs = reached
     out = tmp_path / f"out-{uuid.uuid4().hex}"  # one per example (a refused one must leave none)
     stderr = io.StringIO()
     try:
@@ -599,7 +601,7 @@ def check_calibrate_argv(tmp_path: Path, argv: list[str]) -> str:
         shutil.rmtree(out, ignore_errors=True)
         return "accepted"
     finally:
-        cal.calibrate = original
+        cal.calibrate_runs = original
     err = stderr.getvalue().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("replaysim-calibrate: error:"), (code, err)
     assert not out.exists()

@@ -162,6 +162,9 @@ def pass_terms_block(cfg: TimingConfig, table_size: int) -> tuple[np.ndarray, np
     block[nb.R_DECODE_SCALE] = cfg.decode_scale
     block[nb.R_OVERHEAD_US] = cfg.pass_overhead_us
     block[nb.R_SKEW_ALPHA] = cfg.attention_skew_alpha
+    block[nb.R_PREFILL_TOKEN_SCALE] = cfg.prefill_token_scale
+    block[nb.R_DECODE_ATTENTION_SCALE] = cfg.decode_attention_scale
+    block[nb.R_DECODE_BASE_SCALE] = cfg.decode_base_scale
     appended: list[np.ndarray] = []
     end = table_size
     if cfg.allreduce:

@@ -129,7 +129,13 @@ R_CURVE_Y = 10  # offset of the curve's times (us)
 R_GRAPH_N = 11  # CUDA-graph capture sizes: how many (0: no padding)
 R_GRAPH_X = 12  # offset of the sizes in ``table`` (tokens, ascending)
 R_SKEW_ALPHA = 13  # decode-attention skew: share of (attention at the longest - at the mean) added
-PASS_TERMS_NUM_PARAMS = 14
+# Operator scales (declared calibration parameters; all 1: the model time unchanged, bit for bit):
+# a pass's model time split into its decodes' time at one token of context, the growth of their
+# time with context, and what its prefill entries add (``operator_scaled_ms_nb``).
+R_DECODE_BASE_SCALE = 14  # factor on the decodes' time at one token of context (GEMMs, per-sequence ops)
+R_DECODE_ATTENTION_SCALE = 15  # factor on the decodes' time beyond that (attention over their context)
+R_PREFILL_TOKEN_SCALE = 16  # factor on the time the prefill entries add to the pass
+PASS_TERMS_NUM_PARAMS = 17
 # Expert-parallel all-to-all block (linear, table), right after the pass-terms block:
 # every MoE layer's dispatch (all-gather) and combine (reduce-scatter) over the
 # attention-DP ranks (``lockstep_times_nb``).
@@ -181,6 +187,38 @@ def rank_time_ms_nb(
         if num_decode > 0:
             ms += params[1]
         return ms
+    ms, padded = model_time_ms_nb(
+        model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+        decode_kv_max, draft_tokens,
+    )
+    base = model_base_nb(model)
+    ms = operator_scaled_ms_nb(
+        model, params, table, base, ms, num_prefill, num_decode, decode_kv_tokens, decode_kv_max, draft_tokens
+    )
+    return pass_terms_ms_nb(params, table, base, ms, num_prefill, padded)
+
+
+@njit(cache=True)
+def model_time_ms_nb(
+    model, params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+    decode_kv_max, draft_tokens,
+):
+    """A non-empty batch's model time before the operator scales and pass terms, ms, and its padded tokens.
+
+    Parameters
+    ----------
+    model : int
+        ``TIMING_LINEAR``, ``TIMING_TABLE``, ``TIMING_AIC`` or ``TIMING_ROOFLINE``.
+    params, table : ndarray(float64, ndim=1)
+        As ``rank_time_ms_nb``.
+    num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, decode_kv_max, draft_tokens : int
+        As ``rank_time_ms_nb`` (not all zero).
+
+    Returns
+    -------
+    (float, int)
+        The model time, ms, and the tokens the pass runs at (CUDA-graph padding).
+    """
     if draft_tokens > 0 and model != TIMING_LINEAR and model != TIMING_ROOFLINE:
         # table, aic: q rows per verification, each at the mean context (as aiconfigurator prices MTP)
         decode_kv_tokens += draft_tokens * (decode_kv_tokens // num_decode)
@@ -199,14 +237,14 @@ def rank_time_ms_nb(
                 params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
                 decode_kv_max,
             )
-        return pass_terms_ms_nb(params, table, TABLE_NUM_PARAMS, ms, num_prefill, padded)
+        return ms, padded
     if model == TIMING_ROOFLINE:
         padded = graph_tokens_nb(params, table, ROOFLINE_NUM_PARAMS, tokens)
         ms = roofline_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, padded,
             draft_tokens,
         )
-        return pass_terms_ms_nb(params, table, ROOFLINE_NUM_PARAMS, ms, num_prefill, padded)
+        return ms, padded
     if model == TIMING_AIC:
         # timing.allreduce replaces the database's own per-layer all-reduces
         replaced = params.shape[0] >= AIC_NUM_PARAMS + PASS_TERMS_NUM_PARAMS and params[AIC_NUM_PARAMS + R_COUNT] != 0.0
@@ -222,7 +260,7 @@ def rank_time_ms_nb(
             replaced,
             padded - tokens,
         )
-        return pass_terms_ms_nb(params, table, AIC_NUM_PARAMS, ms, num_prefill, padded)
+        return ms, padded
     # linear: the padding tokens are priced as tokens of the pass's own kind
     # (prefill tokens beside a prefill entry, decode entries without cache otherwise)
     padded = graph_tokens_nb(params, table, LINEAR_NUM_PARAMS, tokens)
@@ -230,7 +268,61 @@ def rank_time_ms_nb(
         params, num_prefill, prefill_tokens + draft_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
         decode_kv_max, padded - tokens,
     )
-    return pass_terms_ms_nb(params, table, LINEAR_NUM_PARAMS, ms, num_prefill, padded)
+    return ms, padded
+
+
+@njit(cache=True)
+def operator_scaled_ms_nb(
+    model, params, table, base, model_ms, num_prefill, num_decode, decode_kv_tokens, decode_kv_max, draft_tokens
+):
+    """The model time with the operator scales (``R_DECODE_BASE_SCALE``, ``R_DECODE_ATTENTION_SCALE``,
+    ``R_PREFILL_TOKEN_SCALE``), ms; unchanged, bit for bit, where all three are 1 or the block is absent.
+
+    With ``F`` the pass's model time, ``D`` that of its decode entries alone (0
+    without decodes) and ``D1`` that of the same decodes at one token of context
+    each: ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at least 0.
+    ``D1`` holds the decodes' GEMMs and per-sequence operators (and attention's
+    floor), ``D - D1`` the time that grows with their context (decode
+    attention), ``F - D`` what the prefill entries add (their rows in the GEMMs,
+    context attention; a prefill-only pass's whole time).  Each is the model's
+    own time of a batch, so every timing model splits alike (docs/timing.md).
+
+    Parameters
+    ----------
+    model : int
+        ``TIMING_*`` (not ``fixed``).
+    params, table : ndarray(float64, ndim=1)
+        The model's parameters (the pass-terms block at ``base``) and tables.
+    base : int
+        Offset of the pass-terms block.
+    model_ms : float
+        ``F``, ms.
+    num_prefill, num_decode, decode_kv_tokens, decode_kv_max, draft_tokens : int
+        The batch (``rank_time_ms_nb``).
+
+    Returns
+    -------
+    float
+        ms.
+    """
+    if params.shape[0] < base + PASS_TERMS_NUM_PARAMS:
+        return model_ms
+    base_scale = params[base + R_DECODE_BASE_SCALE]
+    attention_scale = params[base + R_DECODE_ATTENTION_SCALE]
+    prefill_scale = params[base + R_PREFILL_TOKEN_SCALE]
+    if base_scale == 1.0 and attention_scale == 1.0 and prefill_scale == 1.0:
+        return model_ms
+    decodes = 0.0
+    floor = 0.0
+    if num_decode > 0:
+        decodes = model_ms
+        if num_prefill > 0:
+            decodes, _ = model_time_ms_nb(
+                model, params, table, 0, 0, 0, num_decode, decode_kv_tokens, decode_kv_max, draft_tokens
+            )
+        floor, _ = model_time_ms_nb(model, params, table, 0, 0, 0, num_decode, num_decode, 1, draft_tokens)
+    ms = base_scale * floor + attention_scale * (decodes - floor) + prefill_scale * (model_ms - decodes)
+    return ms if ms > 0.0 else 0.0
 
 
 @njit(cache=True)

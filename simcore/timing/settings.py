@@ -45,6 +45,8 @@ LINEAR_KEYS = ("base_ms", "per_prefill_token_us", "per_decode_seq_us", "per_kv_t
 #: TensorRT-LLM's free_gpu_memory_fraction default to 0.9 (SGLang derives its
 #: mem_fraction_static from the GPU; 0.9 stands in for it).
 AIC_MEMORY_FRACTION = 0.9
+#: The operator scales (declared calibration parameters; 1: the model's time unchanged).
+OPERATOR_SCALES = ("prefill_token_scale", "decode_attention_scale", "decode_base_scale")
 #: timing.cuda_graph_sizes value that asks for vLLM's own default capture sizes.
 VLLM_DEFAULT_GRAPHS = "vllm_default"
 
@@ -173,16 +175,38 @@ class TimingConfig:
         1.0, optional=True,
         doc="linear, table, aic, roofline: multiplies the model's time of passes with a prefill entry.",
         values="number > 0",
+        calibration=(0.5, 2.0),
     )
     decode_scale: float = key(
         1.0, optional=True,
         doc="linear, table, aic, roofline: multiplies the model's time of decode-only passes.",
         values="number > 0",
+        calibration=(0.5, 2.0),
     )
     pass_overhead_us: float = key(
         0.0, optional=True,
         doc="linear, table, aic, roofline: host time added to every pass.",
         values="number >= 0",
+        calibration=(0.0, 5000.0),
+    )
+    # operator scales (nb.operator_scaled_ms_nb; docs/timing.md): declared calibration parameters
+    prefill_token_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic, roofline: multiplies the time a pass's prefill entries add to it (the whole of a prefill-only pass); a calibration parameter.",
+        values="number > 0",
+        calibration=(0.5, 2.0),
+    )
+    decode_attention_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic, roofline: multiplies the decode entries' time beyond their time at one token of context (decode attention); a calibration parameter.",
+        values="number > 0",
+        calibration=(0.5, 2.0),
+    )
+    decode_base_scale: float = key(
+        1.0, optional=True,
+        doc="linear, table, aic, roofline: multiplies the decode entries' time at one token of context each (GEMMs, per-sequence operators); a calibration parameter.",
+        values="number > 0",
+        calibration=(0.5, 2.0),
     )
     cuda_graph_sizes: tuple[int, ...] | str | None = key(
         None, optional=True,
@@ -446,6 +470,7 @@ def _pass_terms(
         dtype_bytes=count(f"{path}.dtype_bytes", raw["dtype_bytes"]),
         prefill_scale=number(f"{path}.prefill_scale", raw["prefill_scale"], strict=True),
         decode_scale=number(f"{path}.decode_scale", raw["decode_scale"], strict=True),
+        **{name: number(f"{path}.{name}", raw[name], strict=True) for name in OPERATOR_SCALES},
         pass_overhead_us=number(f"{path}.pass_overhead_us", raw["pass_overhead_us"]),
         attention_skew_alpha=number(f"{path}.attention_skew_alpha", raw["attention_skew_alpha"]),
     )
@@ -455,7 +480,7 @@ def _pass_terms(
             f"{shown(raw['attention_skew_alpha'])} with {path}.type={kind}"
         )
     out["cuda_graph_sizes"] = _graph_sizes(f"{path}.cuda_graph_sizes", raw["cuda_graph_sizes"], policy)
-    for name in ("prefill_scale", "decode_scale", "pass_overhead_us", "cuda_graph_sizes"):
+    for name in ("prefill_scale", "decode_scale", *OPERATOR_SCALES, "pass_overhead_us", "cuda_graph_sizes"):
         if raw[name] != default_of(TimingConfig, name) and kind == "fixed":
             raise ConfigError(f"{path}.{name} is only used by {path}.type=linear, table, aic or roofline, got {raw[name]!r}")
     if bandwidth is None and curve is None:

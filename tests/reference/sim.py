@@ -157,6 +157,7 @@ decisions in ``tests/reference/offload.py``, called from short hooks here.
 
 Timing: fixed and linear; linear's pass time is ``model x (prefill_scale if the
 pass has a prefill entry else decode_scale) + all-reduce + pass_overhead_us / 1000``,
+``model`` split by the operator scales where one is not 1 (``operator_scaled_ms``),
 the all-reduce (``timing.allreduce``) being ``2 x num_layers`` all-reduces of
 ``tokens x hidden_size x dtype_bytes`` bytes, each ``latency_us + 2 (n - 1) / n x
 bytes / (bandwidth x 1e3)`` us (ring) or the measured curve's time at that size
@@ -558,6 +559,9 @@ class ReferenceSim(OffloadMixin):
         # (ring model only: 2 per layer).
         self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
         self.t_decode_scale = float(timing.get("decode_scale", 1.0))
+        self.t_prefill_token_scale = float(timing.get("prefill_token_scale", 1.0))
+        self.t_decode_attention_scale = float(timing.get("decode_attention_scale", 1.0))
+        self.t_decode_base_scale = float(timing.get("decode_base_scale", 1.0))
         self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
         self.t_skew_alpha = float(timing.get("attention_skew_alpha") or 0.0)
         ring = timing.get("allreduce") or {}
@@ -1494,21 +1498,12 @@ class ReferenceSim(OffloadMixin):
         if self.timing_type == "fixed":
             return ((self.t_prefill_ms if s["num_prefill"] > 0 else 0.0)
                     + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
-        kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
         tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
         if run_at is None:
             run_at = self.graph_tokens(tokens)
-        # proposals are priced as prefill (query) tokens (docs/speculative.md)
-        prefill_tokens, num_decode = s["prefill_tokens"] + s["draft_tokens"], s["num_decode"]
-        if s["num_prefill"] > 0:
-            prefill_tokens += run_at - tokens
-        else:
-            num_decode += run_at - tokens
-        ms = (self.t_base_ms
-              + self.t_per_prefill_token_us * prefill_tokens / 1000
-              + self.t_per_decode_seq_us * num_decode / 1000
-              + self.t_per_kv_token_ns * kv / 1e6)
-        ms += self.skew_ms(s)
+        ms = self.linear_ms(s, run_at)
+        if (self.t_prefill_token_scale, self.t_decode_attention_scale, self.t_decode_base_scale) != (1.0, 1.0, 1.0):
+            ms = self.operator_scaled_ms(s, ms)
         ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
         if self.ar_on:
             size = run_at * float(self.ar_bytes_per_token)
@@ -1521,6 +1516,37 @@ class ReferenceSim(OffloadMixin):
         ms += self.t_overhead_us / 1000.0
         if not math.isfinite(ms) or ms < 0:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
+        return ms
+
+    def operator_scaled_ms(self, s, ms):
+        """docs/timing.md operator scales: with F the pass's linear time, D that of its decode
+        entries alone (0 without decodes) and D1 that of the same decodes at one token of context
+        each, ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at least 0."""
+        decodes = floor = 0.0
+        if s["num_decode"] > 0:
+            alone = dict(s, num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0)
+            one = dict(alone, decode_kv_tokens=s["num_decode"], decode_kv_max=1)
+            decodes = self.linear_ms(alone, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
+            floor = self.linear_ms(one, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
+        out = (self.t_decode_base_scale * floor + self.t_decode_attention_scale * (decodes - floor)
+               + self.t_prefill_token_scale * (ms - decodes))
+        return max(out, 0.0)
+
+    def linear_ms(self, s, run_at):
+        """SPEC §8 linear model time of a non-empty batch run at ``run_at`` tokens, skew included."""
+        kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
+        tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
+        # proposals are priced as prefill (query) tokens (docs/speculative.md)
+        prefill_tokens, num_decode = s["prefill_tokens"] + s["draft_tokens"], s["num_decode"]
+        if s["num_prefill"] > 0:
+            prefill_tokens += run_at - tokens
+        else:
+            num_decode += run_at - tokens
+        ms = (self.t_base_ms
+              + self.t_per_prefill_token_us * prefill_tokens / 1000
+              + self.t_per_decode_seq_us * num_decode / 1000
+              + self.t_per_kv_token_ns * kv / 1e6)
+        ms += self.skew_ms(s)
         return ms
 
     def skew_ms(self, s):
