@@ -48,7 +48,6 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "replaysim":
     signal.signal(signal.SIGTERM, _stopped_while_starting)
 
 import atexit  # noqa: E402
-import difflib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import threading  # noqa: E402
@@ -73,7 +72,6 @@ from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E4
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.entry import wants_help  # noqa: E402
 from runners.options import print_help  # noqa: E402
-from runners.compile_watch import CompileWatch, load_timeline, timeline_case  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary, warnings_for  # noqa: E402
 from runners.rundir import claimed_dir, remove_new_run_dir  # noqa: E402
@@ -201,6 +199,8 @@ def unknown_key_message(key: str) -> str | None:
 
 def _did_you_mean(word: str, candidates: Sequence[str], cutoff: float) -> str:
     """``"did you mean <closest>? "``, or ``""`` when no candidate is that close."""
+    import difflib  # bad input only
+
     hint = difflib.get_close_matches(word, candidates, n=1, cutoff=cutoff)
     return f"did you mean {hint[0]}? " if hint else ""
 
@@ -465,7 +465,11 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
     except OSError as exc:
         fail_environment(exc, out_dir)
     cold = not engine_kernel_cached()
-    watch = CompileWatch(load_timeline(timeline_case(config))) if cold else None
+    watch = None
+    if cold:  # the first run: the compile display (runners.compile_watch)
+        from runners.compile_watch import CompileWatch, load_timeline, timeline_case
+
+        watch = CompileWatch(load_timeline(timeline_case(config)))
     with RunProgress(cold=cold, watch=watch) as progress:
         try:
             result, tokens = simulate(config, options, progress.update)
