@@ -94,8 +94,10 @@ def work_dir(keep: Path | None, prefix: str):
 
 def baseline_tree(rev: str, work: Path) -> Path:
     """``git archive`` of ``rev`` under ``work`` (``work/tree``), kept while it is of the same commit."""
-    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     stamp = work / "tree.commit"
+    if (work / "tree").is_dir() and stamp.is_file() and stamp.read_text().startswith(rev):
+        return work / "tree"  # kept (also when this tree is itself an export, without git)
+    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     if (work / "tree").is_dir() and stamp.is_file() and stamp.read_text() == sha:
         return work / "tree"
     shutil.rmtree(work / "tree", ignore_errors=True)
