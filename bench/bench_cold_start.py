@@ -15,11 +15,12 @@ Times, in fresh subprocesses (each writes its results into a temporary
 - ``import_simcore`` / ``import_runners_cli``: ``import simcore`` and
   ``import runners.cli`` timed inside a fresh interpreter, median of ``--runs``;
   ``python_startup``: the bare interpreter for comparison;
-- ``importtime_top``: the top-level packages with the largest cumulative import
-  time under ``import runners.cli`` (``python -X importtime``, one run; nested,
+- ``importtime_top`` (and ``importtime_top_baseline``, the baseline tree's): the
+  top-level packages with the largest cumulative import
+  time under ``import runners.cli`` (``python -X importtime``, median of ``--runs``; nested,
   so they overlap: ``simcore`` includes what it imports first, e.g. numba; a
   package's submodules imported later from outside it count too);
-- ``importtime_run_top``: the same over the whole default command
+- ``importtime_run_top`` (and ``importtime_run_top_baseline``): the same over the whole default command
   (``python -X importtime -m runners.cli``, warm cache, one run): it adds what
   is imported only while simulating, e.g. pandas (pyarrow's pandas shim, on the
   first ``pa.array``) and scipy (numba's BLAS check, on the first cached-kernel
@@ -30,7 +31,12 @@ Times, in fresh subprocesses (each writes its results into a temporary
 
 Output: CSV (``case,detail,runs,median_s,min_s,max_s,ratio``), the warm figure on the last line.
 
-Usage: python bench/bench_cold_start.py [--runs 5] [--cold-runs 1] [--baseline REV]
+The command is ``replaysim`` as found on PATH; ``--script`` names another
+(e.g. the console script beside the interpreter, without a version manager's
+shim in front).  ``--keep DIR`` works in ``DIR`` and keeps the baseline tree
+and the warm numba caches for the next run (see ``bench_sweep.py``).
+
+Usage: python bench/bench_cold_start.py [--runs 5] [--cold-runs 1] [--baseline REV] [--script PATH] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 0.6  # issue 14 (issue 6 asked 1.5): warm numba cache, imports included
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_trace import export_tree  # noqa: E402
+from bench_sweep import baseline_tree, work_dir  # noqa: E402
 from benchtime import command_env  # noqa: E402
 
 
@@ -83,10 +89,10 @@ def run_command(argv: list[str], cache_dir: str, work: str, tree: Path = ROOT, c
     return seconds
 
 
-def time_in_subprocess(statement: str, cache_dir: str) -> float:
+def time_in_subprocess(statement: str, cache_dir: str, tree: Path = ROOT) -> float:
     code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
-    env = command_env(ROOT, cache_dir)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    env = command_env(tree, cache_dir)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -97,15 +103,23 @@ def wall_of_subprocess(argv: list[str]) -> float:
 
 
 def importtime_top(cache_dir: str, count: int, args: tuple[str, ...] = ("-c", "import runners.cli"),
-                   cwd: str | Path = ROOT) -> list[tuple[str, float]]:
+                   cwd: str | Path | None = None, tree: Path = ROOT, runs: int = 1) -> list[tuple[str, float]]:
     """The top-level packages with the largest cumulative import time under ``python -X importtime <args>``
     (default: ``import runners.cli``).
 
     A package's time is the sum of the cumulative times of its modules imported
     from outside it (by another package or the program), so a submodule imported
     late (``scipy.linalg`` by numba's first cached-kernel load) counts too.
+    ``tree``: the source tree imported; each package's median over ``runs`` runs.
     """
-    env = command_env(ROOT, cache_dir)
+    env = command_env(tree, cache_dir)  # run from the tree itself: ``-c`` puts the working directory first
+    runs_totals = [_importtime_totals(env, args, tree if cwd is None else cwd) for _ in range(runs)]
+    names = {name for totals in runs_totals for name in totals}
+    medians = {name: statistics.median(totals.get(name, 0.0) for totals in runs_totals) for name in names}
+    return sorted(medians.items(), key=lambda r: -r[1])[:count]
+
+
+def _importtime_totals(env: dict[str, str], args: tuple[str, ...], cwd: str | Path) -> dict[str, float]:
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", *args],
         cwd=cwd, env=env, capture_output=True, text=True, check=True,
@@ -129,7 +143,7 @@ def importtime_top(cache_dir: str, count: int, args: tuple[str, ...] = ("-c", "i
         if not ancestors or ancestors[-1][1] != top:
             totals[top] = totals.get(top, 0.0) + seconds
         ancestors.append((level, top))
-    return sorted(totals.items(), key=lambda r: -r[1])[:count]
+    return totals
 
 
 def reference_default(cache_dir: str) -> float:
@@ -166,15 +180,19 @@ def main() -> None:
     parser.add_argument("--cold-runs", type=int, default=1)
     parser.add_argument("--top", type=int, default=8, help="importtime rows to print")
     parser.add_argument("--baseline", default="main", help="commit whose warm command is timed alongside")
+    parser.add_argument("--script", help="the command to time (default: replaysim on PATH)")
+    parser.add_argument("--keep", type=Path, help="work directory kept between runs (baseline tree, numba caches)")
     args = parser.parse_args()
-    command = [console_script()]
+    command = [args.script or console_script()]
 
-    with tempfile.TemporaryDirectory(prefix="replaysim-cold-start-") as work:
+    with work_dir(args.keep, "replaysim-cold-start-") as work_path:
+        work = str(work_path)
         warm_cache = os.path.join(work, "numba-warm")
         print("case,detail,runs,median_s,min_s,max_s,ratio", flush=True)
 
-        cold = [run_command(command, os.path.join(work, f"numba-cold-{i}"), work) for i in range(args.cold_runs)]
-        base_tree = export_tree(args.baseline, Path(work))
+        cold = [run_command(command, tempfile.mkdtemp(prefix="numba-cold-", dir=work), work)
+                for i in range(args.cold_runs)]
+        base_tree = baseline_tree(args.baseline, work_path)
         base_cache = os.path.join(work, "numba-base")
         run_command(command, warm_cache, work)  # fills the warm cache
         run_command(command, base_cache, work, base_tree)
@@ -195,13 +213,20 @@ def main() -> None:
         row("python_startup", "python -c pass (wall)", [wall_of_subprocess([sys.executable, "-c", "pass"]) for _ in range(args.runs)])
         row("import_simcore", "import simcore (in a fresh interpreter)",
             [time_in_subprocess("import simcore", warm_cache) for _ in range(args.runs)])
-        row("import_runners_cli", "import runners.cli (in a fresh interpreter)",
-            [time_in_subprocess("import runners.cli", warm_cache) for _ in range(args.runs)])
-        for name, seconds in importtime_top(warm_cache, args.top):
-            row("importtime_top", f"{name} (cumulative)", [seconds])
-        run_args = ("-m", "runners.cli", f"hydra.run.dir={tempfile.mkdtemp(dir=work)}")
-        for name, seconds in importtime_top(warm_cache, args.top, run_args, cwd=work):
-            row("importtime_run_top", f"{name} (cumulative, whole default command)", [seconds])
+        cli, cli_base = [], []
+        for _ in range(args.runs):
+            cli.append(time_in_subprocess("import runners.cli", warm_cache))
+            cli_base.append(time_in_subprocess("import runners.cli", base_cache, base_tree))
+        row("import_runners_cli", "import runners.cli (in a fresh interpreter)", cli,
+            f"{statistics.median(cli_base) / statistics.median(cli):.2f}")
+        row("import_runners_cli_baseline", f"the same, {args.baseline}", cli_base)
+        for suffix, tree, cache in (("", ROOT, warm_cache), ("_baseline", base_tree, base_cache)):
+            for name, seconds in importtime_top(cache, args.top, tree=tree, runs=args.runs):
+                row(f"importtime_top{suffix}", f"{name} (cumulative)", [seconds])
+        for suffix, tree, cache in (("", ROOT, warm_cache), ("_baseline", base_tree, base_cache)):
+            run_args = ("-m", "runners.cli", f"hydra.run.dir={tempfile.mkdtemp(dir=work)}")
+            for name, seconds in importtime_top(cache, args.top, run_args, cwd=work, tree=tree, runs=args.runs):
+                row(f"importtime_run_top{suffix}", f"{name} (cumulative, whole default command)", [seconds])
 
         ref = reference_default(warm_cache)
         warm_s = statistics.median(warm)

@@ -24,13 +24,20 @@ time on a shared machine), headline on the last line.  Commands run with
 bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped), as an installed
 package runs.
 
-Usage: python bench/bench_sweep.py [--runs 3] [--baseline REV] [--cases batch,multirun_basic]
+``--keep DIR``: work in ``DIR`` instead of a temporary directory and keep it,
+so that the next run reuses the baseline tree (extracted again only for
+another commit) and both trees' compiled numba caches (a fresh cache costs
+about two CPU-minutes of compiling per tree).
+
+Usage: python bench/bench_sweep.py [--runs 3] [--baseline REV] [--cases batch,multirun_basic] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -74,29 +81,58 @@ def run(tree: Path, args: list[str], cache: Path, work: Path) -> tuple[float, fl
     return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+@contextlib.contextmanager
+def work_dir(keep: Path | None, prefix: str):
+    """``keep`` (created, left in place) or a temporary directory."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+        return
+    keep.mkdir(parents=True, exist_ok=True)
+    yield keep.resolve()
+
+
+def baseline_tree(rev: str, work: Path) -> Path:
+    """``git archive`` of ``rev`` under ``work`` (``work/tree``), kept while it is of the same commit."""
+    stamp = work / "tree.commit"
+    if (work / "tree").is_dir() and stamp.is_file() and stamp.read_text().startswith(rev):
+        return work / "tree"  # kept (also when this tree is itself an export, without git)
+    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    if (work / "tree").is_dir() and stamp.is_file() and stamp.read_text() == sha:
+        return work / "tree"
+    shutil.rmtree(work / "tree", ignore_errors=True)
+    tree = export_tree(sha, work)
+    stamp.write_text(sha)
+    return tree
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--baseline", default="main")
     parser.add_argument("--cases", default="batch,multirun_basic")
+    parser.add_argument("--keep", type=Path, help="work directory kept between runs (baseline tree, numba caches)")
     args = parser.parse_args()
     cases = args.cases.split(",")
-    with tempfile.TemporaryDirectory(prefix="replaysim-bench-sweep-") as tmp:
-        work = Path(tmp)
-        trees = {"head": ROOT, "base": export_tree(args.baseline, work)}
+    with work_dir(args.keep, "replaysim-bench-sweep-") as work:
+        trees = {"head": ROOT, "base": baseline_tree(args.baseline, work)}
         caches = {name: work / f"numba-{name}" for name in trees}
         for name, tree in trees.items():  # compile or load every kernel the cases use, untimed
             for case in cases:
-                run(tree, case_args(case, work / f"warm-{name}-{case}", points=2), caches[name], work)
+                warm = work / f"warm-{name}-{case}"
+                shutil.rmtree(warm, ignore_errors=True)
+                run(tree, case_args(case, warm, points=2), caches[name], work)
         walls: dict[tuple[str, str], list[float]] = {(c, t): [] for c in cases for t in trees}
         cpus: dict[tuple[str, str], list[float]] = {(c, t): [] for c in cases for t in trees}
         for round_ in range(args.runs):
             for case in cases:
                 for name, tree in trees.items():
                     out = work / f"{name}-{case}-{round_}"
+                    shutil.rmtree(out, ignore_errors=True)  # a kept work directory's earlier run
                     wall, cpu = run(tree, case_args(case, out), caches[name], work)
                     walls[(case, name)].append(wall)
                     cpus[(case, name)].append(cpu)
+                    shutil.rmtree(out, ignore_errors=True)
     print("case,tree,points,median_s,points_per_s,ratio,median_cpu_s,cpu_ratio")
     headline = []
     for case in cases:

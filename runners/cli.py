@@ -48,12 +48,11 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "replaysim":
     signal.signal(signal.SIGTERM, _stopped_while_starting)
 
 import atexit  # noqa: E402
-import difflib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable, Mapping, NoReturn, Sequence  # noqa: E402
+from typing import TYPE_CHECKING, Callable, Mapping, NoReturn, Sequence  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.config_loader import ConfigLoader  # noqa: E402
@@ -73,7 +72,6 @@ from runners.hydra_private import args_parser, skip_mode_composition  # noqa: E4
 from runners.reaper import LAUNCHER_PID_ENV  # noqa: E402
 from runners.entry import wants_help  # noqa: E402
 from runners.options import print_help  # noqa: E402
-from runners.compile_watch import CompileWatch, load_timeline, timeline_case  # noqa: E402
 from runners.progress import LineProgress, RunProgress, announce_compile  # noqa: E402
 from runners.report import format_summary, warnings_for  # noqa: E402
 from runners.rundir import claimed_dir, remove_new_run_dir  # noqa: E402
@@ -86,6 +84,7 @@ from runners.sweep import (  # noqa: E402
     presimulate,
     record_crashed,
     record_failure,
+    unfinished_points,
     run_point,
     say,
     simulate,
@@ -96,6 +95,10 @@ from runners.writer import check_writable, write_results  # noqa: E402
 import simcore  # noqa: E402
 from simcore.config import ConfigError, SimConfig, load_config  # noqa: E402
 from simcore.jit_cache import engine_kernel_cached  # noqa: E402
+
+if TYPE_CHECKING:
+    from runners.isolate import ChildEnded
+    from runners.multirun import ComposedJob
 
 PROG = "replaysim"
 #: The Hydra configs, package data of :mod:`runners.conf` (Hydra's application
@@ -196,6 +199,8 @@ def unknown_key_message(key: str) -> str | None:
 
 def _did_you_mean(word: str, candidates: Sequence[str], cutoff: float) -> str:
     """``"did you mean <closest>? "``, or ``""`` when no candidate is that close."""
+    import difflib  # bad input only
+
     hint = difflib.get_close_matches(word, candidates, n=1, cutoff=cutoff)
     return f"did you mean {hint[0]}? " if hint else ""
 
@@ -460,7 +465,11 @@ def single_run(config: SimConfig, options: RunnerOptions) -> None:
     except OSError as exc:
         fail_environment(exc, out_dir)
     cold = not engine_kernel_cached()
-    watch = CompileWatch(load_timeline(timeline_case(config))) if cold else None
+    watch = None
+    if cold:  # the first run: the compile display (runners.compile_watch)
+        from runners.compile_watch import CompileWatch, load_timeline, timeline_case
+
+        watch = CompileWatch(load_timeline(timeline_case(config)))
     with RunProgress(cold=cold, watch=watch) as progress:
         try:
             result, tokens = simulate(config, options, progress.update)
@@ -534,11 +543,7 @@ def task(cfg: DictConfig) -> None:
             fail(_fail_point(exc))
         callbacks.collect_from_now()
         root = Path(hydra_cfg.runtime.output_dir)
-        sim = {k: v for k, v in mapping.items() if not params.is_runner_key(k)}
-        keys = tuple(sorted(set(params.override_keys(overrides)) - {"seed"}))
-        point = Point(root, job_run_id(hydra_cfg, root, True), sim, tuple(overrides), keys)
-        record_failure(point, exc)
-        say(f"{point.run_id}: failed: {type(exc).__name__}: {_fail_point(exc)}", sys.stderr)
+        _record_job_failure(root, job_run_id(hydra_cfg, root, True), mapping, overrides, exc)
         return
     if not multirun and not options.batch:
         try:
@@ -558,21 +563,74 @@ def task(cfg: DictConfig) -> None:
     if not multirun:
         batch_run(points, options, root)
         return
-    before = point_stamps(points)
     log_files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    ended = job_process().run(points, options, log_files)
-    if ended is not None:
-        for run_id in record_crashed(points, before, ended.pid, ended.how):
-            say(f"{run_id}: failed: PointLost: its process (pid {ended.pid}) {ended.how}", sys.stderr)
+    run_jobs_isolated([(points, options, log_files)])
 
 
-def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[str]) -> None:
-    """A multirun job's points, in the child of :func:`job_process`: each isolated (``failure.json``).
+def _record_job_failure(root: Path, run_id: str, mapping: Mapping, overrides: Sequence[str],
+                        exc: BaseException) -> None:
+    """A multirun job whose config is refused before it has points: one failed point at its directory."""
+    sim = {k: v for k, v in mapping.items() if not params.is_runner_key(k)}
+    keys = tuple(sorted(set(params.override_keys(overrides)) - {"seed"}))
+    point = Point(root, run_id, sim, tuple(overrides), keys)
+    record_failure(point, exc)
+    say(f"{point.run_id}: failed: {type(exc).__name__}: {_fail_point(exc)}", sys.stderr)
 
-    ``log_files`` are the job's log files (Hydra's file handlers of the root
-    logger, reconfigured by the parent for each job): the child's handlers,
-    inherited from the job that forked it, are pointed at them.
+
+#: One multirun job's work for :func:`run_job_points`: its points, runner options and log files.
+JobWork = tuple[list[Point], RunnerOptions, list[str]]
+
+
+def run_composed_jobs(jobs: Sequence[ComposedJob]) -> None:
+    """Multirun jobs composed once by the sweeper (:mod:`runners.multirun`): what :func:`task` does for each, run together.
+
+    Each job's config is split into runner options and the simulation's (a
+    refused one is a failed point, as in :func:`task`); then every job's
+    points run in the job process at once (:func:`run_jobs_isolated`), so
+    points of one shape share one batch kernel call.
     """
+    work: list[JobWork] = []
+    for job in jobs:
+        try:
+            options, sim = split_options(job.mapping)
+        except ValueError as exc:
+            _record_job_failure(job.dir, job.run_id, job.mapping, job.overrides, exc)
+            continue
+        work.append((job_points(job.dir, job.run_id, sim, job.overrides, options), options, job.log_files))
+    if work:
+        run_jobs_isolated(work)
+
+
+def run_jobs_isolated(work: Sequence[JobWork]) -> None:
+    """Run jobs' points in the job process (:func:`job_process`), recording the points of a crash as failed.
+
+    When the process dies, the points it did not finish are run again job by
+    job, so that the points of the job that crashes it fail (as when every
+    job ran alone) and the other jobs' points run.
+    """
+    points = [point for job_points_, _, _ in work for point in job_points_]
+    before = point_stamps(points)
+    ended = job_process().run(list(work))
+    if ended is None:
+        return
+    if len(work) > 1:
+        retry = [(rest, options, logs) for job_points_, options, logs in work
+                 if (rest := unfinished_points(job_points_, before))]
+        for job in retry:
+            ended = job_process().run([job])
+            if ended is not None:
+                _report_crashed(job[0], before, ended)
+        return
+    _report_crashed(points, before, ended)
+
+
+def _report_crashed(points: Sequence[Point], before: Mapping, ended: ChildEnded) -> None:
+    for run_id in record_crashed(points, before, ended.pid, ended.how):
+        say(f"{run_id}: failed: PointLost: its process (pid {ended.pid}) {ended.how}", sys.stderr)
+
+
+def _point_logs_to(log_files: Sequence[str]) -> None:
+    """Point the root logger's file handlers (inherited from the job that forked this process) at ``log_files``."""
     handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     for handler, path in zip(handlers, log_files):
         if handler.baseFilename != path:
@@ -580,10 +638,38 @@ def run_job_points(points: list[Point], options: RunnerOptions, log_files: list[
             old = handler.setStream(open(path, "a", encoding=handler.encoding))
             if old is not None:
                 old.close()
-    third_party_logs_to_file()
-    for point, simulated in zip(points, presimulate(points, options)):
-        run_point(point, options, isolate=True, simulated=simulated)
 
+
+def run_job_points(work: Sequence[JobWork]) -> None:
+    """Multirun jobs' points, in the child of :func:`job_process`: each isolated (``failure.json``).
+
+    The points of consecutive jobs with the same runner options are
+    simulated together (:func:`runners.sweep.presimulate`: configurations of
+    one shape in one batch kernel call).  Each job's log files are its
+    Hydra file handlers' (the root logger's, configured by the parent for a
+    job): the child's handlers are pointed at them while its points are written.
+    """
+    third_party_logs_to_file()
+    start = 0
+    while start < len(work):
+        options = work[start][1]
+        end = start + 1
+        while end < len(work) and work[end][1] == options:
+            end += 1
+        points = [point for job_points_, _, _ in work[start:end] for point in job_points_]
+        logs = [log_files for job_points_, _, log_files in work[start:end] for _ in job_points_]
+        current = None
+        for point, log_files, simulated in zip(points, logs, presimulate(points, options)):
+            if log_files != current:
+                _point_logs_to(log_files)  # the same handler objects: third-party loggers follow
+                current = log_files
+            run_point(point, options, isolate=True, simulated=simulated)
+        start = end
+
+
+#: The compose-once sweeper runs a batch of basic-launcher jobs composed once through this
+#: (``hydra_plugins/replaysim_sweeper.py``); ``task.__wrapped__`` is the function Hydra hands it.
+task.__wrapped__.run_composed_jobs = run_composed_jobs
 
 _job_process = None
 

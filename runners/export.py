@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import simcore
-from simcore.arrow_np import to_numpy
+from simcore.arrow_np import dictionary_strings, pc, to_numpy
 from simcore.metrics.registry import DISTRIBUTIONS, ITL, TPOT, percentile_names, summary_key
 
 VLLM_BENCH_FILE = "vllm_bench.json"
@@ -46,7 +45,7 @@ def _float_column(table: pa.Table, name: str) -> np.ndarray:
 
 def _status(requests: pa.Table) -> np.ndarray:
     """Each request's status name (object array), read without pyarrow's pandas shim."""
-    return np.array(requests.column("status").cast(pa.string()).to_pylist(), dtype=object)
+    return dictionary_strings(requests.column("status"))
 
 
 def _chunked(result: simcore.Result) -> bool:

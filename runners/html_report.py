@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from simcore.arrow_np import dictionary_strings, pc, to_numpy
 from runners import svg
 from runners.report import cache_lines, described, saturation_line, warnings_for
 from runners.sweep import REPORT_FILE  # noqa: F401  (re-exported: declared once, with the result files)
@@ -88,13 +88,16 @@ def _column(table: pa.Table | None, name: str) -> np.ndarray | None:
     if table is None or name not in table.column_names:
         return None
     column = table.column(name)
-    return column.to_numpy(zero_copy_only=False).astype(float, copy=False) if column.null_count == 0 else \
-        pc.fill_null(column.cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
+    if column.null_count == 0:
+        return column.to_numpy(zero_copy_only=False).astype(float, copy=False)
+    if column.type == pa.float64():  # nulls as NaN, without pyarrow.compute
+        return to_numpy(column)
+    return pc.fill_null(column.cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
 
 
 def _status_is(requests: pa.Table, status: str) -> np.ndarray:
     """Whether each request's status is ``status`` (bool array)."""
-    return pc.equal(requests.column("status").cast(pa.string()), status).to_numpy(zero_copy_only=False)
+    return dictionary_strings(requests.column("status")) == status
 
 
 # ---------------------------------------------------------------- a run

@@ -12,7 +12,10 @@ Everything else uses Hydra's public API (``hydra.main``, ``hydra.initialize_conf
   (about 0.05 s of every command); it is replaced when no config can set it.
 * :func:`basic_sweeper`: the base of ``hydra_plugins.replaysim_sweeper.ComposeOnceSweeper``.
 * The ``_target_`` names of Hydra's basic launcher and sweeper, which
-  :mod:`runners.callbacks` compares with the configured ones.
+  :mod:`runners.callbacks` and :mod:`runners.multirun` compare with the configured ones.
+* :func:`omegaconf_str_representer`: OmegaConf's YAML representer of strings
+  (``omegaconf._utils``, OmegaConf 2.3), with which :mod:`runners.multirun`
+  writes a job's ``.hydra/`` records as ``OmegaConf.to_yaml`` does.
 
 ``pyproject.toml`` pins ``hydra-core>=1.3.2,<1.4``; ``tests/test_hydra_private.py``
 checks each use against the installed Hydra (the version, the names and
@@ -77,6 +80,20 @@ def basic_sweeper() -> type:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return BasicSweeper
+
+
+def omegaconf_str_representer():
+    """The YAML representer of ``str`` that ``OmegaConf.to_yaml`` dumps with (OmegaConf's private dumper).
+
+    Returns
+    -------
+    callable
+        ``representer(dumper, data) -> yaml.ScalarNode``: single-quoted when
+        the text would read back as a bool, an int or a float, plain otherwise.
+    """
+    from omegaconf._utils import get_omega_conf_dumper
+
+    return get_omega_conf_dumper().str_representer
 
 
 def installed_version_is_pinned() -> bool:

@@ -30,11 +30,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from tqdm import tqdm
 
-from runners.compile_watch import CompileWatch
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from runners.compile_watch import CompileWatch
 from simcore.jit_cache import engine_kernel_cached
 
 #: Seconds between redraws of the run bar by its background thread.
@@ -118,6 +120,8 @@ class RunProgress:
         if not self.enabled:
             _say(f"replaysim: simulating{'; compiling kernels (first run only)' if cold else ''}", self.line_stream)
             return
+        from tqdm import tqdm  # only for a bar on a terminal
+
         self.bar = tqdm(
             total=None, desc="compiling kernels (first run only)" if cold else "preparing",
             unit="req", file=self.bar_stream, dynamic_ncols=True, leave=False,
@@ -221,6 +225,8 @@ class LineProgress:
 
     def line(self) -> str:
         """The status line: tqdm's meter, trimmed to the terminal width."""
+        from tqdm import tqdm  # only for a status line on a terminal
+
         width = shutil.get_terminal_size((80, 24)).columns - 1
         return tqdm.format_meter(self.done, self.total, time.monotonic() - self.start,
                                  ncols=width, prefix=self.label, unit="point")

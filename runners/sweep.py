@@ -397,33 +397,44 @@ def _as_asked(config: SimConfig, result: simcore.Result) -> tuple[simcore.Result
     return dataclasses.replace(result, tokens=None, config=config), result.tokens
 
 
-#: Points simulated together by :func:`presimulate` (bounds the results held at once).
+#: Points simulated together by :func:`presimulate` (bounds the results held at once) ...
 BATCH_CHUNK = 256
+#: ... and their requests together (``workload.num_requests``; a file read whole counts as this many).
+BATCH_REQUESTS = 250_000
 
 
 def presimulate(points: Sequence[Point], options: RunnerOptions,
                 loaded: Sequence[SimConfig] | None = None) -> Iterator[tuple[simcore.Result, pa.Table | None] | None]:
-    """Simulate a job's batch points together (:func:`simcore.run_batch`), ahead of :func:`run_point`.
+    """Simulate points together (:func:`simcore.run_batch`), ahead of :func:`run_point`.
 
     Yields, per point in order, what :func:`simulate` would return, or None
     when the point is left to :func:`run_point` (an invalid configuration, a
     point that will be skipped, a lone point, or a chunk in which some point
     raised: its points then run one by one, so failures stay isolated).
-    Chunks of ``BATCH_CHUNK`` points are simulated as they are consumed.
-    ``loaded``: the points' configurations when the caller has validated
-    them already (``load_config`` of each mapping).
+    Chunks of at most ``BATCH_CHUNK`` points and ``BATCH_REQUESTS`` requests
+    are simulated as they are consumed; ``run_batch`` runs those of one shape
+    in one kernel call.  ``loaded``: the points' configurations when the
+    caller has validated them already (``load_config`` of each mapping).
     """
-    for start in range(0, len(points), BATCH_CHUNK):
-        chunk = points[start : start + BATCH_CHUNK]
+    start = 0
+    while start < len(points):
         configs: dict[int, SimConfig] = {}
-        for index, point in enumerate(chunk):
+        requests = 0
+        end = start
+        while end < len(points) and end - start < BATCH_CHUNK:
             try:
-                config = loaded[start + index] if loaded is not None else load_config(point.mapping)
+                config = loaded[end] if loaded is not None else load_config(points[end].mapping)
             except Exception:
+                end += 1
                 continue  # run_point reports it
-            if not options.force and is_done(point.dir, config.resolved):
+            size = config.workload.num_requests or BATCH_REQUESTS
+            if configs and requests + size > BATCH_REQUESTS:
+                break
+            end += 1
+            if not options.force and is_done(points[end - 1].dir, config.resolved):
                 continue
-            configs[index] = config
+            configs[end - 1 - start] = config
+            requests += size
         done: dict[int, tuple[simcore.Result, pa.Table | None]] = {}
         if len(configs) > 1:
             try:
@@ -432,8 +443,9 @@ def presimulate(points: Sequence[Point], options: RunnerOptions,
                 results = None
             if results is not None:
                 done = {i: _as_asked(configs[i], r) for i, r in zip(configs, results)}
-        for index in range(len(chunk)):
+        for index in range(end - start):
             yield done.get(index)
+        start = end
 
 
 def run_point(
@@ -718,17 +730,15 @@ def point_stamps(points: Sequence[Point]) -> dict[Path, tuple[int, int] | None]:
     return {point.dir: stamp(point.dir / POINT_FILE) for point in points}
 
 
-def record_crashed(points: Sequence[Point], before: Mapping[Path, tuple[int, int] | None], pid: int,
-                   how: str) -> list[str]:
-    """Record the points of a job whose process died (``how``: ``killed by signal 11 (SIGSEGV)``) as failed.
+def unfinished_points(points: Sequence[Point], before: Mapping[Path, tuple[int, int] | None]) -> list[Point]:
+    """The points that a job process which died did not finish.
 
     A point counts as finished when its ``point.json`` was rewritten since
     ``before`` (:func:`point_stamps`) with a final status, or when it holds a
     complete result set of its configuration (a point the job would have
-    skipped).  The others get ``failure.json`` (:class:`PointLost`).  Returns
-    their run ids.
+    skipped).
     """
-    lost = []
+    rest = []
     now = point_stamps(points)
     for point in points:
         document = _read_json(point.dir / POINT_FILE) or {}
@@ -740,6 +750,19 @@ def record_crashed(points: Sequence[Point], before: Mapping[Path, tuple[int, int
             config = None
         if config is not None and document.get("status") != RUNNING and is_done(point.dir, config.resolved):
             continue
+        rest.append(point)
+    return rest
+
+
+def record_crashed(points: Sequence[Point], before: Mapping[Path, tuple[int, int] | None], pid: int,
+                   how: str) -> list[str]:
+    """Record the points of a job whose process died (``how``: ``killed by signal 11 (SIGSEGV)``) as failed.
+
+    The points it finished (:func:`unfinished_points`) are left as they are;
+    the others get ``failure.json`` (:class:`PointLost`).  Returns their run ids.
+    """
+    lost = []
+    for point in unfinished_points(points, before):
         record_failure(point, PointLost.of(pid, socket.gethostname(), how))
         lost.append(point.run_id)
     return lost

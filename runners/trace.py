@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from simcore.arrow_np import pc
 from simcore.client.api import server_index
 
 TRACE_FILE = "trace.json"

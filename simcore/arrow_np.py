@@ -6,6 +6,10 @@ value to a scalar, when pandas is installed.  The result tables and the
 default exports convert through these helpers instead (issue 14: start-up);
 the values are those ``pa.array(values, from_pandas=True)``, ``pa.array``
 of a list and ``to_numpy(zero_copy_only=False)`` give.
+
+:data:`pc` is ``pyarrow.compute`` imported on first use (about 0.05 s of
+start-up, which a run of a generated workload does not need: issue 34), and
+:func:`dictionary_strings` reads a dictionary-encoded string column without it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,43 @@ NUMPY_DTYPES = {
     pa.float64(): np.dtype(np.float64),
 }
 _ARROW_TYPES = {dtype: arrow for arrow, dtype in NUMPY_DTYPES.items()}
+
+
+class _Compute:
+    """``pyarrow.compute``, imported when one of its functions is first asked for."""
+
+    def __getattr__(self, name: str):
+        import pyarrow.compute
+
+        return getattr(pyarrow.compute, name)
+
+
+#: ``pyarrow.compute``, imported on first use.
+pc = _Compute()
+
+
+def dictionary_strings(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``column.cast(pa.string()).to_pylist()`` of a dictionary-encoded string column without nulls, as an object array.
+
+    Parameters
+    ----------
+    column : pyarrow.Array or ChunkedArray
+        Of a ``pa.dictionary(<integer>, pa.string())`` type.
+
+    Returns
+    -------
+    ndarray(object)
+        Each row's string.
+    """
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if array.null_count:
+        raise ValueError(f"dictionary_strings: {array.null_count} nulls")
+    names = np.array(array.dictionary.to_pylist() + [None], dtype=object)
+    if not len(array):
+        return np.empty(0, dtype=object)
+    indices = array.indices
+    codes = np.frombuffer(indices.buffers()[1], dtype=NUMPY_DTYPES[indices.type], count=indices.offset + len(indices))
+    return names[codes[indices.offset:]]
 
 
 def to_arrow(values: np.ndarray, type: pa.DataType | None = None, valid: np.ndarray | None = None) -> pa.Array:

@@ -1,8 +1,18 @@
-"""Two of numba's import-time set-ups deferred until something needs them (issue 14: start-up).
+"""numba's set-ups that a cached kernel does not need, deferred until something does (issues 14, 34: start-up).
 
-When numba loads its first cached kernel it imports its typing and lowering
-registries, and two of those modules do costly work at import that no simcore
-kernel needs:
+Loading a kernel from numba's cache (``Cache.load_overload``) first refreshes
+the target context: it imports and installs every typing and lowering
+registry of numba (``numba.np.arraymath``, ``numba.cpython.*``, the typed
+containers, ...; about 0.17 CPU-s of a warm default run here), as a
+compilation needs them.  A cached kernel is rebuilt from its object code and
+needs only numba's runtime (NRT) initialised for its symbols, so
+:func:`install` makes the cache load initialise the runtime alone; the first
+compilation in the process (``numba.core.compiler``'s pipeline refreshes both
+contexts itself) still loads the registries, and a cached kernel's results
+are the same either way (``tests/test_numba_startup.py``).
+
+When the registries are loaded (a compilation), two of their modules do
+costly work at import that no simcore kernel needs:
 
 - ``numba.np.arraymath`` asks whether BLAS is available by importing
   ``scipy.linalg.cython_blas`` (about 0.1 s of ``scipy.linalg``), for
@@ -103,7 +113,27 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+#: numba's own ``Cache.load_overload`` (before :func:`install` replaced it).
+NUMBA_LOAD_OVERLOAD = None
+
+
+def _load_overload_with_runtime_only(self, sig, target_context):
+    """numba's ``Cache.load_overload`` with the runtime initialised instead of the whole context refreshed."""
+    from numba.core.runtime import rtsys
+
+    rtsys.initialize(target_context)
+    with self._guard_against_spurious_io_errors():
+        return self._load_overload(sig, target_context)
+
+
 def install() -> None:
-    """Put the finder first on ``sys.meta_path`` (once; no effect on modules already imported)."""
+    """Put the finder first on ``sys.meta_path`` (once; no effect on modules already imported) and make
+    numba's cache loads initialise only the runtime."""
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
+    global NUMBA_LOAD_OVERLOAD
+    from numba.core import caching
+
+    if caching.Cache.load_overload is not _load_overload_with_runtime_only:
+        NUMBA_LOAD_OVERLOAD = caching.Cache.load_overload
+        caching.Cache.load_overload = _load_overload_with_runtime_only

@@ -140,4 +140,6 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """
     if table.column_names != schema.names:
         raise ValueError(f"result columns {table.column_names} do not match the schema {schema.names}")
+    if all(column.type == field.type for column, field in zip(table.columns, schema)):
+        return pa.Table.from_arrays(table.columns, schema=schema)  # no cast needed: no pyarrow.compute import
     return table.cast(schema)

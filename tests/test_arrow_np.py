@@ -99,3 +99,26 @@ def test_from_pylist_raises_what_pa_array_raises(values, type_):
         pa.array(values, type=type_)
     with pytest.raises(expected.type):
         from_pylist(values, type_)
+
+
+def test_dictionary_strings_are_pyarrows_cast():
+    from simcore.arrow_np import dictionary_strings
+
+    values = ["completed", "rejected", "completed", "incomplete", "rejected"]
+    array = pa.array(values).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string()))
+    chunked = pa.chunked_array([array.slice(0, 2), array.slice(2)])
+    for column in (array, array.slice(1, 3), chunked, array.slice(0, 0)):
+        expected = column.cast(pa.string()).to_pylist()
+        got = dictionary_strings(column)
+        assert got.dtype == object and got.tolist() == expected
+
+
+def test_conform_without_a_cast_is_the_cast():
+    from simcore.schema import conform
+
+    schema = pa.schema([pa.field("a", pa.int64(), metadata={"unit": "ms"}), pa.field("b", pa.float64())],
+                       metadata={"v": "1"})
+    same = pa.table({"a": pa.array([1, 2], pa.int64()), "b": pa.array([0.5, None], pa.float64())})
+    assert conform(same, schema).equals(same.cast(schema), check_metadata=True)
+    other = pa.table({"a": pa.array([1, 2], pa.int32()), "b": pa.array([0.5, None], pa.float64())})
+    assert conform(other, schema).equals(other.cast(schema), check_metadata=True)

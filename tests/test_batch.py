@@ -177,3 +177,26 @@ def test_sweep_batch_points_are_simulated_together(tmp_path):
         expected, expected_tokens = simulate(load_config(point.mapping), options)
         assert result.requests.equals(expected.requests) and result.summary == expected.summary
         assert result.tokens is None and tokens.equals(expected_tokens)
+
+
+def test_sweep_points_are_chunked_by_count_and_requests(tmp_path, monkeypatch):
+    """presimulate cuts its chunks at BATCH_CHUNK points or BATCH_REQUESTS requests; a lone point runs alone."""
+    from runners import sweep
+
+    calls = []
+    real = simcore.run_batch
+    monkeypatch.setattr(sweep.simcore, "run_batch", lambda configs: calls.append(len(configs)) or real(configs))
+    monkeypatch.setattr(sweep, "BATCH_CHUNK", 3)
+    options = RunnerOptions(batch={"load.concurrency": [1, 2, 3, 4, 5, 6, 7]})
+    points = job_points(tmp_path, "job", _cfg(), [], options)
+    requests = _cfg()["workload"]["num_requests"]
+    monkeypatch.setattr(sweep, "BATCH_REQUESTS", 2 * requests)  # two points' requests at most
+    ahead = list(presimulate(points, options))
+    assert calls == [2, 2, 2] and ahead[-1] is None  # 7 points: 2 + 2 + 2 together, the last alone
+    for point, item in zip(points[:-1], ahead):
+        expected, _ = simulate(load_config(point.mapping), options)
+        assert item[0].requests.equals(expected.requests) and item[0].summary == expected.summary
+    calls.clear()
+    monkeypatch.setattr(sweep, "BATCH_REQUESTS", 100 * requests)
+    ahead = list(presimulate(points, options))
+    assert calls == [3, 3] and ahead[-1] is None and all(ahead[:-1])  # the seventh alone in its chunk

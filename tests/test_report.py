@@ -266,3 +266,14 @@ def test_the_timeline_counts_spans_and_the_pass_running_at_each_instant():
     assert html_report._per_rank_at(passes, grid, sizes)["aggregated"].tolist() == [5, 2, 7]
     # KV blocks as of each rank's latest pass start: 4 + 7, then 4 + 7 (held between passes), then 9 + 7
     assert html_report._held_blocks(passes, grid)["aggregated"].tolist() == [11, 11, 16]
+
+
+def test_polyline_points_are_the_per_pair_format():
+    from runners.svg import polyline_points
+
+    rng = np.random.default_rng(7)
+    for size in (1, 2, 1599):
+        for scale in (1e-3, 1.0, 1e4):
+            px, py = rng.normal(size=size) * scale, rng.normal(size=size) * scale
+            px[0], py[-1] = -0.04, 0.05  # round to -0.0 and 0.1
+            assert polyline_points(px, py) == " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py))

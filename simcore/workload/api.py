@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from simcore.arrow_np import pc
 from simcore.config import DEFAULTS, TRACE_SOURCES, ConfigError, LoadConfig, SimConfig, WorkloadConfig
 from simcore.units import ms_array_to_ns
 from simcore.values import integral

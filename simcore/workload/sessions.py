@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from simcore.arrow_np import pc
 from simcore.errors import ConfigError
 from simcore.schema import string_array
 from simcore.units import ms_to_ns

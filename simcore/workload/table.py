@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from simcore.arrow_np import pc
 from simcore.errors import ConfigError
 from simcore.schema import string_array
 

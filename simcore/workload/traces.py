@@ -43,10 +43,10 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
+from simcore.arrow_np import pc
 from simcore.errors import ConfigError
 from simcore.workload.settings import WorkloadConfig
 from simcore.units import MAX_INSTANT_MS, NS_PER_MS, ms_to_ns
