@@ -287,6 +287,15 @@ def attention_shape(model: str) -> tuple[int, int, int, int] | None:
 
     ``num_key_value_heads`` defaults to the attention heads (multi-head attention) and
     ``head_dim`` to ``hidden_size / num_attention_heads``, as Hugging Face's Llama config does.
+
+    Parameters
+    ----------
+    model : str
+        ``timing.model``: a directory holding config.json, or a model the database names.
+
+    Returns
+    -------
+    tuple of int, or None
     """
     if os.path.isdir(model):
         path = os.path.join(model, "config.json")
@@ -313,7 +322,19 @@ def attention_shape(model: str) -> tuple[int, int, int, int] | None:
 def covered_kv_heads(spec: AicSpec, head_dim: int) -> tuple[int, ...]:
     """The KV-head counts of the database's decode-attention rows at ``head_dim`` (all head sizes if
     it has none at that one): ``generation_attention_perf.parquet`` of the spec's GPU, backend and
-    (resolved) version; () when the file is not there."""
+    (resolved) version; () when the file is not there.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        The GPU, backend and version.
+    head_dim : int
+        The model's head size.
+
+    Returns
+    -------
+    tuple of int
+    """
     return _covered_kv_heads(spec.gpu, spec.backend, spec.backend_version, head_dim)
 
 
@@ -382,6 +403,15 @@ def fold_rule(spec: AicSpec) -> FoldRule | None:
 
     Per GPU: ``max(1, heads // tp)`` query and ``max(1, kv_heads // tp)`` KV heads (tensor
     parallelism splits the heads).  Rows within the measured range are never changed.
+
+    Parameters
+    ----------
+    spec : AicSpec
+        The model, GPU, backend, version and tensor parallelism.
+
+    Returns
+    -------
+    FoldRule or None
     """
     shape = attention_shape(spec.model)
     if shape is None:
@@ -894,7 +924,17 @@ def aic_arrays(cfg: TimingConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def extrapolation_notes(cfg: TimingConfig) -> list[str]:
     """The warnings of ``cfg``'s aic tables: each operator priced beyond the database and how
-    (the summary's ``timing_warnings``); [] for other timing types or covered models."""
+    (the summary's ``timing_warnings``); [] for other timing types or covered models.
+
+    Parameters
+    ----------
+    cfg : TimingConfig
+        The run's timing settings.
+
+    Returns
+    -------
+    list of str
+    """
     if cfg.type != "aic":
         return []
     rule = fold_rule(AicSpec.from_config(cfg))
