@@ -21,6 +21,7 @@ from simcore.metrics.api import (
     summarize,
     tokens_table,
 )
+from simcore.metrics.scaling import scaling_summary, scaling_table
 from simcore.workload.api import build_requests, send_instants_ns
 
 __version__ = "0.1.0"
@@ -42,6 +43,8 @@ class Result:
         One row per emitted token (``output.tokens=true``).
     config : SimConfig
         The validated configuration.
+    scaling : pyarrow.Table or None
+        Autoscaling: one row per scaling event (``simcore.metrics.scaling``); None without.
     """
 
     requests: pa.Table
@@ -49,6 +52,7 @@ class Result:
     passes: pa.Table | None
     tokens: pa.Table | None
     config: SimConfig
+    scaling: pa.Table | None = None
 
 
 def run(
@@ -169,6 +173,12 @@ def _result(cfg: SimConfig, table, engine) -> Result:
     summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)
     summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine))
     summary.update(saturation(cols))
+    scaling = None
+    if engine.scale_log is not None:
+        pool = cfg.engine.aggregated
+        summary.update(scaling_summary(engine.scale_log, cols, cfg.metrics.goodput, pool.replicas,
+                                       pool.attention_dp * (cfg.timing.tp or 1), engine.cap_ns))
+        scaling = scaling_table(engine.scale_log)
     return Result(
         requests=requests_table(
             table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn
@@ -177,4 +187,5 @@ def _result(cfg: SimConfig, table, engine) -> Result:
         passes=passes_table(engine) if cfg.output.passes else None,
         tokens=tokens_table(table.request_id, engine) if cfg.output.tokens else None,
         config=cfg,
+        scaling=scaling,
     )

@@ -47,6 +47,7 @@ from simcore.engine.router_nb import (
 OK = 0
 PASS_LOG_FULL = 1
 BAD_TIMING = 2
+SCALE_LOG_FULL = 3
 
 NO_CAP = np.iinfo(np.int64).max
 

@@ -12,6 +12,9 @@ import numpy as np
 from simcore.settings import SimConfig
 from simcore.engine.state import Router, Topology
 from simcore.enums import RANK_POLICIES, ROUTER_POLICIES, RouterPolicy
+from simcore.engine.autoscale_nb import NUM_PARAMS, P_INTERVAL, P_METRIC, P_MIN, P_STARTUP
+from simcore.engine.settings import AUTOSCALE_METRICS
+from simcore.units import ms_to_ns
 
 #: Spawn keys of the two draw streams under the run seed: the receiving pool's
 #: decisions (one per send), the decode pool's (one per handoff).
@@ -89,4 +92,18 @@ def router_inputs(cfg: SimConfig, n: int, topology: Topology, tok_index: np.ndar
         ),
         tok_index=tok_index,
         tok_workers=cfg.tokenization.workers,
+        **scale_inputs(cfg),
     )
+
+
+def scale_inputs(cfg: SimConfig) -> dict:
+    """``Router.scale`` and ``Router.scale_target``: the autoscaling parameters (metric code 0: off)."""
+    scale = cfg.engine.autoscale
+    if scale.metric == "none":
+        return {"scale": np.zeros(NUM_PARAMS, dtype=np.int64), "scale_target": np.ones(1, dtype=np.float64)}
+    params = np.zeros(NUM_PARAMS, dtype=np.int64)
+    params[P_METRIC] = AUTOSCALE_METRICS.index(scale.metric)
+    params[P_INTERVAL] = ms_to_ns(scale.interval_ms, "engine.autoscale.interval_ms")
+    params[P_MIN] = scale.min_replicas
+    params[P_STARTUP] = ms_to_ns(scale.startup_ms, "engine.autoscale.startup_ms")
+    return {"scale": params, "scale_target": np.array([scale.target], dtype=np.float64)}

@@ -23,6 +23,14 @@ POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 #: The decode pool has no prefix cache: load-based and oblivious choices only.
 DECODE_ROUTER_POLICIES = tuple(p for p in ROUTER_POLICIES if p != "prefix_aware")
 ROUTER_WEIGHTS = ("prefix", "queue", "kv_cache")
+#: Autoscaling metrics (docs/autoscaling.md): ``none`` (a fixed pool), the
+#: requests outstanding per replica, the KV-cache usage per replica.
+AUTOSCALE_METRICS = ("none", "outstanding", "kv_usage")
+#: Router policies that can skip replicas that are not ready (the seeded ones
+#: draw over the whole pool before the run).
+AUTOSCALE_ROUTER_POLICIES = ("round_robin", "least_outstanding", "least_tokens")
+#: Longest decision interval and scale-up delay, ms (a week: bounds the ns arithmetic).
+MAX_SCALE_MS = 7 * 24 * 3600 * 1000.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,32 @@ class RouterConfig:
 
 
 @dataclass(frozen=True)
+class AutoscaleConfig:
+    """Autoscaling of the aggregated pool (docs/autoscaling.md): the pool's ``replicas`` is the maximum."""
+
+    metric: str = key(
+        "none", choice, allowed=AUTOSCALE_METRICS,
+        doc="none: a fixed pool; outstanding or kv_usage: every interval_ms the desired replicas are "
+            "ceil(sum over live replicas of the metric / target), clamped to [min_replicas, replicas].",
+    )
+    target: float | None = key(
+        None, optional_number, strict=True, maximum=1e9,
+        doc="The metric's target per replica (requests outstanding, or KV blocks in use / KV blocks); "
+            "required with a metric.",
+    )
+    interval_ms: float = key(
+        15000.0, number, strict=True, maximum=MAX_SCALE_MS,
+        doc="Time between two scaling decisions (Kubernetes HPA's default sync period, 15 s).",
+    )
+    min_replicas: int = key(1, checks.count, doc="Fewest ready replicas; the run starts with this many ready.")
+    startup_ms: float | None = key(
+        None, optional_number, maximum=MAX_SCALE_MS,
+        doc="Scale-up delay: model load and warm-up, from the decision to the replica taking requests "
+            "(a declared parameter); required with a metric.",
+    )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     mode: str = key(
         "aggregated", choice, allowed=ENGINE_MODES,
@@ -88,6 +122,7 @@ class EngineConfig:
     prefill: PoolConfig = section(PoolConfig)
     decode: PoolConfig = section(PoolConfig)
     kv_transfer: KVTransferConfig = section(KVTransferConfig)
+    autoscale: AutoscaleConfig = section(AutoscaleConfig)
     router: RouterConfig = field()  # keys in engine.router and engine.decode_router (see defaults)
 
     @classmethod

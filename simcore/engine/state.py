@@ -143,6 +143,7 @@ class Logs(NamedTuple):
     pass_log: I64_2D  # (rows, PASS_LOG_COLUMNS) one row per rank per pass; 0 rows: none
     pass_ms: F64  # each pass-log row's rank time, ms
     bad_batch: F64  # (8,) the batch whose pass time was not finite and >= 0
+    scale_log: I64_2D  # (rows, 3) autoscaling: instant, worker, SCALE_* event (0 rows without autoscaling)
 
 
 class Router(NamedTuple):
@@ -156,6 +157,8 @@ class Router(NamedTuple):
     decode_draws: I64  # (2n,) or (0,): per handoff h, two distinct seeded decode workers
     tok_index: I64  # per request, its tokenizer server within the worker that receives it
     tok_workers: types.int64  # tokenizer servers per receiving worker
+    scale: I64  # (4,) autoscaling (simcore.engine.autoscale_nb): metric code (0: off), interval, min replicas, startup ns
+    scale_target: F64  # (1,) the metric's target per replica
 
 
 # ------------------------------------------------------------------ the event loop's own state
@@ -235,7 +238,8 @@ class Loop(NamedTuple):
     session_counters: I64  # (2,)
     tok_free: I64  # per tokenizer server, when it is free
     route: I64  # simcore.engine.router_nb state
-    routing: types.boolean  # any policy other than round robin routes
+    routing: types.boolean  # any policy other than round robin routes (or autoscaling)
+    scale: I64  # autoscaling state (simcore.engine.autoscale_nb); empty without
     counts: I64  # (NUM_COUNTS,) by the indices above
 
 

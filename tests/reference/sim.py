@@ -170,6 +170,7 @@ import numpy as np
 
 from simcore.scheduler.policies import SCHEDULING_POLICIES
 from simcore.scheduler.speculative import acceptance_rates, geometric_alpha, read_engine_form
+from tests.reference.autoscale import ReferenceAutoscaler
 from tests.reference.routing import ReferenceRouter
 from tests.reference.offload import OffloadMixin
 
@@ -616,6 +617,13 @@ class ReferenceSim(OffloadMixin):
         # Routing (tests/reference/routing.py): a policy other than round robin
         # places each request when it is sent (-1: not yet).
         self.router = ReferenceRouter(self, config)
+        # Autoscaling (tests/reference/autoscale.py): the router sends to ready workers only.
+        scale = (config["engine"].get("autoscale") or {})
+        self.scaler = None
+        if scale.get("metric", "none") != "none":
+            self.scaler = ReferenceAutoscaler(self, config)
+            self.router.active = True
+            self.router.eligible = self.scaler.ready
         if self.router.active:
             for req in self.requests:
                 req.worker = req.rank = -1
@@ -712,7 +720,8 @@ class ReferenceSim(OffloadMixin):
             candidates.append(self.receipts[0][0])
         if self.loads:
             candidates.append(self.offload_next_time())
-        return min(candidates) if candidates else None
+        t = min(candidates) if candidates else None
+        return t if self.scaler is None else self.scaler.next_time(t)
 
     def run(self):
         last_t = -1
@@ -728,6 +737,8 @@ class ReferenceSim(OffloadMixin):
     def process_instant(self, t):
         """SPEC §5 equal-time order: repeat (a)-(d) until nothing is left at t, then (e)."""
         self.now = t
+        if self.scaler is not None:  # ready instants and decisions, before the phases
+            self.scaler.step(t)
         while True:
             progressed = False
             # (a) pass ends, by global worker index
@@ -765,6 +776,8 @@ class ReferenceSim(OffloadMixin):
                 progressed = True
             if not progressed:
                 break
+        if self.scaler is not None:  # drained workers are off, before (e)
+            self.scaler.drained(t)
         # (e) idle workers with work try to start a pass, by global worker index (an
         # idle worker without work is idle at t: sglang's idle ratio reset)
         for w in self.workers:
@@ -1723,8 +1736,9 @@ class ReferenceSim(OffloadMixin):
         spec = {}
         if self.emit_pool.spec_drafts:
             spec = dict(spec_counts=list(self.spec_counts), spec_positions=len(self.emit_pool.spec_rates))
+        scaling = {} if self.scaler is None else dict(scale_log=list(self.scaler.log))
         return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
-                    **self.offload_summary(), **spec)
+                    **self.offload_summary(), **spec, **scaling)
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None,
