@@ -148,7 +148,8 @@ def _load_nb(route, metric, num_workers, worker_first_rank, worker_num_ranks, bl
 @njit(cache=True)
 def _decide_nb(t, route, st, params, target, num_workers, load, log):
     """Rule 2 (module docstring): start, resume, cancel or drain workers toward the desired count."""
-    desired = np.int64(np.ceil(load / target))
+    ratio = load / target
+    desired = np.int64(num_workers) if ratio >= num_workers else np.int64(np.ceil(ratio))  # bounded before the cast
     desired = min(max(desired, params[P_MIN]), num_workers)
     active = 0
     for w in range(num_workers):

@@ -89,7 +89,8 @@ class AutoscaleConfig:
     metric: str = key(
         "none", choice, allowed=AUTOSCALE_METRICS,
         doc="none: a fixed pool; outstanding or kv_usage: every interval_ms the desired replicas are "
-            "ceil(sum over live replicas of the metric / target), clamped to [min_replicas, replicas].",
+            "ceil(sum over the ready and draining replicas of the metric / target), clamped to [min_replicas, replicas] "
+            "(docs/autoscaling.md).",
     )
     target: float | None = key(
         None, optional_number, strict=True, maximum=1e9,
@@ -100,7 +101,7 @@ class AutoscaleConfig:
         15000.0, number, strict=True, maximum=MAX_SCALE_MS,
         doc="Time between two scaling decisions (Kubernetes HPA's default sync period, 15 s).",
     )
-    min_replicas: int = key(1, checks.count, doc="Fewest ready replicas; the run starts with this many ready.")
+    min_replicas: int = key(1, checks.count, doc="Fewest active (ready or starting) replicas; the run starts with this many ready.")
     startup_ms: float | None = key(
         None, optional_number, maximum=MAX_SCALE_MS,
         doc="Scale-up delay: model load and warm-up, from the decision to the replica taking requests "

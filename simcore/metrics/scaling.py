@@ -38,11 +38,12 @@ def scaling_table(log: np.ndarray) -> pa.Table:
     )
 
 
-def run_end_ns(last_recv_ns: np.ndarray, reject_ns: np.ndarray, incomplete: bool, cap_ns: int | None) -> int:
-    """The run's end (module docstring), ns."""
+def run_end_ns(last_recv_ns: np.ndarray, completed: np.ndarray, reject_ns: np.ndarray, incomplete: bool,
+               cap_ns: int | None) -> int:
+    """The run's end (module docstring), ns: the last receipt of a completed request or rejection, or the cap."""
     if incomplete and cap_ns is not None:
         return int(cap_ns)
-    ends = np.concatenate([last_recv_ns[last_recv_ns >= 0], reject_ns[reject_ns >= 0]])
+    ends = np.concatenate([last_recv_ns[completed], reject_ns[reject_ns >= 0]])
     return int(ends.max()) if ends.size else 0
 
 
@@ -90,7 +91,7 @@ def scaling_summary(log: np.ndarray, cols, goodput, num_workers: int, gpus_per_r
     """The ``SCALING_KEYS`` of one autoscaled run."""
     run = cols.run
     incomplete = bool((~cols.completed & (run.reject_ns < 0)).any())
-    end = run_end_ns(cols.last_recv_ns, run.reject_ns, incomplete, cap_ns)
+    end = run_end_ns(cols.last_recv_ns, cols.completed, run.reject_ns, incomplete, cap_ns)
     log = log[log[:, 0] <= end]  # after the run's end: no cost, no replica
     instants, level = ready_steps(log, end)
     spans = np.diff(np.r_[instants, end])

@@ -77,7 +77,8 @@ class ReferenceAutoscaler:
         if self.next_decision != t:
             return
         self.next_decision += self.interval
-        desired = min(max(math.ceil(self.load() / self.target), self.min), self.workers)
+        ratio = self.load() / self.target
+        desired = self.workers if ratio >= self.workers else min(max(math.ceil(ratio), self.min), self.workers)
         active = sum(s in (READY, STARTING) for s in self.status)
         while active < desired:
             draining = [w for w in range(self.workers) if self.status[w] == DRAINING]
