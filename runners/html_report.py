@@ -117,6 +117,10 @@ def _summary_tables(summary: Mapping[str, Any]) -> str:
                    ("Scale-ups / scale-downs", f"{_fmt(get('scale_ups'))} / {_fmt(get('scale_downs'))}")]
         if get("slo_attainment") is not None:
             counts.append(("SLO attainment", _fmt(get("slo_attainment"), ".4f")))
+    if get("worker_failures") is not None:  # failures
+        counts += [("Worker failures", _fmt(get("worker_failures"))),
+                   ("Requests failed / retried / lost", f"{_fmt(get('failed_requests'))} / "
+                    f"{_fmt(get('retried_requests'))} / {_fmt(get('lost_requests'))}")]
     first = "<table class=\"kv\" data-table=\"counts\">" + "".join(
         f"<tr><td>{label}</td><td>{value}</td></tr>" for label, value in counts) + "</table>"
     names = percentile_names(summary)
@@ -255,7 +259,7 @@ def _replicas(scaling: pa.Table, grid: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """Replicas ready and up (started, not yet off) at each grid instant (ms) from the scaling table."""
     instant = _column(scaling, "instant_ms")
     event = np.asarray(scaling.column("event").cast(pa.string()).to_pylist(), dtype=object)
-    ready = np.cumsum(np.where(event == "ready", 1, 0) - np.where(event == "drain", 1, 0))
+    ready = np.cumsum(np.where(event == "ready", 1, 0) - np.where((event == "drain") | (event == "fail"), 1, 0))
     up = np.cumsum(np.where(event == "start", 1, 0) - np.where(event == "off", 1, 0))
     at = np.searchsorted(instant, grid, side="right") - 1  # the level after the latest event by then
     valid = at >= 0
@@ -289,12 +293,12 @@ def _timeline(requests: pa.Table, passes: pa.Table | None, kv_blocks: Mapping[st
              "still counts as running)."]
     if scaling is not None and scaling.num_rows:
         ready, up = _replicas(scaling, grid)
-        charts.append(svg.lines("replicas_timeline", "Replicas (autoscaling)", [
+        charts.append(svg.lines("replicas_timeline", "Replicas", [
             {"label": "ready (take requests)", "x": seconds, "y": ready},
             {"label": "up (starting, ready or draining)", "x": seconds, "y": up, "dash": "4 3"},
         ], "time from the first send (s)", "replicas", step=True))
-        notes.append("Replicas from scaling.parquet: up from each start to its off, ready from ready to drain; "
-                     "GPU-seconds count the replicas up.")
+        notes.append("Replicas from scaling.parquet: up from each start to its off, ready from ready to drain "
+                     "or failure; GPU-seconds count the replicas up.")
     if passes is None:
         notes.append("Batch size and KV use come from passes.parquet, which this run did not record: "
                       "rerun with output.passes=true for them.")

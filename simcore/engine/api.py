@@ -39,7 +39,7 @@ PROGRESS_INTERVAL_S = 0.2
 #: Per-request outputs allocated as "did not happen" (-1) and as counts (0).
 NOT_YET_OUTPUTS = ("send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
                    "transfer_end_ns", "decode_rank", "placed_rank", "placed_worker", "send_seq")
-COUNT_OUTPUTS = ("cached_tokens", "generated", "num_preemptions")
+COUNT_OUTPUTS = ("cached_tokens", "generated", "num_preemptions", "failures")
 
 #: ``on_progress(done, total)``: requests finished or rejected, out of the run's requests.
 ProgressCallback = Callable[[int, int], None]
@@ -92,9 +92,10 @@ class EngineRun:
     # speculative decoding (None: off): verifications, proposals, accepted per position; positions counted
     spec_counts: np.ndarray | None = None
     spec_positions: int = 0
-    # autoscaling (None: off): rows of instant ns, worker, event (simcore.engine.autoscale_nb.SCALE_*), in
-    # the order they happened (by instant, then as written)
+    # autoscaling or failures (None: neither): rows of instant ns, worker, event
+    # (simcore.engine.autoscale_nb.SCALE_EVENTS), in the order they happened (by instant, then as written)
     scale_log: np.ndarray | None = None
+    failures: np.ndarray | None = None  # failures: attempts each request lost to them (None: off)
 
 
 class Buffers(NamedTuple):
@@ -374,6 +375,9 @@ def prepare(
     """
     closed = cfg.load.closed_loop
     sessions = requests.session is not None
+    if sessions and cfg.engine.failures.enabled:
+        raise ConfigError("engine.failures.at or engine.failures.mtbf_ms is not modelled with multi-turn sessions "
+                          "(session_id and turn columns)")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"
@@ -446,7 +450,8 @@ def prepare(
         bounded=bounded,
         rank_worker=rank_worker,
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
-        scale_rows=0 if cfg.engine.autoscale.metric == "none" else 64 + 4 * len(topology.worker_role),
+        scale_rows=(64 + 4 * len(topology.worker_role) + len(cfg.engine.failures.at)
+                    if cfg.engine.autoscale.metric != "none" or cfg.engine.failures.enabled else 0),
         **prefix_cache._asdict(),
     )
 
@@ -551,6 +556,7 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         spec_counts=out.spec_counts.copy() if speculation else None,
         spec_positions=max((pool.speculative.positions for pool in speculation), default=0),
         scale_log=_scale_log(logs.scale_log, cap_ns) if prep.scale_rows else None,
+        failures=out.failures if cfg.engine.failures.enabled else None,
     )
 
 

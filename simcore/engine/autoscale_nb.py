@@ -56,7 +56,7 @@ SCALE_START = 0  # the worker starts (model load and warm-up)
 SCALE_READY = 1  # it takes requests
 SCALE_DRAIN = 2  # it takes no new request; its own finish
 SCALE_OFF = 3  # it is down (drained, or its start cancelled)
-SCALE_EVENTS = ("start", "ready", "drain", "off")
+SCALE_EVENTS = ("start", "ready", "drain", "off", "fail")  # fail: simcore.engine.failures_nb (a repair: ready)
 
 _NEXT = 0
 _ROWS = 1

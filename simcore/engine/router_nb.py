@@ -46,6 +46,7 @@ W_OFF = 0
 W_STARTING = 1
 W_READY = 2
 W_DRAINING = 3
+W_FAILED = 4
 
 
 @njit(cache=True)
@@ -474,6 +475,31 @@ def route_prompt_done_nb(route, k, tokens):
         Its prompt tokens.
     """
     route[_pending(route) + route[_request_worker(route) + k]] -= tokens
+
+
+@njit(cache=True)
+def route_lose_nb(route, k, g, tokens, prompt_done):
+    """Request k is lost with its worker (docs/failures.md): it leaves the worker's counts and rank g's (if >= 0).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    k : int
+        The request.
+    g : int
+        Its global rank, or -1 (not yet picked).
+    tokens : int
+        Its prompt tokens.
+    prompt_done : bool
+        Whether it was past its prompt (no longer pending).
+    """
+    w = route[_request_worker(route) + k]
+    route[_outstanding(route) + w] -= 1
+    if not prompt_done:
+        route[_pending(route) + w] -= tokens
+    if g >= 0:
+        route[_rank_load(route) + g] -= 1
 
 
 @njit(cache=True)

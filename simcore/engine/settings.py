@@ -14,6 +14,7 @@ import numpy as np
 
 from simcore import checks
 from simcore.checks import Later, choice, key, number, optional_number, parse_keys, section
+from simcore.errors import ConfigError
 from simcore.enums import ROUTER_POLICIES
 from simcore.scheduler.policies import POLICIES
 from simcore.scheduler.settings import PoolConfig, parse_pool
@@ -109,6 +110,75 @@ class AutoscaleConfig:
     )
 
 
+FAILURE_ACTIONS = ("retry", "reject")
+#: At most this many fixed failures (each an event of the run).
+MAX_FIXED_FAILURES = 10_000
+
+
+def _failure_list(path: str, value: Any) -> tuple[tuple[int, float], ...]:
+    """``[[worker, at_ms], ...]``: each a worker index >= 0 and an instant in ms >= 0."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_FIXED_FAILURES:
+        raise ConfigError(f"{path} must be a list of at most {MAX_FIXED_FAILURES} [worker, at_ms] pairs, "
+                          f"got {checks.shown(value)}")
+    out = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ConfigError(f"{path}[{i}] must be a [worker, at_ms] pair, got {checks.shown(pair)}")
+        out.append((checks.count(f"{path}[{i}].worker", pair[0], minimum=0),
+                    number(f"{path}[{i}].at_ms", pair[1], maximum=MAX_SCALE_MS * 52)))
+    return tuple(out)
+
+
+MAX_RETRIES = 1000
+
+
+def _retries(path: str, value: Any) -> int:
+    retries = checks.count(path, value, minimum=0)
+    if retries > MAX_RETRIES:
+        raise ConfigError(f"{path} must be <= {MAX_RETRIES}, got {retries}")
+    return retries
+
+
+@dataclass(frozen=True)
+class FailuresConfig:
+    """Worker failures of the aggregated pool (docs/failures.md): none by default."""
+
+    at: tuple[tuple[int, float], ...] = key(
+        [], _failure_list,
+        doc="Failures at given instants: [[worker, at_ms], ...] (a worker already down stays down).",
+        values="list of [worker >= 0, at_ms >= 0] pairs",
+    )
+    mtbf_ms: float | None = key(
+        None, optional_number, strict=True, maximum=MAX_SCALE_MS * 52,
+        doc="Random failures: each worker's time from its start or repair to its next failure is "
+            "exponential with this mean (seeded); null: none.",
+    )
+    repair_ms: float | None = key(
+        None, optional_number, maximum=MAX_SCALE_MS,
+        doc="How long a failed worker is down before it takes requests again; required with failures.",
+    )
+    on_failure: str = key(
+        "retry", choice, allowed=FAILURE_ACTIONS,
+        doc="What the client does with a request lost to a failure (KV and tokens gone): retry it "
+            "(max_retries, backoff) or take it as failed.",
+    )
+    max_retries: int = key(
+        2, _retries,
+        doc="Retries of a request lost to failures (the OpenAI Python client's DEFAULT_MAX_RETRIES, 2).",
+        values=f"integer in [0, {MAX_RETRIES}]",
+    )
+    retry_delay_ms: float = key(
+        500.0, number, maximum=MAX_SCALE_MS,
+        doc="Backoff before retry i: min(retry_delay_ms x 2^(i-1), max_retry_delay_ms) (the OpenAI "
+            "Python client's 0.5 s and 8 s, without its jitter).",
+    )
+    max_retry_delay_ms: float = key(8000.0, number, maximum=MAX_SCALE_MS, doc="The backoff's ceiling.")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.at) or self.mtbf_ms is not None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = key(
@@ -124,6 +194,7 @@ class EngineConfig:
     decode: PoolConfig = section(PoolConfig)
     kv_transfer: KVTransferConfig = section(KVTransferConfig)
     autoscale: AutoscaleConfig = section(AutoscaleConfig)
+    failures: FailuresConfig = section(FailuresConfig)
     router: RouterConfig = field()  # keys in engine.router and engine.decode_router (see defaults)
 
     @classmethod

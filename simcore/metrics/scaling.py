@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from simcore.engine.autoscale_nb import SCALE_DRAIN, SCALE_EVENTS, SCALE_OFF, SCALE_READY, SCALE_START
+from simcore.engine.failures_nb import SCALE_FAIL
 from simcore.metrics.registry import slo_metrics
 
 #: The summary keys autoscaling adds (docs/results.md).
@@ -50,7 +51,7 @@ def run_end_ns(last_recv_ns: np.ndarray, completed: np.ndarray, reject_ns: np.nd
 def ready_steps(log: np.ndarray, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
     """Ready replicas as a step function over [0, end]: instants (ns) and the count from each on."""
     delta = np.where(log[:, 2] == SCALE_READY, 1, 0) - np.where(
-        (log[:, 2] == SCALE_DRAIN), 1, 0)
+        (log[:, 2] == SCALE_DRAIN) | (log[:, 2] == SCALE_FAIL), 1, 0)
     keep = log[:, 0] <= end_ns
     instants, first = np.unique(log[keep, 0], return_index=True)
     level = np.cumsum(delta[keep])
@@ -122,3 +123,21 @@ def _drained(log: np.ndarray) -> np.ndarray:
             drained[i] = True
             draining.discard(int(w))
     return drained
+
+
+#: The summary keys failures add (docs/failures.md).
+FAILURE_KEYS = ("worker_failures", "failed_requests", "retried_requests", "retries", "lost_requests")
+
+
+def failure_summary(log: np.ndarray, failures: np.ndarray, reject_ns: np.ndarray, retry: bool,
+                    max_retries: int) -> dict:
+    """The ``FAILURE_KEYS``: failures that took a worker down (by the cap), requests hit by one at least,
+    requests resent after one at least, resends, and requests taken as failed (rejected at a failure)."""
+    resent = np.minimum(failures, max_retries) if retry else np.zeros_like(failures)
+    return {
+        "worker_failures": int(np.sum(log[:, 2] == SCALE_FAIL)),
+        "failed_requests": int(np.sum(failures > 0)),
+        "retried_requests": int(np.sum(resent > 0)),
+        "retries": int(resent.sum()),
+        "lost_requests": int(np.sum((failures > 0) & (reject_ns >= 0))),
+    }

@@ -52,7 +52,7 @@ class ReferenceRouter:
     def location(self, req):
         """(global worker, rank index or -1, past its prompt) of a request at a worker now, else None."""
         sim = self.sim
-        if req.send_ns is None or req.rejected:
+        if req.send_ns is None or req.rejected or req.retry_wait:
             return None
         finished = bool(req.tokens) and req.tokens[-1][2]
         if not sim.disaggregated:

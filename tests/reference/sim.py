@@ -171,6 +171,7 @@ import numpy as np
 from simcore.scheduler.policies import SCHEDULING_POLICIES
 from simcore.scheduler.speculative import acceptance_rates, geometric_alpha, read_engine_form
 from tests.reference.autoscale import ReferenceAutoscaler
+from tests.reference.failures import ReferenceFailures
 from tests.reference.routing import ReferenceRouter
 from tests.reference.offload import OffloadMixin
 
@@ -299,6 +300,8 @@ class Request:
         self.transfer_blocks = 0      # prefill blocks held while transferring
         self.decode_worker = None     # global worker index, set at the transfer end
         self.decode_rank = None
+        self.failures = 0             # attempts lost to worker failures (tests/reference/failures.py)
+        self.retry_wait = False       # lost, waiting for its client's retry
         # outcome
         self.rejected = False
         self.completed = False  # final token received by the client
@@ -624,6 +627,13 @@ class ReferenceSim(OffloadMixin):
             self.scaler = ReferenceAutoscaler(self, config)
             self.router.active = True
             self.router.eligible = self.scaler.ready
+        # Failures (tests/reference/failures.py): the router sends to the workers up.
+        fail = config["engine"].get("failures") or {}
+        self.failures = None
+        if fail.get("at") or fail.get("mtbf_ms") is not None:
+            self.failures = ReferenceFailures(self, config)
+            self.router.active = True
+            self.router.eligible = self.failures.ready
         if self.router.active:
             for req in self.requests:
                 req.worker = req.rank = -1
@@ -720,8 +730,14 @@ class ReferenceSim(OffloadMixin):
             candidates.append(self.receipts[0][0])
         if self.loads:
             candidates.append(self.offload_next_time())
+        if self.failures is not None and self.failures.retries:
+            candidates.append(self.failures.retries[0][0])
         t = min(candidates) if candidates else None
-        return t if self.scaler is None else self.scaler.next_time(t)
+        if self.scaler is not None:
+            t = self.scaler.next_time(t)
+        if self.failures is not None:
+            t = self.failures.next_time(t)
+        return t
 
     def run(self):
         last_t = -1
@@ -737,6 +753,8 @@ class ReferenceSim(OffloadMixin):
     def process_instant(self, t):
         """SPEC §5 equal-time order: repeat (a)-(d) until nothing is left at t, then (e)."""
         self.now = t
+        if self.failures is not None:  # repairs and failures, before the phases
+            self.failures.step(t)
         if self.scaler is not None:  # ready instants and decisions, before the phases
             self.scaler.step(t)
         while True:
@@ -756,6 +774,11 @@ class ReferenceSim(OffloadMixin):
                 _, row = self.sends.popleft()
                 self.send(self.requests[row], t)
                 progressed = True
+            if self.failures is not None:  # the clients' retries at t, by row
+                while self.failures.retries and self.failures.retries[0][0] == t:
+                    _, row = heapq.heappop(self.failures.retries)
+                    self.dispatch(self.requests[row], t)
+                    progressed = True
             if self.sessions is not None:
                 while self.session_sends and self.session_sends[0][0] == t:
                     _, row = heapq.heappop(self.session_sends)
@@ -808,6 +831,15 @@ class ReferenceSim(OffloadMixin):
     def send(self, req, t):
         """SPEC §4: the request becomes one FIFO job on its tokenizer server."""
         req.send_ns = t
+        self.dispatch(req, t)
+
+    def dispatch(self, req, t):
+        """A send at t (a client's retry keeps its first send instant): routing, then the tokenizer job."""
+        if self.failures is not None:
+            req.retry_wait = False
+            if not any(self.failures.up):  # no worker takes it: the client's retry rule
+                self.failures.lose(req, t)
+                return
         if self.sessions is not None:
             self.place_at_send(req)
         if self.router.active:
@@ -1737,6 +1769,11 @@ class ReferenceSim(OffloadMixin):
         if self.emit_pool.spec_drafts:
             spec = dict(spec_counts=list(self.spec_counts), spec_positions=len(self.emit_pool.spec_rates))
         scaling = {} if self.scaler is None else dict(scale_log=list(self.scaler.log))
+        if self.failures is not None:
+            scaling = dict(scale_log=list(self.failures.log))
+            for out, req in zip(requests, self.requests):
+                out["failures"] = req.failures
+            self.pass_records.sort(key=lambda p: (p["end_ns"], p["worker"], p["rank"]))
         return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
                     **self.offload_summary(), **spec, **scaling)
 
