@@ -32,9 +32,11 @@ SCALING_SCHEMA = pa.schema([
 
 def scaling_table(log: np.ndarray) -> pa.Table:
     """The scaling log as a table: ``instant_ms``, ``worker``, ``event`` (start, ready, drain, off)."""
-    events = pa.DictionaryArray.from_arrays(pa.array(log[:, 2].astype(np.int8)), pa.array(list(SCALE_EVENTS)))
+    events = pa.DictionaryArray.from_arrays(pa.array(np.ascontiguousarray(log[:, 2], dtype=np.int8)),
+                                            pa.array(list(SCALE_EVENTS)))
     return pa.Table.from_arrays(
-        [pa.array(log[:, 0] / 1e6, type=pa.float64()), pa.array(log[:, 1], type=pa.int64()), events],
+        [pa.array(np.ascontiguousarray(log[:, 0]) / 1e6, type=pa.float64()),
+         pa.array(np.ascontiguousarray(log[:, 1]), type=pa.int64()), events],
         schema=SCALING_SCHEMA,
     )
 
