@@ -630,7 +630,7 @@ def failure_scenario(seed: int) -> dict:
              for _ in range(rnd.randint(0, 3))]
     mtbf = rnd.choice([None, 2.0, 5.0, 20.0]) if fixed else rnd.choice([2.0, 5.0, 20.0])
     engine["failures"] = {
-        "at": fixed, "mtbf_ms": mtbf, "repair_ms": rnd.choice([0.0, 0.5, 3.0, 10.0]),
+        "at": fixed, "mtbf_ms": mtbf, "repair_ms": rnd.choice([0.001, 0.5, 3.0, 10.0]),
         "on_failure": rnd.choice(["retry", "retry", "reject"]), "max_retries": rnd.randint(0, 3),
         "retry_delay_ms": rnd.choice([0.0, 0.3, 1.0]), "max_retry_delay_ms": rnd.choice([1.0, 2.0]),
     }

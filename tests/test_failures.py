@@ -149,7 +149,7 @@ ON = {"at": [[0, 10.0]], "repair_ms": 1000.0}
     ({"failures": {**ON, "at": [0, 10.0]}}, {}, "engine.failures.at[0] must be a [worker, at_ms] pair"),
     ({"failures": {**ON, "at": "soon"}}, {}, "engine.failures.at must be a list"),
     ({"failures": {**ON, "mtbf_ms": 0}}, {}, "engine.failures.mtbf_ms must be > 0"),
-    ({"failures": {**ON, "repair_ms": -1}}, {}, "engine.failures.repair_ms must be >= 0"),
+    ({"failures": {**ON, "repair_ms": 0}}, {}, "engine.failures.repair_ms must be > 0"),
     ({"failures": {**ON, "on_failure": "ignore"}}, {}, "engine.failures.on_failure must be one of"),
     ({"failures": {**ON, "max_retries": -1}}, {}, "engine.failures.max_retries"),
     ({"failures": {**ON, "max_retries": 10_000}}, {}, "engine.failures.max_retries must be <= 1000"),

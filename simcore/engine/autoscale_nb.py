@@ -27,7 +27,9 @@ The rules, at an instant t:
    no pass running is off.
 
 The run starts with workers ``0 .. min_replicas - 1`` ready at 0, the others
-off.  Scaling events are instants only while another event is pending.
+off.  Scaling events are instants only while another event is pending: an
+engine event, or a client's receipt after the last instant (the latest
+detokenizer job's end).
 """
 
 from __future__ import annotations
@@ -110,9 +112,10 @@ def scale_rows_nb(st):
 
 
 @njit(cache=True)
-def scale_next_instant_nb(t, st, num_workers):
-    """The earliest of ``t`` (the next other event) and the scaling events, when another event is pending."""
-    if t == _NO_CAP:
+def scale_next_instant_nb(t, pending, st, num_workers):
+    """The earliest of ``t`` (the next engine event) and the scaling events, when another event is ``pending``
+    (an engine event, or a receipt after the last instant)."""
+    if not pending:
         return t
     if st[_NEXT] < t:
         t = st[_NEXT]

@@ -113,9 +113,10 @@ def fail_retries_nb(st):
 
 
 @njit(cache=True)
-def fail_next_instant_nb(t, st, fail_at, num_workers):
-    """The earliest of ``t`` (the next other event) and the failures' events, when another event is pending."""
-    if t == _NO_CAP:
+def fail_next_instant_nb(t, pending, st, fail_at, num_workers):
+    """The earliest of ``t`` (the next engine event) and the failures' events, when another event is ``pending``
+    (an engine event, or a receipt after the last instant)."""
+    if not pending:
         return t
     i = st[_FIXED]
     if 2 * i < fail_at.shape[0] and fail_at[2 * i] < t:

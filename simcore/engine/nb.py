@@ -161,6 +161,16 @@ def simulate_engine_nb(requests, load, client, topology, ranks, prefix_cache, ti
 
 
 @njit(cache=True)
+def _latest_nb(values):
+    """The largest value (-1 for none): the detokenizer servers' latest job end, the last receipt so far."""
+    latest = np.int64(-1)
+    for v in values:
+        if v > latest:
+            latest = v
+    return latest
+
+
+@njit(cache=True)
 def _replay_nb(run, state):
     """The event loop of ``simulate_engine_nb`` (its only caller, which allocates the loop's own state).
 
@@ -229,6 +239,7 @@ def _replay_nb(run, state):
         return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
     if failing:
         fail_init_nb(lp.fail, scale_log, num_workers)
+    t_prev = np.int64(-1)  # the last instant processed
 
     while True:
         if steady_path:
@@ -261,12 +272,15 @@ def _replay_nb(run, state):
             t = session_next_instant_nb(t, send_key, send_size, sess_key, sess_size)
         if failing and fail_retries_nb(lp.fail) > 0 and lp.retry_key[0] < t:  # the clients' retries
             t = lp.retry_key[0]
-        if scaling:  # ready instants and decisions, while another event is pending
-            t = scale_next_instant_nb(t, lp.scale, num_workers)
-        if failing:  # failures and repairs, while another event is pending
-            t = fail_next_instant_nb(t, lp.fail, router.fail_at, num_workers)
+        if scaling or failing:  # their instants while another event is pending (a receipt to come included)
+            pending = t != NO_CAP or (run.client.detok_mode == DETOK_IN_KERNEL and _latest_nb(state.dt.detok_free) > t_prev)
+            if scaling:
+                t = scale_next_instant_nb(t, pending, lp.scale, num_workers)
+            if failing:
+                t = fail_next_instant_nb(t, pending, lp.fail, router.fail_at, num_workers)
         if t == NO_CAP or t > cap_ns:
             break
+        t_prev = t
         if failing:
             fail_step_nb(t, run, state)
         if scaling and not scale_step_nb(t, lp.route, lp.scale, router.scale, router.scale_target[0],

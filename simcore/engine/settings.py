@@ -154,7 +154,7 @@ class FailuresConfig:
             "exponential with this mean (seeded); null: none.",
     )
     repair_ms: float | None = key(
-        None, optional_number, maximum=MAX_SCALE_MS,
+        None, optional_number, strict=True, maximum=MAX_SCALE_MS,
         doc="How long a failed worker is down before it takes requests again; required with failures.",
     )
     on_failure: str = key(

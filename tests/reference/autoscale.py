@@ -49,10 +49,8 @@ class ReferenceAutoscaler:
         return self.status[w] == READY
 
     def next_time(self, t):
-        """The earliest of t (the next other event, or None) and the scaling events."""
-        if t is None:
-            return None
-        pending = [t, self.next_decision] + [r for r in self.ready_at if r is not None]
+        """The earliest of t (the next other event, or None) and the scaling events (another is pending)."""
+        pending = [self.next_decision] + ([] if t is None else [t]) + [r for r in self.ready_at if r is not None]
         return min(pending)
 
     def load(self):

@@ -59,9 +59,8 @@ class ReferenceFailures:
         return self.up[w]
 
     def next_time(self, t):
-        if t is None:
-            return None
-        pending = [t] + [r for r in self.repair_at if r is not None] + [r for r in self.next_random if r is not None]
+        """The earliest of t (the next other event, or None) and the failures' events (another is pending)."""
+        pending = ([] if t is None else [t]) + [r for r in self.repair_at if r is not None] + [r for r in self.next_random if r is not None]
         if self.fixed:
             pending.append(self.fixed[0][0])
         return min(pending)
@@ -141,7 +140,7 @@ class ReferenceFailures:
         req.tokens = []
         req.arrival_ns = req.first_admit_ns = req.prompt_done_ns = req.first_emit_ns = None
         req.first_recv_ns = req.last_recv_ns = None
-        req.worker = req.rank = -1
+        req.rank = -1  # its worker stays the one it was lost on (or last sent to) until it is sent again
         if self.retry and req.failures <= self.max_retries:
             req.retry_wait = True
             delay = self.delay

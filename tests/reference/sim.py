@@ -671,6 +671,8 @@ class ReferenceSim(OffloadMixin):
         self.transfers = []
         self.receipts = []
         self.receipt_seq = 0
+        self.last_receipt = -1  # the latest receipt instant so far (autoscaling, failures: a pending receipt)
+        self.now = -1
         self.next_handoff = 0  # P/D: the next handoff number h
         self.next_unsent = 0  # closed loop: next row to send
         if self.closed_loop:
@@ -726,16 +728,19 @@ class ReferenceSim(OffloadMixin):
             candidates.append(self.arrivals[0][0])
         if self.transfers:
             candidates.append(self.transfers[0][0])
-        if self.receipts:
-            candidates.append(self.receipts[0][0])
         if self.loads:
             candidates.append(self.offload_next_time())
         if self.failures is not None and self.failures.retries:
             candidates.append(self.failures.retries[0][0])
+        # Scaling and failure instants while another event is pending: an engine
+        # event or a receipt after the last instant processed.
+        pending = bool(candidates) or self.last_receipt > self.now
+        if self.receipts:
+            candidates.append(self.receipts[0][0])
         t = min(candidates) if candidates else None
-        if self.scaler is not None:
+        if self.scaler is not None and pending:
             t = self.scaler.next_time(t)
-        if self.failures is not None:
+        if self.failures is not None and pending:
             t = self.failures.next_time(t)
         return t
 
@@ -1726,6 +1731,7 @@ class ReferenceSim(OffloadMixin):
     def push_receipt(self, end, items):
         heapq.heappush(self.receipts, (end, self.receipt_seq, list(items)))
         self.receipt_seq += 1
+        self.last_receipt = max(self.last_receipt, end)
 
     # ------------------------------------------------------------ output
 
