@@ -27,9 +27,9 @@ The rules, at an instant t:
    no pass running is off.
 
 The run starts with workers ``0 .. min_replicas - 1`` ready at 0, the others
-off.  Scaling events are instants only while another event is pending: an
-engine event, or a client's receipt after the last instant (the latest
-detokenizer job's end).
+off.  A scaling event is an instant only while another event is pending at or
+after it: an engine event, or a client's receipt (the latest detokenizer
+job's end).
 """
 
 from __future__ import annotations
@@ -112,16 +112,15 @@ def scale_rows_nb(st):
 
 
 @njit(cache=True)
-def scale_next_instant_nb(t, pending, st, num_workers):
-    """The earliest of ``t`` (the next engine event) and the scaling events, when another event is ``pending``
-    (an engine event, or a receipt after the last instant)."""
-    if not pending:
-        return t
-    if st[_NEXT] < t:
+def scale_next_instant_nb(t, horizon, st, num_workers):
+    """The earliest of ``t`` (the next engine event, ``NO_CAP`` for none) and the scaling events before it;
+    with no engine event, those up to ``horizon`` (the last receipt to come, -1 for none)."""
+    limit = t if t != _NO_CAP else horizon + 1
+    if st[_NEXT] < limit and st[_NEXT] < t:
         t = st[_NEXT]
     for w in range(num_workers):
         ready_at = st[_READY_AT + w]
-        if ready_at >= 0 and ready_at < t:
+        if ready_at >= 0 and ready_at < limit and ready_at < t:
             t = ready_at
     return t
 

@@ -113,20 +113,19 @@ def fail_retries_nb(st):
 
 
 @njit(cache=True)
-def fail_next_instant_nb(t, pending, st, fail_at, num_workers):
-    """The earliest of ``t`` (the next engine event) and the failures' events, when another event is ``pending``
-    (an engine event, or a receipt after the last instant)."""
-    if not pending:
-        return t
+def fail_next_instant_nb(t, horizon, st, fail_at, num_workers):
+    """The earliest of ``t`` (the next engine event, ``NO_CAP`` for none) and the failures' events before it;
+    with no engine event, those up to ``horizon`` (the last receipt to come, -1 for none)."""
+    limit = t if t != _NO_CAP else horizon + 1
     i = st[_FIXED]
-    if 2 * i < fail_at.shape[0] and fail_at[2 * i] < t:
+    if 2 * i < fail_at.shape[0] and fail_at[2 * i] < limit and fail_at[2 * i] < t:
         t = fail_at[2 * i]
     for w in range(num_workers):
         repair = st[_HEADER + w]
-        if repair >= 0 and repair < t:
+        if repair >= 0 and repair < limit and repair < t:
             t = repair
         nxt = st[_HEADER + num_workers + w]
-        if nxt >= 0 and nxt < t:
+        if nxt >= 0 and nxt < limit and nxt < t:
             t = nxt
     return t
 

@@ -239,7 +239,6 @@ def _replay_nb(run, state):
         return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
     if failing:
         fail_init_nb(lp.fail, scale_log, num_workers)
-    t_prev = np.int64(-1)  # the last instant processed
 
     while True:
         if steady_path:
@@ -272,15 +271,14 @@ def _replay_nb(run, state):
             t = session_next_instant_nb(t, send_key, send_size, sess_key, sess_size)
         if failing and fail_retries_nb(lp.fail) > 0 and lp.retry_key[0] < t:  # the clients' retries
             t = lp.retry_key[0]
-        if scaling or failing:  # their instants while another event is pending (a receipt to come included)
-            pending = t != NO_CAP or (run.client.detok_mode == DETOK_IN_KERNEL and _latest_nb(state.dt.detok_free) > t_prev)
+        if scaling or failing:  # their instants while another event is pending at or after them
+            horizon = _latest_nb(state.dt.detok_free) if run.client.detok_mode == DETOK_IN_KERNEL else np.int64(-1)
             if scaling:
-                t = scale_next_instant_nb(t, pending, lp.scale, num_workers)
+                t = scale_next_instant_nb(t, horizon, lp.scale, num_workers)
             if failing:
-                t = fail_next_instant_nb(t, pending, lp.fail, router.fail_at, num_workers)
+                t = fail_next_instant_nb(t, horizon, lp.fail, router.fail_at, num_workers)
         if t == NO_CAP or t > cap_ns:
             break
-        t_prev = t
         if failing:
             fail_step_nb(t, run, state)
         if scaling and not scale_step_nb(t, lp.route, lp.scale, router.scale, router.scale_target[0],

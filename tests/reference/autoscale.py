@@ -48,10 +48,13 @@ class ReferenceAutoscaler:
     def ready(self, w) -> bool:
         return self.status[w] == READY
 
-    def next_time(self, t):
-        """The earliest of t (the next other event, or None) and the scaling events (another is pending)."""
-        pending = [self.next_decision] + ([] if t is None else [t]) + [r for r in self.ready_at if r is not None]
-        return min(pending)
+    def next_time(self, t, horizon):
+        """The earliest of t (the next event, or None) and the scaling events; ``horizon``: with no engine
+        event, the last receipt (events after it do not happen; -1: none)."""
+        events = [self.next_decision] + [r for r in self.ready_at if r is not None]
+        if horizon is not None:
+            events = [e for e in events if e <= horizon]
+        return min(events + ([] if t is None else [t]), default=None)
 
     def load(self):
         total = 0.0

@@ -58,12 +58,15 @@ class ReferenceFailures:
     def ready(self, w) -> bool:
         return self.up[w]
 
-    def next_time(self, t):
-        """The earliest of t (the next other event, or None) and the failures' events (another is pending)."""
-        pending = ([] if t is None else [t]) + [r for r in self.repair_at if r is not None] + [r for r in self.next_random if r is not None]
+    def next_time(self, t, horizon):
+        """The earliest of t (the next event, or None) and the failures' events; ``horizon``: with no engine
+        event, the last receipt (events after it do not happen; -1: none)."""
+        events = [r for r in self.repair_at if r is not None] + [r for r in self.next_random if r is not None]
         if self.fixed:
-            pending.append(self.fixed[0][0])
-        return min(pending)
+            events.append(self.fixed[0][0])
+        if horizon is not None:
+            events = [e for e in events if e <= horizon]
+        return min(events + ([] if t is None else [t]), default=None)
 
     def step(self, t):
         for w in range(self.workers):

@@ -672,7 +672,6 @@ class ReferenceSim(OffloadMixin):
         self.receipts = []
         self.receipt_seq = 0
         self.last_receipt = -1  # the latest receipt instant so far (autoscaling, failures: a pending receipt)
-        self.now = -1
         self.next_handoff = 0  # P/D: the next handoff number h
         self.next_unsent = 0  # closed loop: next row to send
         if self.closed_loop:
@@ -732,16 +731,16 @@ class ReferenceSim(OffloadMixin):
             candidates.append(self.offload_next_time())
         if self.failures is not None and self.failures.retries:
             candidates.append(self.failures.retries[0][0])
-        # Scaling and failure instants while another event is pending: an engine
-        # event or a receipt after the last instant processed.
-        pending = bool(candidates) or self.last_receipt > self.now
+        # Scaling and failure instants while another event is pending at or after
+        # them: an engine event, or a receipt (the latest so far).
+        horizon = None if candidates else self.last_receipt
         if self.receipts:
             candidates.append(self.receipts[0][0])
         t = min(candidates) if candidates else None
-        if self.scaler is not None and pending:
-            t = self.scaler.next_time(t)
-        if self.failures is not None and pending:
-            t = self.failures.next_time(t)
+        if self.scaler is not None:
+            t = self.scaler.next_time(t, horizon)
+        if self.failures is not None:
+            t = self.failures.next_time(t, horizon)
         return t
 
     def run(self):
