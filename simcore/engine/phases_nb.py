@@ -455,7 +455,9 @@ def _table_sends_nb(t, run, state):
         k = next_row
         next_row += 1
         progressed = True
+        lp.counts[SEND_SIZE] = send_size
         _send_nb(k, k, t, run, state)
+        send_size = lp.counts[SEND_SIZE]  # failures: a send lost at once may end and release the next
     lp.counts[SEND_SIZE] = send_size
     lp.counts[NEXT_ROW] = next_row
     return progressed
