@@ -13,7 +13,7 @@ The scenario (every value below is a declared parameter of it, not a fit):
   ``1 - a cos(2 pi tau)`` (``tau`` the fraction of the day from midnight;
   trough at midnight, peak at noon, peak/trough = ``(1 + a) / (1 - a)``,
   ``--peak-to-trough`` 4) and ``D`` the compressed day (``--day-minutes``
-  120: 12x faster than a day).  The hour's own bursts and its rise and fall
+  15: 96x faster than a day).  The hour's own bursts and its rise and fall
   are kept, stretched and squeezed by the profile.
 - Deployment: the defaults (vllm policy, linear timing of an 8B dense model
   on one H100 per replica), ``least_outstanding`` routing.
@@ -24,7 +24,7 @@ The scenario (every value below is a declared parameter of it, not a fit):
   ``--target`` 32 requests per replica, decisions every 15 s (the HPA's
   default), startup ``--startup-s`` 60 s (model load and warm-up, declared).
   Decision interval and startup are wall-clock values: not compressed with
-  the day, which makes the ramps 12x steeper for the autoscaler than a real
+  the day, which makes the ramps 96x steeper for the autoscaler than a real
   day's.
 
 GPU-seconds count a replica from its start to its off (the fixed ones over
@@ -131,7 +131,7 @@ def per_window(result, day_ms: float) -> tuple[np.ndarray, np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=TRACE)
-    parser.add_argument("--day-minutes", type=float, default=120.0)
+    parser.add_argument("--day-minutes", type=float, default=15.0)
     parser.add_argument("--peak-to-trough", type=float, default=4.0)
     parser.add_argument("--ttft-slo-ms", type=float, default=1000.0)
     parser.add_argument("--target", type=float, default=32.0)
