@@ -73,7 +73,7 @@ def on_seconds(log: np.ndarray, num_workers: int, end_ns: int) -> float:
             total += t - since[w]
             since[w] = -1
     total += int(np.sum(end_ns - since[since >= 0]))
-    return total / 1e9
+    return float(total / 1e9)
 
 
 def slo_attainment(cols, goodput) -> float | None:
