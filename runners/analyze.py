@@ -720,7 +720,8 @@ def analyze_run(root: Path, out: Path, quiet: bool = False) -> dict[str, object]
 
     requests = pq.read_table(root / "requests.parquet")
     page = html_report.run_report(document, requests, optional("passes"), optional("tokens"),
-                                  html_report.kv_blocks_of(document.get("config") or {}), where=str(root))
+                                  html_report.kv_blocks_of(document.get("config") or {}), where=str(root),
+                                  scaling=optional("scaling"))
     out.mkdir(parents=True, exist_ok=True)
     report = out / html_report.REPORT_FILE
     report.write_text(page, encoding="utf-8")

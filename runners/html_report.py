@@ -114,6 +114,16 @@ def _summary_tables(summary: Mapping[str, Any]) -> str:
     ]
     if get("request_goodput") is not None:
         counts.append(("Request goodput (req/s)", _fmt(get("request_goodput"))))
+    if get("gpu_seconds") is not None:  # autoscaling
+        counts += [("GPU-seconds", _fmt(get("gpu_seconds"), ".1f")),
+                   ("Mean ready replicas", _fmt(get("mean_ready_replicas"))),
+                   ("Scale-ups / scale-downs", f"{_fmt(get('scale_ups'))} / {_fmt(get('scale_downs'))}")]
+        if get("slo_attainment") is not None:
+            counts.append(("SLO attainment", _fmt(get("slo_attainment"), ".4f")))
+    if get("worker_failures") is not None:  # failures
+        counts += [("Worker failures", _fmt(get("worker_failures"))),
+                   ("Requests failed / retried / lost", f"{_fmt(get('failed_requests'))} / "
+                    f"{_fmt(get('retried_requests'))} / {_fmt(get('lost_requests'))}")]
     first = "<table class=\"kv\" data-table=\"counts\">" + "".join(
         f"<tr><td>{label}</td><td>{value}</td></tr>" for label, value in counts) + "</table>"
     names = percentile_names(summary)
@@ -248,7 +258,20 @@ def _held_blocks(passes: pa.Table, grid: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _timeline(requests: pa.Table, passes: pa.Table | None, kv_blocks: Mapping[str, int] | None) -> list[str]:
+def _replicas(scaling: pa.Table, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Replicas ready and up (started, not yet off) at each grid instant (ms) from the scaling table."""
+    instant = _column(scaling, "instant_ms")
+    event = np.asarray(scaling.column("event").cast(pa.string()).to_pylist(), dtype=object)
+    ready = np.cumsum(np.where(event == "ready", 1, 0) - np.where((event == "drain") | (event == "fail"), 1, 0))
+    up = np.cumsum(np.where(event == "start", 1, 0) - np.where(event == "off", 1, 0))
+    at = np.searchsorted(instant, grid, side="right") - 1  # the level after the latest event by then
+    valid = at >= 0
+    return (np.where(valid, ready[np.clip(at, 0, None)], 0).astype(float),
+            np.where(valid, up[np.clip(at, 0, None)], 0).astype(float))
+
+
+def _timeline(requests: pa.Table, passes: pa.Table | None, kv_blocks: Mapping[str, int] | None,
+              scaling: pa.Table | None = None) -> list[str]:
     completed, rejected = _status_is(requests, "completed"), _status_is(requests, "rejected")
     send = _column(requests, "send_ms")
     arrival = _column(requests, "engine_arrival_ms")
@@ -271,6 +294,14 @@ def _timeline(requests: pa.Table, passes: pa.Table | None, kv_blocks: Mapping[st
     notes = [f"Sampled at {grid.size} instants. Requests at the engine from requests.parquet: waiting from engine "
              "arrival to first admission, then running until the last token is received (a preempted request "
              "still counts as running)."]
+    if scaling is not None and scaling.num_rows:
+        ready, up = _replicas(scaling, grid)
+        charts.append(svg.lines("replicas_timeline", "Replicas", [
+            {"label": "ready (take requests)", "x": seconds, "y": ready},
+            {"label": "up (starting, ready or draining)", "x": seconds, "y": up, "dash": "4 3"},
+        ], "time from the first send (s)", "replicas", step=True))
+        notes.append("Replicas from scaling.parquet: up from each start to its off, ready from ready to drain "
+                     "or failure; GPU-seconds count the replicas up.")
     if passes is None:
         notes.append("Batch size and KV use come from passes.parquet, which this run did not record: "
                       "rerun with output.passes=true for them.")
@@ -326,7 +357,7 @@ def kv_blocks_of(config: Mapping[str, Any]) -> dict[str, int] | None:
 
 def run_report(document: Mapping[str, Any], requests: pa.Table, passes: pa.Table | None = None,
                tokens: pa.Table | None = None, kv_blocks: Mapping[str, int] | None = None,
-               where: str | None = None) -> str:
+               where: str | None = None, scaling: pa.Table | None = None) -> str:
     """The HTML page of one run.
 
     Parameters
@@ -342,6 +373,8 @@ def run_report(document: Mapping[str, Any], requests: pa.Table, passes: pa.Table
         drawn as a share of capacity.
     where : str, optional
         The run directory, named in the heading.
+    scaling : pyarrow.Table, optional
+        Autoscaling: the scaling table (replicas drawn on the timeline).
 
     Returns
     -------
@@ -363,7 +396,7 @@ def run_report(document: Mapping[str, Any], requests: pa.Table, passes: pa.Table
     body += ["<h2 id=\"summary\">Summary</h2>", _summary_tables(document),
              "<h2 id=\"distributions\">Latency distributions</h2>", *_distributions(document, requests, tokens),
              "<h2 id=\"stages\">TTFT stages</h2>", *_stages(document, requests),
-             "<h2 id=\"timeline\">Timeline</h2>", *_timeline(requests, passes, kv_blocks),
+             "<h2 id=\"timeline\">Timeline</h2>", *_timeline(requests, passes, kv_blocks, scaling),
              "<h2 id=\"config\">Configuration</h2><details><summary>resolved configuration (summary.json)</summary>"
              f"<pre>{escape(json.dumps(config, indent=1, sort_keys=False, default=str))}</pre></details>"]
     return _page("replaysim run" + (f": {where}" if where else ""), body)

@@ -531,7 +531,7 @@ def export_documents(result: simcore.Result, tokens: pa.Table | None, options: R
         from runners.html_report import kv_blocks_from, run_report
 
         extra[REPORT_FILE] = run_report(summary_document(result), result.requests, result.passes, tokens,
-                                        kv_blocks_from(result.config))
+                                        kv_blocks_from(result.config), scaling=result.scaling)
     if options.vllm_bench:
         extra[VLLM_BENCH_FILE] = vllm_bench_document(result, tokens, detailed=detailed)
     if options.aiperf:

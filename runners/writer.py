@@ -362,8 +362,8 @@ def write_results(
     Returns
     -------
     list of Path
-        The files written: ``requests.parquet``, then ``passes.parquet`` and
-        ``tokens.parquet`` when recorded, then the ``extra`` files, then
+        The files written: ``requests.parquet``, then ``passes.parquet``,
+        ``tokens.parquet`` and ``scaling.parquet`` (autoscaling) when recorded, then the ``extra`` files, then
         ``summary.json``.
 
     Notes
@@ -378,7 +378,7 @@ def write_results(
     out = Path(out_dir)
     # a pass table recorded for the trace alone (runners.sweep) is not written
     passes = result.passes if result.config.output.passes else None
-    tables = {"requests": result.requests, "passes": passes, "tokens": result.tokens}
+    tables = {"requests": result.requests, "passes": passes, "tokens": result.tokens, "scaling": result.scaling}
     writers = [
         (f"{name}.parquet", parquet_file(with_columns(table, columns)))
         for name, table in tables.items()

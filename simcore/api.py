@@ -21,6 +21,7 @@ from simcore.metrics.api import (
     summarize,
     tokens_table,
 )
+from simcore.metrics.scaling import failure_summary, scaling_summary, scaling_table
 from simcore.workload.api import build_requests, send_instants_ns
 
 __version__ = "0.1.0"
@@ -42,6 +43,8 @@ class Result:
         One row per emitted token (``output.tokens=true``).
     config : SimConfig
         The validated configuration.
+    scaling : pyarrow.Table or None
+        Autoscaling: one row per scaling event (``simcore.metrics.scaling``); None without.
     """
 
     requests: pa.Table
@@ -49,6 +52,7 @@ class Result:
     passes: pa.Table | None
     tokens: pa.Table | None
     config: SimConfig
+    scaling: pa.Table | None = None
 
 
 def run(
@@ -167,7 +171,8 @@ def _result(cfg: SimConfig, table, engine) -> Result:
     cols = RequestColumns(engine)
     summary = summarize(cols, table.input_tokens, cfg.metrics, table.turn)
     summary["dropped_requests"] = table.num_dropped  # trace rows dropped (workload.drop_invalid)
-    summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine))
+    lost = None if engine.failures is None else (engine.failures > 0) & (engine.reject_ns >= 0)
+    summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine, lost))
     summary.update(saturation(cols))
     if cfg.timing.type == "aic":  # an operator priced beyond the database: which, and how (docs/timing.md)
         from simcore.timing import aic
@@ -175,13 +180,28 @@ def _result(cfg: SimConfig, table, engine) -> Result:
         notes = aic.extrapolation_notes(cfg.timing)
         if notes:
             summary["timing_warnings"] = notes
+    scaling = None
+    pool = cfg.engine.aggregated
+    if cfg.engine.autoscale.metric != "none":
+        summary.update(scaling_summary(engine.scale_log, cols, cfg.metrics.goodput, pool.replicas,
+                                       pool.attention_dp * (cfg.timing.tp or 1), engine.cap_ns))
+    if engine.failures is not None:
+        fail = cfg.engine.failures
+        summary.update(failure_summary(engine.scale_log, engine.failures, engine.reject_ns,
+                                       fail.on_failure == "retry", fail.max_retries))
+    if engine.scale_log is not None:
+        scaling = scaling_table(engine.scale_log)
+    requests = requests_table(
+        table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn,
+        table.priority,
+    )
+    if engine.failures is not None:  # attempts lost to worker failures (docs/failures.md)
+        requests = requests.append_column("failures", pa.array(engine.failures, type=pa.int64()))
     return Result(
-        requests=requests_table(
-            table.request_id, table.input_tokens, table.output_tokens, cols, table.session_id, table.turn,
-            table.priority,
-        ),
+        requests=requests,
         summary=summary,
         passes=passes_table(engine) if cfg.output.passes else None,
         tokens=tokens_table(table.request_id, engine) if cfg.output.tokens else None,
         config=cfg,
+        scaling=scaling,
     )

@@ -31,6 +31,7 @@ from simcore.client.settings import (
 from simcore.derive import derive, vllm_graph_sizes
 from simcore.engine import settings as engine_settings
 from simcore.engine.settings import (
+    AUTOSCALE_ROUTER_POLICIES,
     DECODE_ROUTER_POLICIES,
     ENGINE_MODES,
     POOLS,
@@ -270,6 +271,60 @@ def _check_combinations(cfg: SimConfig) -> None:
     if ld.type in OPEN_LOOP_GENERATED and ld.request_rate is None:
         raise ConfigError(f"load.request_rate must be set (> 0) for load.type={ld.type}")
     _check_expert_parallel(cfg)
+    _check_autoscale(cfg)
+    _check_failures(cfg)
+
+
+def _check_failures(cfg: SimConfig) -> None:
+    """Failures (docs/failures.md): their required key, the workers named, what they are not modelled with."""
+    fail = cfg.engine.failures
+    if not fail.enabled:
+        return
+    if fail.repair_ms is None:
+        raise ConfigError("engine.failures.repair_ms must be set when failures are configured "
+                          "(engine.failures.at or engine.failures.mtbf_ms)")
+    replicas = cfg.engine.aggregated.replicas
+    for i, (worker, _) in enumerate(fail.at):
+        if worker >= replicas:
+            raise ConfigError(f"engine.failures.at[{i}].worker must be < engine.aggregated.replicas={replicas}, "
+                              f"got {worker}")
+    given = "engine.failures.at or engine.failures.mtbf_ms"
+    if cfg.engine.autoscale.metric != "none":
+        raise ConfigError(f"{given} is not modelled with engine.autoscale.metric={cfg.engine.autoscale.metric}")
+    if cfg.engine.aggregated.prefix_caching:
+        raise ConfigError(f"engine.aggregated.prefix_caching=true is not modelled with {given}")
+    if cfg.engine.router.policy not in AUTOSCALE_ROUTER_POLICIES:
+        raise ConfigError(f"engine.router.policy={cfg.engine.router.policy} draws over the whole pool before the run; "
+                          f"with {given} it must be one of {', '.join(AUTOSCALE_ROUTER_POLICIES)}")
+    if cfg.output.mode == "bounded":
+        raise ConfigError(f"output.mode=bounded is not modelled with {given}: a lost request's receipts "
+                          "are folded into its statistics as they come")
+    if cfg.workload.source == "sessions":
+        raise ConfigError(f"workload.source=sessions is not modelled with {given}")
+
+
+def _check_autoscale(cfg: SimConfig) -> None:
+    """Autoscaling (docs/autoscaling.md): its required keys, its bounds and the routers that can skip a replica."""
+    scale = cfg.engine.autoscale
+    if scale.metric == "none":
+        return
+    for name in ("target", "startup_ms"):
+        if getattr(scale, name) is None:
+            raise ConfigError(f"engine.autoscale.{name} must be set when engine.autoscale.metric={scale.metric}")
+    if scale.metric == "kv_usage" and scale.target > 1.0:
+        raise ConfigError(f"engine.autoscale.target must be <= 1 with engine.autoscale.metric=kv_usage "
+                          f"(a fraction of the KV blocks), got {scale.target!r}")
+    replicas = cfg.engine.aggregated.replicas
+    if scale.min_replicas > replicas:
+        raise ConfigError(f"engine.autoscale.min_replicas must be <= engine.aggregated.replicas={replicas} "
+                          f"(the most replicas), got {scale.min_replicas}")
+    if cfg.engine.aggregated.prefix_caching:
+        raise ConfigError(f"engine.aggregated.prefix_caching=true is not modelled with engine.autoscale.metric="
+                          f"{scale.metric}: a replica that restarts would keep its cache")
+    if cfg.engine.router.policy not in AUTOSCALE_ROUTER_POLICIES:
+        raise ConfigError(f"engine.router.policy={cfg.engine.router.policy} draws over the whole pool before the run; "
+                          f"with engine.autoscale.metric={scale.metric} it must be one of "
+                          f"{', '.join(AUTOSCALE_ROUTER_POLICIES)}")
 
 
 def _check_expert_parallel(cfg: SimConfig) -> None:
@@ -341,7 +396,8 @@ def _auto_pools(cfg: SimConfig) -> list[str]:
 
 #: The engine sections each mode reads (kv_transfer: the P/D hand-off).
 _SECTION_MODE = {pool: mode for mode, pools in POOLS.items() for pool in pools} | {
-    "kv_transfer": "disaggregated", "decode_router": "disaggregated"
+    "kv_transfer": "disaggregated", "decode_router": "disaggregated", "autoscale": "aggregated",
+    "failures": "aggregated",
 }
 
 #: Which key applies when: every such rule, read in this order by :func:`_check_key_scopes`.
@@ -411,6 +467,12 @@ KEY_SCOPES = (
              "engine.{pool}.prefix_caching=true", lambda cfg: "prefix caching off", _NO_EFFECT),
     KeyScope("engine.router.weights", ROUTER_WEIGHTS, lambda cfg: cfg.engine.router.policy == "prefix_aware",
              "engine.router.policy=prefix_aware", lambda cfg: f"engine.router.policy={cfg.engine.router.policy}"),
+    KeyScope("engine.autoscale", tuple(k for k in DEFAULTS["engine"]["autoscale"] if k != "metric"),
+             lambda cfg: cfg.engine.autoscale.metric != "none", "engine.autoscale.metric=outstanding or kv_usage",
+             lambda cfg: f"engine.autoscale.metric={cfg.engine.autoscale.metric}", _NO_EFFECT),
+    KeyScope("engine.failures", tuple(k for k in DEFAULTS["engine"]["failures"] if k not in ("at", "mtbf_ms")),
+             lambda cfg: cfg.engine.failures.enabled, "engine.failures.at or engine.failures.mtbf_ms",
+             lambda cfg: "no failure configured", _NO_EFFECT),
     KeyScope("timing", ("memory_fraction",), lambda cfg: bool(_auto_pools(cfg)), "engine.<pool>.num_blocks=auto",
              lambda cfg: "no pool's num_blocks=auto", _NO_EFFECT),
     KeyScope("workload", ("priority_classes", "priority_weights"),

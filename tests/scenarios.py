@@ -604,3 +604,68 @@ def mooncake_runs(policy_pools: list[tuple[str, dict]]) -> list[tuple[object, ob
                       "engine": {"policy": policy, "aggregated": pool}, "output": {"tokens": True, "passes": True}}
             runs.append(simcore.run(config))
     return list(zip(runs, prepared))
+
+
+def autoscale_scenario(seed: int) -> dict:
+    """A random aggregated scenario (:func:`random_scenario`, the three scheduling policies in turn, a fifth
+    of the vllm ones asynchronous) autoscaled over 2-4 replicas of 1-2 ranks (docs/autoscaling.md).
+
+    The metric, its target, the interval (0.3-5 ms: several decisions over a
+    scenario's sends), the startup (0-6 ms, some exactly an interval) and
+    min_replicas are drawn, with a router that can skip replicas and a rank
+    policy; the extra draws come from their own generator, after the base
+    scenario's.  Prefix caching is off (not modelled with autoscaling).
+    """
+    scheduler = ("vllm", "sglang", "trtllm")[seed % 3]
+    scenario = random_scenario(seed, policy=scheduler, async_scheduling=scheduler == "vllm" and seed % 5 == 0)
+    rnd = random.Random(seed + 2_000_029)
+    engine = scenario["config"]["engine"]
+    pool = engine["aggregated"]
+    pool["replicas"] = rnd.randint(2, 4)
+    pool["attention_dp"] = rnd.randint(1, 2)
+    pool["rank_policy"] = rnd.choice(["round_robin", "least_loaded"])
+    if pool.get("chunked_prefill_size") is not None:  # sglang: a page per rank
+        pool["chunked_prefill_size"] = max(pool["chunked_prefill_size"], pool["block_size"] * pool["attention_dp"])
+    engine["router"] = {"policy": rnd.choice(["round_robin", "least_outstanding", "least_tokens"])}
+    metric = rnd.choice(["outstanding", "kv_usage"])
+    interval = rnd.choice([0.3, 1.0, 2.5, 5.0])
+    engine["autoscale"] = {
+        "metric": metric,
+        "target": rnd.choice([0.5, 1.0, 2.0, 3.5]) if metric == "outstanding" else rnd.choice([0.05, 0.2, 0.5]),
+        "interval_ms": interval,
+        "min_replicas": rnd.randint(1, pool["replicas"]),
+        "startup_ms": rnd.choice([0.0, interval, 0.7, 6.0]),
+    }
+    return scenario
+
+
+def failure_scenario(seed: int) -> dict:
+    """A random aggregated scenario (:func:`random_scenario`, the three scheduling policies in turn, a fifth
+    of the vllm ones asynchronous) over 2-4 replicas of 1-2 ranks with worker failures (docs/failures.md).
+
+    Fixed failures (0-3, over the first 15 ms), random ones (mean 2-20 ms
+    between them) or both, a repair time, the client's action and retry rule
+    are drawn, with a router that can skip workers and a rank policy; the
+    extra draws come from their own generator, after the base scenario's.
+    """
+    scheduler = ("vllm", "sglang", "trtllm")[seed % 3]
+    scenario = random_scenario(seed, policy=scheduler, async_scheduling=scheduler == "vllm" and seed % 5 == 0)
+    rnd = random.Random(seed + 3_000_017)
+    engine = scenario["config"]["engine"]
+    pool = engine["aggregated"]
+    pool["replicas"] = rnd.randint(2, 4)
+    pool["attention_dp"] = rnd.randint(1, 2)
+    pool["rank_policy"] = rnd.choice(["round_robin", "least_loaded"])
+    if pool.get("chunked_prefill_size") is not None:  # sglang: a page per rank
+        pool["chunked_prefill_size"] = max(pool["chunked_prefill_size"], pool["block_size"] * pool["attention_dp"])
+    engine["router"] = {"policy": rnd.choice(["round_robin", "least_outstanding", "least_tokens"])}
+    fixed = [[rnd.randrange(pool["replicas"]), rnd.choice([0.0, 1.0, rnd.uniform(0.0, 15.0)])]
+             for _ in range(rnd.randint(0, 3))]
+    mtbf = rnd.choice([None, 2.0, 5.0, 20.0]) if fixed else rnd.choice([2.0, 5.0, 20.0])
+    engine["failures"] = {
+        "at": fixed, "mtbf_ms": mtbf, "repair_ms": rnd.choice([0.001, 0.5, 3.0, 10.0]),
+        "on_failure": rnd.choice(["retry", "retry", "reject"]), "max_retries": rnd.randint(0, 3),
+        "retry_delay_ms": rnd.choice([0.0, 0.3, 1.0]), "max_retry_delay_ms": rnd.choice([1.0, 2.0]),
+    }
+    scenario["config"]["seed"] = rnd.randint(0, 10_000)
+    return scenario

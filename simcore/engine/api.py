@@ -39,7 +39,7 @@ PROGRESS_INTERVAL_S = 0.2
 #: Per-request outputs allocated as "did not happen" (-1) and as counts (0).
 NOT_YET_OUTPUTS = ("send_ns", "arrival_ns", "first_admit_ns", "first_emit_ns", "finish_ns", "reject_ns", "handoff_ns",
                    "transfer_end_ns", "decode_rank", "placed_rank", "placed_worker", "send_seq")
-COUNT_OUTPUTS = ("cached_tokens", "generated", "num_preemptions")
+COUNT_OUTPUTS = ("cached_tokens", "generated", "num_preemptions", "failures")
 
 #: ``on_progress(done, total)``: requests finished or rejected, out of the run's requests.
 ProgressCallback = Callable[[int, int], None]
@@ -92,6 +92,10 @@ class EngineRun:
     # speculative decoding (None: off): verifications, proposals, accepted per position; positions counted
     spec_counts: np.ndarray | None = None
     spec_positions: int = 0
+    # autoscaling or failures (None: neither): rows of instant ns, worker, event
+    # (simcore.engine.autoscale_nb.SCALE_EVENTS), in the order they happened (by instant, then as written)
+    scale_log: np.ndarray | None = None
+    failures: np.ndarray | None = None  # failures: attempts each request lost to them (None: off)
 
 
 class Buffers(NamedTuple):
@@ -136,6 +140,7 @@ class Prepared:
     offload_shape: OffloadShape | None = None  # the CPU tier (simcore.scheduler.offload)
     radix_tree: bool = False  # sglang's radix cache as a node tree (simcore.scheduler.radix)
     kv_tree: bool = False  # vllm's prefix cache as a node tree (simcore.scheduler.kv_tree)
+    scale_rows: int = 0  # the scaling log's first capacity (0: no autoscaling)
 
     @property
     def closed(self) -> bool:
@@ -261,8 +266,9 @@ def run_prepared(
         As :func:`simulate_engine`.
     """
     pass_rows = prep.pass_rows
+    scale_rows = prep.scale_rows
     while True:
-        buffers = allocate_buffers(prep.n, prep.num_tokens, pass_rows, bounded=prep.bounded)
+        buffers = allocate_buffers(prep.n, prep.num_tokens, pass_rows, bounded=prep.bounded, scale_rows=scale_rows)
         if itl_include is not None:
             buffers.receipts[STREAM_INCLUDE][:] = itl_include
         if prep.send is not None:
@@ -275,6 +281,9 @@ def run_prepared(
             status, rows, num_emitted = _kernel_with_progress(args, buffers.out.progress, prep.n, on_progress)
         if status == nb.PASS_LOG_FULL:
             pass_rows *= 2
+            continue
+        if status == nb.SCALE_LOG_FULL:
+            scale_rows *= 2
             continue
         if status == nb.OK and itl_include is None:
             itl_include = itl_rerun_mask(prep, buffers)
@@ -366,6 +375,9 @@ def prepare(
     """
     closed = cfg.load.closed_loop
     sessions = requests.session is not None
+    if sessions and cfg.engine.failures.enabled:
+        raise ConfigError("engine.failures.at or engine.failures.mtbf_ms is not modelled with multi-turn sessions "
+                          "(session_id and turn columns)")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"
@@ -439,6 +451,8 @@ def prepare(
         bounded=bounded,
         rank_worker=rank_worker,
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
+        scale_rows=(64 + 4 * len(topology.worker_role) + len(cfg.engine.failures.at)
+                    if cfg.engine.autoscale.metric != "none" or cfg.engine.failures.enabled else 0),
         **prefix_cache._asdict(),
     )
 
@@ -542,7 +556,17 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
         pass_ms=pass_ms,
         spec_counts=out.spec_counts.copy() if speculation else None,
         spec_positions=max((pool.speculative.positions for pool in speculation), default=0),
+        scale_log=_scale_log(logs.scale_log, cap_ns) if prep.scale_rows else None,
+        failures=out.failures if cfg.engine.failures.enabled else None,
     )
+
+
+def _scale_log(log: np.ndarray, cap_ns: int | None) -> np.ndarray:
+    """The scaling log's written rows (by the cap), by instant, then in the order written."""
+    written = log[log[:, 0] >= 0]
+    if cap_ns is not None:
+        written = written[written[:, 0] <= cap_ns]
+    return written[np.argsort(written[:, 0], kind="stable")].copy()
 
 
 def _topology(pools) -> tuple[Topology, np.ndarray]:
@@ -568,7 +592,7 @@ def _topology(pools) -> tuple[Topology, np.ndarray]:
 
 
 def allocate_buffers(
-    n: int, num_tokens: int, pass_rows: int, batch: int | None = None, *, bounded: bool = False
+    n: int, num_tokens: int, pass_rows: int, batch: int | None = None, *, bounded: bool = False, scale_rows: int = 0
 ) -> Buffers:
     """Caller-allocated kernel outputs, initialised to their "not yet" values.
 
@@ -586,6 +610,8 @@ def allocate_buffers(
         Configurations.
     bounded : bool
         The bounded output mode.
+    scale_rows : int
+        Scaling-log capacity, rows (instants -1: not written).
 
     Returns
     -------
@@ -610,5 +636,6 @@ def allocate_buffers(
         pass_log=np.zeros(lead + (pass_rows, nb.PASS_LOG_COLUMNS), dtype=np.int64),
         pass_ms=np.zeros(lead + (pass_rows,), dtype=np.float64),
         bad_batch=np.zeros(lead + (8,), dtype=np.float64),
+        scale_log=np.full(lead + (scale_rows, 3), -1, dtype=np.int64),
     )
     return Buffers(out, allocate_stream_state(n if bounded else 0, batch), logs)

@@ -180,7 +180,8 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     first = preps[0]
     count = len(preps)
     stacked = {name: _stack_state([getattr(prep, name) for prep in preps], name) for name in STACKED_INPUTS}
-    buffers = allocate_buffers(first.n, first.num_tokens, 0, batch=count, bounded=first.bounded)
+    buffers = allocate_buffers(first.n, first.num_tokens, 0, batch=count, bounded=first.bounded,
+                               scale_rows=max(prep.scale_rows for prep in preps))
     for c, prep in enumerate(preps):
         if prep.send is not None:
             buffers.send_ns[c] = prep.send
@@ -190,6 +191,9 @@ def run_prepared_batch(preps: Sequence[Prepared]) -> list[EngineRun]:
     status = nb.simulate_batch_nb(*args, nb.engine_address(args))
     runs = []
     for c, prep in enumerate(preps):
+        if status[c, 0] == nb.SCALE_LOG_FULL:  # its scaling log grows in a run of its own
+            runs.append(run_prepared(prep))
+            continue
         row = _row(buffers, c)
         itl_include = itl_rerun_mask(prep, row) if status[c, 0] == nb.OK else None
         if itl_include is not None:  # bounded mode with incomplete requests

@@ -73,8 +73,16 @@ from simcore.engine.state import (
 )
 from simcore.enums import RANK_ROUND_ROBIN, ROUTE_ROUND_ROBIN
 from simcore.engine.router_nb import allocate_route_nb
+from simcore.engine.failures_nb import (
+    F_ON, allocate_fail_nb, fail_init_nb, fail_log_full_nb, fail_next_instant_nb, fail_retries_nb, fail_step_nb,
+)
+from simcore.engine.autoscale_nb import (
+    METRIC_NONE, P_METRIC, allocate_scale_nb, scale_drained_nb, scale_init_nb, scale_next_instant_nb,
+    scale_step_nb,
+)
 from simcore.engine.phases_nb import (  # noqa: F401  BAD_TIMING: the status codes, read by the wrapper
-    BAD_TIMING, NO_CAP, OK, PASS_LOG_FULL, _arrivals_nb, _end_pass_nb, _session_sends_nb, _start_pass_nb,
+    BAD_TIMING, NO_CAP, OK, PASS_LOG_FULL, SCALE_LOG_FULL, _arrivals_nb, _end_pass_nb, _retry_sends_nb,
+    _session_sends_nb, _start_pass_nb,
     _steady_decode_nb, _table_sends_nb, _transfer_ends_nb,
 )
 
@@ -144,11 +152,22 @@ def simulate_engine_nb(requests, load, client, topology, ranks, prefix_cache, ti
     """
     # Round robin everywhere is the rows' placement, copied into placed_rank,
     # which the loop reads and writes as the placement (recv_rank).
-    if not _routing_nb(router.policy, router.decode_policy, router.rank_policy):
+    if (not _routing_nb(router.policy, router.decode_policy, router.rank_policy) and router.scale[0] == 0
+            and router.fail[0] == 0):
         out.placed_rank[:] = requests.recv_rank
     state = _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, router)
     run = Run(requests, load, client, topology, ranks, prefix_cache, timing, out, receipts, logs, router)
     return _replay_nb(run, state)
+
+
+@njit(cache=True)
+def _latest_nb(values):
+    """The largest value (-1 for none): the detokenizer servers' latest job end, the last receipt so far."""
+    latest = np.int64(-1)
+    for v in values:
+        if v > latest:
+            latest = v
+    return latest
 
 
 @njit(cache=True)
@@ -194,6 +213,10 @@ def _replay_nb(run, state):
     closed_loop = load.closed_loop
     session_mode = load.session_mode
     cap_ns = load.cap_ns
+    router = run.router
+    scaling = router.scale[P_METRIC] != METRIC_NONE
+    failing = router.fail[F_ON] != 0
+    scale_log = run.logs.scale_log
     pass_end = ps.pass_end
     pass_start = ps.pass_start
     queued = ps.queued
@@ -208,9 +231,14 @@ def _replay_nb(run, state):
     # with a CPU tier (a decode pass may retry a skipped store).
     steady_path = (
         num_workers == 1 and worker_num_ranks[0] == 1 and not worker_async[0] and not bounded
-        and not topology.worker_lockstep[0]
+        and not topology.worker_lockstep[0] and not scaling and not failing
         and rank_policy[0] != POLICY_SGLANG and not (rank_prefix_caching[0] and offload_enabled_nb(prefix_cache, 0))
     )
+
+    if scaling and not scale_init_nb(lp.route, lp.scale, router.scale, num_workers, scale_log):
+        return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
+    if failing:
+        fail_init_nb(lp.fail, scale_log, num_workers)
 
     while True:
         if steady_path:
@@ -241,8 +269,22 @@ def _replay_nb(run, state):
             t = send_ns[next_row]
         if session_mode:
             t = session_next_instant_nb(t, send_key, send_size, sess_key, sess_size)
+        if failing and fail_retries_nb(lp.fail) > 0 and lp.retry_key[0] < t:  # the clients' retries
+            t = lp.retry_key[0]
+        if scaling or failing:  # their instants while another event is pending at or after them
+            horizon = _latest_nb(state.dt.detok_free) if run.client.detok_mode == DETOK_IN_KERNEL else np.int64(-1)
+            if scaling:
+                t = scale_next_instant_nb(t, horizon, lp.scale, num_workers)
+            if failing:
+                t = fail_next_instant_nb(t, horizon, lp.fail, router.fail_at, num_workers)
         if t == NO_CAP or t > cap_ns:
             break
+        if failing:
+            fail_step_nb(t, run, state)
+        if scaling and not scale_step_nb(t, lp.route, lp.scale, router.scale, router.scale_target[0],
+                                         topology.worker_first_rank, worker_num_ranks, state.rk.blocks_used,
+                                         ranks.num_blocks, scale_log):
+            return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
         progressed = True
         while progressed:
@@ -259,6 +301,8 @@ def _replay_nb(run, state):
             # (b)+(c) sends at t, in table order.
             if _table_sends_nb(t, run, state):
                 progressed = True
+            if failing and _retry_sends_nb(t, run, state):  # (b)+(c) the clients' retries at t, by row
+                progressed = True
             # (d) engine arrivals at t, in send order; rejections end at once.
             if _arrivals_nb(t, run, state):
                 progressed = True
@@ -268,6 +312,9 @@ def _replay_nb(run, state):
             # (d) CPU -> GPU KV loads ending at t (docs/prefix-caching.md).
             if offload_loads_pending_nb(prefix_cache) and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
                 progressed = True
+
+        if scaling and not scale_drained_nb(t, lp.route, lp.scale, pass_end, scale_log):
+            return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
         # (e) idle workers with work start passes, by worker index; an
         # asynchronous worker whose pass started at t then builds the next
@@ -284,6 +331,8 @@ def _replay_nb(run, state):
             if queue or not (worker_async[w] and pass_end[w] >= 0):
                 w += 1
 
+    if failing and fail_log_full_nb(lp.fail, scale_log):
+        return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
     return OK, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
 
@@ -356,7 +405,9 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
     # Routing (simcore.engine.router_nb): round robin everywhere is the row
     # placement, copied into placed_rank by simulate_engine_nb; any other
     # policy decides in the loop.
-    routing = _routing_nb(router.policy, router.decode_policy, router.rank_policy)
+    scaling = router.scale[P_METRIC] != METRIC_NONE
+    failing = router.fail[F_ON] != 0
+    routing = _routing_nb(router.policy, router.decode_policy, router.rank_policy) or scaling or failing
     # The send heap: one entry per initial client and per request end, at most 2n.
     # Sessions: releases in the send heap, (receipt, row); rows sent through
     # their own heap, the table-order sends left idle.
@@ -373,8 +424,12 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
         np.empty(n if session_mode else 0, dtype=np.int64),  # seq_row
         np.zeros(2, dtype=np.int64),  # session_counters
         np.zeros(client.num_tok_servers, dtype=np.int64),  # tok_free
-        allocate_route_nb(num_workers, num_ranks, n if routing else 0),  # route
+        allocate_route_nb(num_workers, num_ranks, n if routing else 0, scaling or failing),  # route
         routing,
+        allocate_scale_nb(router.scale, num_workers),  # scale
+        allocate_fail_nb(router.fail, router.fail_gaps, num_workers),  # fail
+        np.empty(n if failing else 0, dtype=np.int64),  # retry_key
+        np.empty(n if failing else 0, dtype=np.int64),  # retry_val
         np.zeros(NUM_COUNTS, dtype=np.int64),  # counts
     )
     counts = loop.counts

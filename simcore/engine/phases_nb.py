@@ -40,6 +40,7 @@ from simcore.timing.nb import lockstep_times_nb, rank_time_ms_nb
 from simcore.engine.state import (
     ARR_SIZE, NEXT_ROW, NUM_EMITTED, NUM_HANDOFFS, PASS_LOG_ROWS, SEND_SIZE, SESS_SIZE, XFER_SIZE,
 )
+from simcore.engine.failures_nb import any_up_nb, lose_nb, retry_pop_nb
 from simcore.engine.router_nb import (
     handoff_rank_nb, route_arrival_nb, route_handoff_nb, route_leave_nb, route_prompt_done_nb, route_send_nb,
 )
@@ -47,6 +48,7 @@ from simcore.engine.router_nb import (
 OK = 0
 PASS_LOG_FULL = 1
 BAD_TIMING = 2
+SCALE_LOG_FULL = 3
 
 NO_CAP = np.iinfo(np.int64).max
 
@@ -411,6 +413,11 @@ def _send_nb(k, s, t, run, state):
     requests, load, client, topology, ranks = run.requests, run.load, run.client, run.topology, run.ranks
     prefix_cache, out, router = run.prefix_cache, run.out, run.router
     rk, lp = state.rk, state.lp
+    if lp.fail.shape[0] > 0 and not any_up_nb(
+        lp.route, 0, topology.worker_role.shape[0] - topology.num_decode_workers
+    ):  # failures: no worker takes it, the client's retry rule applies (docs/failures.md)
+        lose_nb(k, t, False, run, state)
+        return
     if lp.routing:  # the router picks the worker, whose tokenizer takes the request
         first_decode_worker = topology.worker_role.shape[0] - topology.num_decode_workers
         w = route_send_nb(
@@ -474,10 +481,25 @@ def _table_sends_nb(t, run, state):
         k = next_row
         next_row += 1
         progressed = True
+        lp.counts[SEND_SIZE] = send_size
         _send_nb(k, k, t, run, state)
+        send_size = lp.counts[SEND_SIZE]  # failures: a send lost at once may end and release the next
     lp.counts[SEND_SIZE] = send_size
     lp.counts[NEXT_ROW] = next_row
     return progressed
+
+
+@njit(cache=True, inline="always")
+def _retry_sends_nb(t, run, state):
+    """(b)+(c) with failures: the clients' retries at t, by row, after the table's sends. Returns whether any."""
+    lp = state.lp
+    progressed = False
+    while True:
+        k = retry_pop_nb(t, lp.fail, lp.retry_key, lp.retry_val)
+        if k < 0:
+            return progressed
+        progressed = True
+        _send_nb(k, k, t, run, state)
 
 
 @njit(cache=True, inline="always")

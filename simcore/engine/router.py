@@ -12,11 +12,23 @@ import numpy as np
 from simcore.settings import SimConfig
 from simcore.engine.state import Router, Topology
 from simcore.enums import RANK_POLICIES, ROUTER_POLICIES, RouterPolicy
+from simcore.engine.autoscale_nb import NUM_PARAMS, P_INTERVAL, P_METRIC, P_MIN, P_STARTUP
+from simcore.engine.failures_nb import (
+    F_ACTION, F_DELAY, F_GAPS, F_MAX_DELAY, F_ON, F_REPAIR, F_RETRIES, FAIL_REJECT, FAIL_RETRY, NUM_FAIL_PARAMS,
+)
+from simcore.engine.settings import AUTOSCALE_METRICS
+from simcore.units import ms_to_ns
 
 #: Spawn keys of the two draw streams under the run seed: the receiving pool's
 #: decisions (one per send), the decode pool's (one per handoff).
 RECEIVING_STREAM = 1
 DECODE_STREAM = 2
+#: Spawn key of the random failures' gaps (docs/failures.md).
+FAILURE_STREAM = 3
+#: Random failures drawn per worker: after that many, a worker fails no more (docs/failures.md).
+FAILURE_GAPS = 64
+#: The longest gap drawn, ns (2^60: bounds the instants' arithmetic).
+MAX_GAP_NS = 1 << 60
 
 
 def route_draws(seed: int, stream: int, decisions: int, workers: int) -> np.ndarray:
@@ -89,4 +101,62 @@ def router_inputs(cfg: SimConfig, n: int, topology: Topology, tok_index: np.ndar
         ),
         tok_index=tok_index,
         tok_workers=cfg.tokenization.workers,
+        **scale_inputs(cfg),
+        **fail_inputs(cfg, len(topology.worker_role)),
     )
+
+
+def failure_gaps(seed: int, workers: int, mtbf_ms: float) -> np.ndarray:
+    """Each worker's ``FAILURE_GAPS`` times to its next failure, ns: exponential of mean ``mtbf_ms``, rounded,
+    within [1, 2^60]; worker w's at ``w x FAILURE_GAPS ..``.
+
+    Parameters
+    ----------
+    seed : int
+        The run seed (spawn key ``FAILURE_STREAM``).
+    workers : int
+        Workers of the pool.
+    mtbf_ms : float
+        Mean time between failures (from a start or repair), ms.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(FAILURE_STREAM,)))
+    gaps = np.rint(rng.exponential(mtbf_ms * 1e6, (workers, FAILURE_GAPS)))
+    return np.clip(gaps, 1, MAX_GAP_NS).astype(np.int64).ravel()
+
+
+def fail_inputs(cfg: SimConfig, workers: int) -> dict:
+    """``Router.fail``, ``fail_at`` and ``fail_gaps``: the failures' parameters (``fail[F_ON]`` 0: none)."""
+    fail = cfg.engine.failures
+    params = np.zeros(NUM_FAIL_PARAMS, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    if not fail.enabled:
+        return {"fail": params, "fail_at": empty, "fail_gaps": empty}
+    params[F_ON] = 1
+    params[F_ACTION] = FAIL_RETRY if fail.on_failure == "retry" else FAIL_REJECT
+    params[F_RETRIES] = fail.max_retries
+    params[F_DELAY] = ms_to_ns(fail.retry_delay_ms, "engine.failures.retry_delay_ms")
+    params[F_MAX_DELAY] = ms_to_ns(fail.max_retry_delay_ms, "engine.failures.max_retry_delay_ms")
+    params[F_REPAIR] = ms_to_ns(fail.repair_ms, "engine.failures.repair_ms")
+    at = sorted((ms_to_ns(at_ms, "engine.failures.at"), worker) for worker, at_ms in fail.at)
+    gaps = empty
+    if fail.mtbf_ms is not None:
+        params[F_GAPS] = FAILURE_GAPS
+        gaps = failure_gaps(cfg.seed, workers, fail.mtbf_ms)
+    return {"fail": params, "fail_at": np.array([v for pair in at for v in pair], dtype=np.int64), "fail_gaps": gaps}
+
+
+def scale_inputs(cfg: SimConfig) -> dict:
+    """``Router.scale`` and ``Router.scale_target``: the autoscaling parameters (metric code 0: off)."""
+    scale = cfg.engine.autoscale
+    if scale.metric == "none":
+        return {"scale": np.zeros(NUM_PARAMS, dtype=np.int64), "scale_target": np.ones(1, dtype=np.float64)}
+    params = np.zeros(NUM_PARAMS, dtype=np.int64)
+    params[P_METRIC] = AUTOSCALE_METRICS.index(scale.metric)
+    params[P_INTERVAL] = ms_to_ns(scale.interval_ms, "engine.autoscale.interval_ms")
+    params[P_MIN] = scale.min_replicas
+    params[P_STARTUP] = ms_to_ns(scale.startup_ms, "engine.autoscale.startup_ms")
+    return {"scale": params, "scale_target": np.array([scale.target], dtype=np.float64)}

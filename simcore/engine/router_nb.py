@@ -11,7 +11,10 @@ because numba counts references to every array a call receives):
   counter and the least-loaded scan start;
 * per rank: requests assigned (waiting or running there, or on their way:
   in the tokenizer, in a KV transfer);
-* per handoff h: its decode rank; per request: the worker it is at.
+* per handoff h: its decode rank; per request: the worker it is at;
+* per worker, its autoscaling status (``W_OFF``, ``W_STARTING``, ``W_READY``,
+  ``W_DRAINING``; ``simcore.engine.autoscale_nb`` sets them): when the header's
+  gate is set, a decision picks among the ready workers only.
 
 Decisions: the worker when the client sends (the router in front of the
 workers sees the request before their tokenizers), over the receiving pool;
@@ -35,12 +38,20 @@ from simcore.scheduler.kv_nb import HDR_OFFSET, _map_find_nb
 _WORKERS = 0
 _RANKS = 1
 _REQUESTS = 2
-_HEADER = 3
+_GATED = 3
+_HEADER = 4
+
+#: A worker's autoscaling status: only a ready worker takes requests when gated.
+W_OFF = 0
+W_STARTING = 1
+W_READY = 2
+W_DRAINING = 3
+W_FAILED = 4
 
 
 @njit(cache=True)
-def allocate_route_nb(num_workers, num_ranks, n):
-    """The routing state, all counts 0.
+def allocate_route_nb(num_workers, num_ranks, n, gated=False):
+    """The routing state, all counts 0, every worker ready.
 
     Parameters
     ----------
@@ -48,17 +59,49 @@ def allocate_route_nb(num_workers, num_ranks, n):
         Workers and ranks of the deployment (global indices).
     n : int
         Requests (0 when no policy routes: the per-request parts are unused).
+    gated : bool
+        Autoscaling: decisions skip the workers that are not ready.
 
     Returns
     -------
     ndarray(int64, ndim=1)
         The state array (layout in the module docstring).
     """
-    route = np.zeros(_HEADER + 4 * num_workers + num_ranks + 2 * n, dtype=np.int64)
+    route = np.zeros(_HEADER + 5 * num_workers + num_ranks + 2 * n, dtype=np.int64)
     route[_WORKERS] = num_workers
     route[_RANKS] = num_ranks
     route[_REQUESTS] = n
+    route[_GATED] = 1 if gated else 0
+    route[_status(route):] = W_READY
     return route
+
+
+@njit(cache=True)
+def _status(route):
+    return _HEADER + 4 * route[_WORKERS] + route[_RANKS] + 2 * route[_REQUESTS]
+
+
+@njit(cache=True)
+def worker_status_nb(route, w):
+    """Worker w's autoscaling status (``W_*``)."""
+    return route[_status(route) + w]
+
+
+@njit(cache=True)
+def set_worker_status_nb(route, w, status):
+    """Set worker w's autoscaling status (``W_*``)."""
+    route[_status(route) + w] = status
+
+
+@njit(cache=True)
+def worker_outstanding_nb(route, w):
+    """Requests routed to worker w and not yet left."""
+    return route[_outstanding(route) + w]
+
+
+@njit(cache=True)
+def _eligible(route, w):
+    return route[_GATED] == 0 or route[_status(route) + w] == W_READY
 
 
 @njit(cache=True)
@@ -141,16 +184,22 @@ def _prefix_aware(route, k, start, first, count, weights, worker_first_rank, wor
     num_ranks = rank_num_blocks.shape[0]
     q_min = np.int64(0)
     q_max = np.int64(0)
+    seen = False
     for i in range(count):
+        if not _eligible(route, first + i):
+            continue
         q = _queued(route, first + i, worker_first_rank, worker_num_ranks, run_len)
-        if i == 0 or q < q_min:
+        if not seen or q < q_min:
             q_min = q
-        if i == 0 or q > q_max:
+        if not seen or q > q_max:
             q_max = q
+        seen = True
     best = -1
     best_score = 0.0
     for i in range(count):
         w = first + (start + i) % count
+        if not _eligible(route, w):
+            continue
         match = 0
         used = 0
         capacity = 0
@@ -175,7 +224,18 @@ def _pick_worker(route, policy, seq, k, first, count, draws, weights, worker_fir
                  run_len, blocks_used, rank_num_blocks, rank_block_size, prefix_cache):
     """The worker (global index) among ``first .. first + count - 1`` for decision ``seq`` (request k)."""
     if policy == RouterPolicy.round_robin:
-        return first + seq % count
+        if route[_GATED] == 0:
+            return first + seq % count
+        ready = 0  # the (seq mod ready)-th ready worker
+        for w in range(first, first + count):
+            if _eligible(route, w):
+                ready += 1
+        i = seq % ready
+        for w in range(first, first + count):
+            if _eligible(route, w):
+                if i == 0:
+                    return w
+                i -= 1
     if policy == RouterPolicy.random:
         return first + draws[2 * seq]
     outstanding = _outstanding(route)
@@ -194,6 +254,8 @@ def _pick_worker(route, policy, seq, k, first, count, draws, weights, worker_fir
     best_load = np.int64(0)
     for i in range(count):
         w = first + (start + i) % count
+        if not _eligible(route, w):
+            continue
         if policy == RouterPolicy.least_outstanding:
             load = route[outstanding + w]
         else:
@@ -413,6 +475,31 @@ def route_prompt_done_nb(route, k, tokens):
         Its prompt tokens.
     """
     route[_pending(route) + route[_request_worker(route) + k]] -= tokens
+
+
+@njit(cache=True)
+def route_lose_nb(route, k, g, tokens, prompt_done):
+    """Request k is lost with its worker (docs/failures.md): it leaves the worker's counts and rank g's (if >= 0).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state; updated.
+    k : int
+        The request.
+    g : int
+        Its global rank, or -1 (not yet picked).
+    tokens : int
+        Its prompt tokens.
+    prompt_done : bool
+        Whether it was past its prompt (no longer pending).
+    """
+    w = route[_request_worker(route) + k]
+    route[_outstanding(route) + w] -= 1
+    if not prompt_done:
+        route[_pending(route) + w] -= tokens
+    if g >= 0:
+        route[_rank_load(route) + g] -= 1
 
 
 @njit(cache=True)

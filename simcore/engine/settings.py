@@ -14,6 +14,7 @@ import numpy as np
 
 from simcore import checks
 from simcore.checks import Later, choice, key, number, optional_number, parse_keys, section
+from simcore.errors import ConfigError
 from simcore.enums import ROUTER_POLICIES
 from simcore.scheduler.policies import POLICIES
 from simcore.scheduler.settings import PoolConfig, parse_pool
@@ -23,6 +24,14 @@ POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 #: The decode pool has no prefix cache: load-based and oblivious choices only.
 DECODE_ROUTER_POLICIES = tuple(p for p in ROUTER_POLICIES if p != "prefix_aware")
 ROUTER_WEIGHTS = ("prefix", "queue", "kv_cache")
+#: Autoscaling metrics (docs/autoscaling.md): ``none`` (a fixed pool), the
+#: requests outstanding per replica, the KV-cache usage per replica.
+AUTOSCALE_METRICS = ("none", "outstanding", "kv_usage")
+#: Router policies that can skip replicas that are not ready (the seeded ones
+#: draw over the whole pool before the run).
+AUTOSCALE_ROUTER_POLICIES = ("round_robin", "least_outstanding", "least_tokens")
+#: Longest decision interval and scale-up delay, ms (a week: bounds the ns arithmetic).
+MAX_SCALE_MS = 7 * 24 * 3600 * 1000.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,102 @@ class RouterConfig:
 
 
 @dataclass(frozen=True)
+class AutoscaleConfig:
+    """Autoscaling of the aggregated pool (docs/autoscaling.md): the pool's ``replicas`` is the maximum."""
+
+    metric: str = key(
+        "none", choice, allowed=AUTOSCALE_METRICS,
+        doc="none: a fixed pool; outstanding or kv_usage: every interval_ms the desired replicas are "
+            "ceil(sum over the ready and draining replicas of the metric / target), clamped to [min_replicas, replicas] "
+            "(docs/autoscaling.md).",
+    )
+    target: float | None = key(
+        None, optional_number, strict=True, maximum=1e9,
+        doc="The metric's target per replica (requests outstanding, or KV blocks in use / KV blocks); "
+            "required with a metric.",
+    )
+    interval_ms: float = key(
+        15000.0, number, strict=True, maximum=MAX_SCALE_MS,
+        doc="Time between two scaling decisions (Kubernetes HPA's default sync period, 15 s).",
+    )
+    min_replicas: int = key(1, checks.count, doc="Fewest active (ready or starting) replicas; the run starts with this many ready.")
+    startup_ms: float | None = key(
+        None, optional_number, maximum=MAX_SCALE_MS,
+        doc="Scale-up delay: model load and warm-up, from the decision to the replica taking requests "
+            "(a declared parameter); required with a metric.",
+    )
+
+
+FAILURE_ACTIONS = ("retry", "reject")
+#: At most this many fixed failures (each an event of the run).
+MAX_FIXED_FAILURES = 10_000
+
+
+def _failure_list(path: str, value: Any) -> tuple[tuple[int, float], ...]:
+    """``[[worker, at_ms], ...]``: each a worker index >= 0 and an instant in ms >= 0."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_FIXED_FAILURES:
+        raise ConfigError(f"{path} must be a list of at most {MAX_FIXED_FAILURES} [worker, at_ms] pairs, "
+                          f"got {checks.shown(value)}")
+    out = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ConfigError(f"{path}[{i}] must be a [worker, at_ms] pair, got {checks.shown(pair)}")
+        out.append((checks.count(f"{path}[{i}].worker", pair[0], minimum=0),
+                    number(f"{path}[{i}].at_ms", pair[1], maximum=MAX_SCALE_MS * 52)))
+    return tuple(out)
+
+
+MAX_RETRIES = 1000
+
+
+def _retries(path: str, value: Any) -> int:
+    retries = checks.count(path, value, minimum=0)
+    if retries > MAX_RETRIES:
+        raise ConfigError(f"{path} must be <= {MAX_RETRIES}, got {retries}")
+    return retries
+
+
+@dataclass(frozen=True)
+class FailuresConfig:
+    """Worker failures of the aggregated pool (docs/failures.md): none by default."""
+
+    at: tuple[tuple[int, float], ...] = key(
+        [], _failure_list,
+        doc="Failures at given instants: [[worker, at_ms], ...] (a worker already down stays down).",
+        values="list of [worker >= 0, at_ms >= 0] pairs",
+    )
+    mtbf_ms: float | None = key(
+        None, optional_number, strict=True, maximum=MAX_SCALE_MS * 52,
+        doc="Random failures: each worker's time from its start or repair to its next failure is "
+            "exponential with this mean (seeded); null: none.",
+    )
+    repair_ms: float | None = key(
+        None, optional_number, strict=True, maximum=MAX_SCALE_MS,
+        doc="How long a failed worker is down before it takes requests again; required with failures.",
+    )
+    on_failure: str = key(
+        "retry", choice, allowed=FAILURE_ACTIONS,
+        doc="What the client does with a request lost to a failure (KV and tokens gone): retry it "
+            "(max_retries, backoff) or take it as failed.",
+    )
+    max_retries: int = key(
+        2, _retries,
+        doc="Retries of a request lost to failures (the OpenAI Python client's DEFAULT_MAX_RETRIES, 2).",
+        values=f"integer in [0, {MAX_RETRIES}]",
+    )
+    retry_delay_ms: float = key(
+        500.0, number, maximum=MAX_SCALE_MS,
+        doc="Backoff before retry i: min(retry_delay_ms x 2^(i-1), max_retry_delay_ms) (the OpenAI "
+            "Python client's 0.5 s and 8 s, without its jitter).",
+    )
+    max_retry_delay_ms: float = key(8000.0, number, maximum=MAX_SCALE_MS, doc="The backoff's ceiling.")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.at) or self.mtbf_ms is not None
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     mode: str = key(
         "aggregated", choice, allowed=ENGINE_MODES,
@@ -88,6 +193,8 @@ class EngineConfig:
     prefill: PoolConfig = section(PoolConfig)
     decode: PoolConfig = section(PoolConfig)
     kv_transfer: KVTransferConfig = section(KVTransferConfig)
+    autoscale: AutoscaleConfig = section(AutoscaleConfig)
+    failures: FailuresConfig = section(FailuresConfig)
     router: RouterConfig = field()  # keys in engine.router and engine.decode_router (see defaults)
 
     @classmethod

@@ -139,6 +139,7 @@ class Outputs(NamedTuple):
     placed_worker: I64  # routing policies: the worker picked at the send (-1: round robin, or never sent)
     send_seq: I64  # sessions: each row's send sequence number (-1: never sent); empty without
     spec_counts: I64  # (2 + MAX_DRAFT_TOKENS,) verifications, proposals, accepted per position
+    failures: I64  # attempts lost to worker failures (docs/failures.md)
 
 
 class Logs(NamedTuple):
@@ -147,6 +148,7 @@ class Logs(NamedTuple):
     pass_log: I64_2D  # (rows, PASS_LOG_COLUMNS) one row per rank per pass; 0 rows: none
     pass_ms: F64  # each pass-log row's rank time, ms
     bad_batch: F64  # (8,) the batch whose pass time was not finite and >= 0
+    scale_log: I64_2D  # (rows, 3) autoscaling or failures: instant, worker, SCALE_* event (0 rows without)
 
 
 class Router(NamedTuple):
@@ -160,6 +162,11 @@ class Router(NamedTuple):
     decode_draws: I64  # (2n,) or (0,): per handoff h, two distinct seeded decode workers
     tok_index: I64  # per request, its tokenizer server within the worker that receives it
     tok_workers: types.int64  # tokenizer servers per receiving worker
+    scale: I64  # (4,) autoscaling (simcore.engine.autoscale_nb): metric code (0: off), interval, min replicas, startup ns
+    scale_target: F64  # (1,) the metric's target per replica
+    fail: I64  # (NUM_FAIL_PARAMS,) failures (simcore.engine.failures_nb): on (0: off), action, retries, delays, repair
+    fail_at: I64  # (2 m,) fixed failures: instant ns, worker, by instant then worker
+    fail_gaps: I64  # (workers x gaps,) random failures: time from a start or repair to the next failure, ns
 
 
 # ------------------------------------------------------------------ the event loop's own state
@@ -242,7 +249,11 @@ class Loop(NamedTuple):
     session_counters: I64  # (2,)
     tok_free: I64  # per tokenizer server, when it is free
     route: I64  # simcore.engine.router_nb state
-    routing: types.boolean  # any policy other than round robin routes
+    routing: types.boolean  # any policy other than round robin routes (or autoscaling)
+    scale: I64  # autoscaling state (simcore.engine.autoscale_nb); empty without
+    fail: I64  # failures state (simcore.engine.failures_nb); empty without
+    retry_key: I64  # failures: the clients' retries by (instant, row); empty without
+    retry_val: I64
     counts: I64  # (NUM_COUNTS,) by the indices above
 
 

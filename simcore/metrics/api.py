@@ -447,7 +447,8 @@ def _goodput(cols: RequestColumns, slo: GoodputConfig, per_second) -> float | No
     return per_second(int(good.sum()))
 
 
-def rejection_reasons(cols: RequestColumns, input_tokens: np.ndarray, engine: EngineConfig) -> dict:
+def rejection_reasons(cols: RequestColumns, input_tokens: np.ndarray, engine: EngineConfig,
+                      lost: np.ndarray | None = None) -> dict:
     """How many requests were rejected because of each limit (SPEC §5).
 
     A rank rejects a prompt of ``input_tokens >= L``, ``L = min(context_length,
@@ -463,14 +464,19 @@ def rejection_reasons(cols: RequestColumns, input_tokens: np.ndarray, engine: En
         Prompt length of each request, tokens.
     engine : EngineConfig
         The pools and their limits.
+    lost : ndarray(bool, ndim=1), optional
+        Failures (docs/failures.md): the requests taken as failed, rejected
+        for no limit (counted by ``lost_requests`` instead).
 
     Returns
     -------
     dict
         ``rejected_context_length`` and ``rejected_kv_capacity`` (requests;
-        they sum to ``rejected``).
+        they sum to ``rejected``, less the ``lost`` ones).
     """
     rejected = cols.status == REJECTED
+    if lost is not None:
+        rejected &= ~lost
     receiving, *later = engine.pools  # aggregated; or prefill, then decode
     at_receiving = input_tokens >= receiving.sequence_limit
     where = [(receiving, at_receiving)] + [(pool, ~at_receiving) for pool in later]

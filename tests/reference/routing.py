@@ -45,13 +45,14 @@ class ReferenceRouter:
         self.rr_rank = defaultdict(int)  # worker -> requests routed to it so far
         self.scan = defaultdict(int)     # worker -> least-loaded decisions so far
         self.decode_choice = {}          # handoff h -> (global worker, rank index)
+        self.eligible = lambda w: True   # autoscaling: only ready workers take requests
 
     # ------------------------------------------------------------ where requests are
 
     def location(self, req):
         """(global worker, rank index or -1, past its prompt) of a request at a worker now, else None."""
         sim = self.sim
-        if req.send_ns is None or req.rejected:
+        if req.send_ns is None or req.rejected or req.retry_wait:
             return None
         finished = bool(req.tokens) and req.tokens[-1][2]
         if not sim.disaggregated:
@@ -86,13 +87,14 @@ class ReferenceRouter:
     def pick(self, policy, seq, pool, draws, req):
         first, count = pool.first_worker, pool.W
         if policy == "round_robin":
-            return first + seq % count
+            ready = [w for w in range(first, first + count) if self.eligible(w)]
+            return ready[seq % len(ready)]
         if policy == "random":
             return first + draws[2 * seq]
         if policy == "power_of_two":
             a, b = first + draws[2 * seq], first + draws[2 * seq + 1]
             return b if self.outstanding(b) < self.outstanding(a) else a
-        order = [first + (seq + i) % count for i in range(count)]
+        order = [w for i in range(count) if self.eligible(w := first + (seq + i) % count)]
         if policy == "least_outstanding":
             return min(order, key=self.outstanding)
         if policy == "least_tokens":

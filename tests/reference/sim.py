@@ -181,6 +181,8 @@ import numpy as np
 
 from simcore.scheduler.policies import SCHEDULING_POLICIES
 from simcore.scheduler.speculative import acceptance_rates, geometric_alpha, read_engine_form
+from tests.reference.autoscale import ReferenceAutoscaler
+from tests.reference.failures import ReferenceFailures
 from tests.reference.routing import ReferenceRouter
 from tests.reference.offload import OffloadMixin
 
@@ -313,6 +315,8 @@ class Request:
         self.transfer_blocks = 0      # prefill blocks held while transferring
         self.decode_worker = None     # global worker index, set at the transfer end
         self.decode_rank = None
+        self.failures = 0             # attempts lost to worker failures (tests/reference/failures.py)
+        self.retry_wait = False       # lost, waiting for its client's retry
         # outcome
         self.rejected = False
         self.completed = False  # final token received by the client
@@ -662,6 +666,20 @@ class ReferenceSim(OffloadMixin):
         # Routing (tests/reference/routing.py): a policy other than round robin
         # places each request when it is sent (-1: not yet).
         self.router = ReferenceRouter(self, config)
+        # Autoscaling (tests/reference/autoscale.py): the router sends to ready workers only.
+        scale = (config["engine"].get("autoscale") or {})
+        self.scaler = None
+        if scale.get("metric", "none") != "none":
+            self.scaler = ReferenceAutoscaler(self, config)
+            self.router.active = True
+            self.router.eligible = self.scaler.ready
+        # Failures (tests/reference/failures.py): the router sends to the workers up.
+        fail = config["engine"].get("failures") or {}
+        self.failures = None
+        if fail.get("at") or fail.get("mtbf_ms") is not None:
+            self.failures = ReferenceFailures(self, config)
+            self.router.active = True
+            self.router.eligible = self.failures.ready
         if self.router.active:
             for req in self.requests:
                 req.worker = req.rank = -1
@@ -699,6 +717,7 @@ class ReferenceSim(OffloadMixin):
         self.transfers = []
         self.receipts = []
         self.receipt_seq = 0
+        self.last_receipt = -1  # the latest receipt instant so far (autoscaling, failures: a pending receipt)
         self.next_handoff = 0  # P/D: the next handoff number h
         self.next_unsent = 0  # closed loop: next row to send
         if self.closed_loop:
@@ -754,11 +773,21 @@ class ReferenceSim(OffloadMixin):
             candidates.append(self.arrivals[0][0])
         if self.transfers:
             candidates.append(self.transfers[0][0])
-        if self.receipts:
-            candidates.append(self.receipts[0][0])
         if self.loads:
             candidates.append(self.offload_next_time())
-        return min(candidates) if candidates else None
+        if self.failures is not None and self.failures.retries:
+            candidates.append(self.failures.retries[0][0])
+        # Scaling and failure instants while another event is pending at or after
+        # them: an engine event, or a receipt (the latest so far).
+        horizon = None if candidates else self.last_receipt
+        if self.receipts:
+            candidates.append(self.receipts[0][0])
+        t = min(candidates) if candidates else None
+        if self.scaler is not None:
+            t = self.scaler.next_time(t, horizon)
+        if self.failures is not None:
+            t = self.failures.next_time(t, horizon)
+        return t
 
     def run(self):
         last_t = -1
@@ -774,6 +803,10 @@ class ReferenceSim(OffloadMixin):
     def process_instant(self, t):
         """SPEC §5 equal-time order: repeat (a)-(d) until nothing is left at t, then (e)."""
         self.now = t
+        if self.failures is not None:  # repairs and failures, before the phases
+            self.failures.step(t)
+        if self.scaler is not None:  # ready instants and decisions, before the phases
+            self.scaler.step(t)
         while True:
             progressed = False
             # (a) pass ends, by global worker index
@@ -791,6 +824,11 @@ class ReferenceSim(OffloadMixin):
                 _, row = self.sends.popleft()
                 self.send(self.requests[row], t)
                 progressed = True
+            if self.failures is not None:  # the clients' retries at t, by row
+                while self.failures.retries and self.failures.retries[0][0] == t:
+                    _, row = heapq.heappop(self.failures.retries)
+                    self.dispatch(self.requests[row], t)
+                    progressed = True
             if self.sessions is not None:
                 while self.session_sends and self.session_sends[0][0] == t:
                     _, row = heapq.heappop(self.session_sends)
@@ -811,6 +849,8 @@ class ReferenceSim(OffloadMixin):
                 progressed = True
             if not progressed:
                 break
+        if self.scaler is not None:  # drained workers are off, before (e)
+            self.scaler.drained(t)
         # (e) idle workers with work try to start a pass, by global worker index (an
         # idle worker without work is idle at t: sglang's idle ratio reset)
         for w in self.workers:
@@ -841,6 +881,15 @@ class ReferenceSim(OffloadMixin):
     def send(self, req, t):
         """SPEC §4: the request becomes one FIFO job on its tokenizer server."""
         req.send_ns = t
+        self.dispatch(req, t)
+
+    def dispatch(self, req, t):
+        """A send at t (a client's retry keeps its first send instant): routing, then the tokenizer job."""
+        if self.failures is not None:
+            req.retry_wait = False
+            if not any(self.failures.up):  # no worker takes it: the client's retry rule
+                self.failures.lose(req, t)
+                return
         if self.sessions is not None:
             self.place_at_send(req)
         if self.router.active:
@@ -1809,6 +1858,7 @@ class ReferenceSim(OffloadMixin):
     def push_receipt(self, end, items):
         heapq.heappush(self.receipts, (end, self.receipt_seq, list(items)))
         self.receipt_seq += 1
+        self.last_receipt = max(self.last_receipt, end)
 
     # ------------------------------------------------------------ output
 
@@ -1851,8 +1901,14 @@ class ReferenceSim(OffloadMixin):
         spec = {}
         if self.emit_pool.spec_drafts:
             spec = dict(spec_counts=list(self.spec_counts), spec_positions=len(self.emit_pool.spec_rates))
+        scaling = {} if self.scaler is None else dict(scale_log=list(self.scaler.log))
+        if self.failures is not None:
+            scaling = dict(scale_log=list(self.failures.log))
+            for out, req in zip(requests, self.requests):
+                out["failures"] = req.failures
+            self.pass_records.sort(key=lambda p: (p["end_ns"], p["worker"], p["rank"]))
         return dict(mode=self.mode, requests=requests, tokens=tokens, passes=self.pass_records,
-                    **self.offload_summary(), **spec)
+                    **self.offload_summary(), **spec, **scaling)
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None,
