@@ -70,7 +70,19 @@ _NO_CAP = np.iinfo(np.int64).max
 
 @njit(cache=True)
 def allocate_scale_nb(params, num_workers):
-    """The autoscaling state (empty when off)."""
+    """The autoscaling state (empty when off).
+
+    Parameters
+    ----------
+    params : ndarray(int64, ndim=1)
+        ``Router.scale`` (``P_*``).
+    num_workers : int
+        Workers of the pool.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
     if params[P_METRIC] == METRIC_NONE:
         return np.zeros(0, dtype=np.int64)
     st = np.full(_READY_AT + num_workers, -1, dtype=np.int64)
@@ -94,7 +106,25 @@ def _log_nb(st, log, t, w, event):
 
 @njit(cache=True)
 def scale_init_nb(route, st, params, num_workers, log):
-    """The start: workers ``0 .. min - 1`` ready at 0, the others off. Returns False if the log is full."""
+    """The start: workers ``0 .. min - 1`` ready at 0, the others off. Returns False if the log is full.
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state (``Loop.route``; worker statuses, outstanding requests).
+    st : ndarray(int64, ndim=1)
+        The autoscaling state (:func:`allocate_scale_nb`).
+    params : ndarray(int64, ndim=1)
+        ``Router.scale``.
+    num_workers : int
+        Workers of the pool.
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+
+    Returns
+    -------
+    bool
+    """
     ok = True
     for w in range(num_workers):
         if w < params[P_MIN]:
@@ -107,14 +137,41 @@ def scale_init_nb(route, st, params, num_workers, log):
 
 @njit(cache=True)
 def scale_rows_nb(st):
-    """Scaling-log rows written."""
+    """Scaling-log rows written.
+
+    Parameters
+    ----------
+    st : ndarray(int64, ndim=1)
+        The autoscaling state (:func:`allocate_scale_nb`).
+
+    Returns
+    -------
+    int
+    """
     return st[_ROWS] if st.shape[0] > 0 else 0
 
 
 @njit(cache=True)
 def scale_next_instant_nb(t, horizon, st, num_workers):
     """The earliest of ``t`` (the next engine event, ``NO_CAP`` for none) and the scaling events before it;
-    with no engine event, those up to ``horizon`` (the last receipt to come, -1 for none)."""
+    with no engine event, those up to ``horizon`` (the last receipt to come, -1 for none).
+
+    Parameters
+    ----------
+    t : int
+        The next engine event, ns (``NO_CAP``: none).
+    horizon : int
+        The last receipt to come, ns (-1: none).
+    st : ndarray(int64, ndim=1)
+        The autoscaling state (:func:`allocate_scale_nb`).
+    num_workers : int
+        Workers of the pool.
+
+    Returns
+    -------
+    int
+        ns.
+    """
     limit = t if t != _NO_CAP else horizon + 1
     if st[_NEXT] < limit and st[_NEXT] < t:
         t = st[_NEXT]
@@ -246,7 +303,25 @@ def scale_step_nb(t, route, st, params, target, worker_first_rank, worker_num_ra
 
 @njit(cache=True)
 def scale_drained_nb(t, route, st, pass_end, log):
-    """Rule 3 at instant t, before (e): drained workers are off. Returns False if the log is full."""
+    """Rule 3 at instant t, before (e): drained workers are off. Returns False if the log is full.
+
+    Parameters
+    ----------
+    t : int
+        The instant, ns.
+    route : ndarray(int64, ndim=1)
+        The routing state (``Loop.route``; worker statuses, outstanding requests).
+    st : ndarray(int64, ndim=1)
+        The autoscaling state (:func:`allocate_scale_nb`).
+    pass_end : ndarray(int64, ndim=1)
+        Per worker, its running pass's end (-1: idle).
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+
+    Returns
+    -------
+    bool
+    """
     ok = True
     for w in range(pass_end.shape[0]):
         if worker_status_nb(route, w) == W_DRAINING and worker_outstanding_nb(route, w) == 0 and pass_end[w] < 0:

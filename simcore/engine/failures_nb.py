@@ -67,7 +67,21 @@ _NO_CAP = np.iinfo(np.int64).max
 
 @njit(cache=True)
 def allocate_fail_nb(params, gaps, num_workers):
-    """The failures state (empty when off), every worker up since 0."""
+    """The failures state (empty when off), every worker up since 0.
+
+    Parameters
+    ----------
+    params : ndarray(int64, ndim=1)
+        ``Router.fail`` (``F_*``).
+    gaps : ndarray(int64, ndim=1)
+        ``Router.fail_gaps``: (workers x gaps,) the random failures' gaps, ns.
+    num_workers : int
+        Workers of the pool.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+    """
     if params[F_ON] == 0:
         return np.zeros(0, dtype=np.int64)
     st = np.full(_HEADER + 3 * num_workers, -1, dtype=np.int64)
@@ -84,7 +98,17 @@ def allocate_fail_nb(params, gaps, num_workers):
 
 @njit(cache=True)
 def fail_init_nb(st, log, num_workers):
-    """The scaling log's first rows: every worker started and ready at 0."""
+    """The scaling log's first rows: every worker started and ready at 0.
+
+    Parameters
+    ----------
+    st : ndarray(int64, ndim=1)
+        The failures state (:func:`allocate_fail_nb`).
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+    num_workers : int
+        Workers of the pool.
+    """
     for w in range(num_workers):
         _log_nb(st, log, 0, w, _SCALE_START)
         _log_nb(st, log, 0, w, _SCALE_READY)
@@ -102,20 +126,61 @@ def _log_nb(st, log, t, w, event):
 
 @njit(cache=True)
 def fail_log_full_nb(st, log):
-    """Whether the scaling log overflowed (the run is repeated with a larger one)."""
+    """Whether the scaling log overflowed (the run is repeated with a larger one).
+
+    Parameters
+    ----------
+    st : ndarray(int64, ndim=1)
+        The failures state (:func:`allocate_fail_nb`).
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+
+    Returns
+    -------
+    bool
+    """
     return st.shape[0] > 0 and st[_ROWS] > log.shape[0]
 
 
 @njit(cache=True)
 def fail_retries_nb(st):
-    """Retries waiting in the heap."""
+    """Retries waiting in the heap.
+
+    Parameters
+    ----------
+    st : ndarray(int64, ndim=1)
+        The failures state (:func:`allocate_fail_nb`).
+
+    Returns
+    -------
+    int
+    """
     return st[_RETRY_SIZE] if st.shape[0] > 0 else 0
 
 
 @njit(cache=True)
 def fail_next_instant_nb(t, horizon, st, fail_at, num_workers):
     """The earliest of ``t`` (the next engine event, ``NO_CAP`` for none) and the failures' events before it;
-    with no engine event, those up to ``horizon`` (the last receipt to come, -1 for none)."""
+    with no engine event, those up to ``horizon`` (the last receipt to come, -1 for none).
+
+    Parameters
+    ----------
+    t : int
+        The next engine event, ns (``NO_CAP``: none).
+    horizon : int
+        The last receipt to come, ns (-1: none).
+    st : ndarray(int64, ndim=1)
+        The failures state (:func:`allocate_fail_nb`).
+    fail_at : ndarray(int64, ndim=1)
+        ``Router.fail_at``: (2 m,) the fixed failures, instant ns and worker, by instant.
+    num_workers : int
+        Workers of the pool.
+
+    Returns
+    -------
+    int
+        ns.
+    """
     limit = t if t != _NO_CAP else horizon + 1
     i = st[_FIXED]
     if 2 * i < fail_at.shape[0] and fail_at[2 * i] < limit and fail_at[2 * i] < t:
@@ -132,7 +197,20 @@ def fail_next_instant_nb(t, horizon, st, fail_at, num_workers):
 
 @njit(cache=True)
 def retry_delay_nb(params, attempt):
-    """Backoff before retry ``attempt`` (1, 2, ...): min(delay x 2^(attempt-1), max_delay), ns."""
+    """Backoff before retry ``attempt`` (1, 2, ...): min(delay x 2^(attempt-1), max_delay), ns.
+
+    Parameters
+    ----------
+    params : ndarray(int64, ndim=1)
+        ``Router.fail`` (``F_DELAY``, ``F_MAX_DELAY``, ns).
+    attempt : int
+        The retry, from 1.
+
+    Returns
+    -------
+    int
+        ns.
+    """
     delay = params[F_DELAY]
     for _ in range(attempt - 1):
         if delay >= params[F_MAX_DELAY]:
@@ -144,7 +222,21 @@ def retry_delay_nb(params, attempt):
 @njit(cache=True, inline="always")
 def lose_nb(k, t, at_worker, run, state):
     """Request k is lost at t (``at_worker``: its worker failed; else none was up at its send): cleared, then
-    retried or failed."""
+    retried or failed.
+
+    Parameters
+    ----------
+    k : int
+        Request row.
+    t : int
+        The instant, ns.
+    at_worker : bool
+        Its worker failed (else no worker was up at its send).
+    run : Run
+        The engine's inputs and outputs.
+    state : LoopState
+        The event loop's state.
+    """
     requests, load, out, params = run.requests, run.load, run.out, run.router.fail
     rq, rk, lp = state.rq, state.rk, state.lp
     g = out.placed_rank[k]
@@ -253,7 +345,17 @@ def _fail_worker_nb(w, t, run, state):
 
 @njit(cache=True, inline="always")
 def fail_step_nb(t, run, state):
-    """Repairs, then fixed failures, then random failures at t (module docstring)."""
+    """Repairs, then fixed failures, then random failures at t (module docstring).
+
+    Parameters
+    ----------
+    t : int
+        The instant, ns.
+    run : Run
+        The engine's inputs and outputs.
+    state : LoopState
+        The event loop's state.
+    """
     params, fail_at, gaps = run.router.fail, run.router.fail_at, run.router.fail_gaps
     lp, logs = state.lp, run.logs
     st = lp.fail
@@ -279,7 +381,21 @@ def fail_step_nb(t, run, state):
 
 @njit(cache=True)
 def any_up_nb(route, first, count):
-    """Whether a worker of ``first .. first + count - 1`` takes requests."""
+    """Whether a worker of ``first .. first + count - 1`` takes requests.
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state (``Loop.route``; worker statuses, outstanding requests).
+    first : int
+        First worker.
+    count : int
+        Workers.
+
+    Returns
+    -------
+    bool
+    """
     for w in range(first, first + count):
         if worker_status_nb(route, w) == W_READY:
             return True
@@ -288,7 +404,23 @@ def any_up_nb(route, first, count):
 
 @njit(cache=True)
 def retry_pop_nb(t, st, retry_key, retry_val):
-    """The next retry at t (its row), or -1."""
+    """The next retry at t (its row), or -1.
+
+    Parameters
+    ----------
+    t : int
+        The instant, ns.
+    st : ndarray(int64, ndim=1)
+        The failures state (:func:`allocate_fail_nb`).
+    retry_key : ndarray(int64, ndim=1)
+        The retry heap's instants, ns.
+    retry_val : ndarray(int64, ndim=1)
+        The retry heap's rows.
+
+    Returns
+    -------
+    int
+    """
     if st.shape[0] == 0 or st[_RETRY_SIZE] == 0 or retry_key[0] != t:
         return -1
     k = retry_val[0]
@@ -298,5 +430,15 @@ def retry_pop_nb(t, st, retry_key, retry_val):
 
 @njit(cache=True)
 def fail_count_nb(st):
-    """Failures that took a worker down."""
+    """Failures that took a worker down.
+
+    Parameters
+    ----------
+    st : ndarray(int64, ndim=1)
+        The failures state (:func:`allocate_fail_nb`).
+
+    Returns
+    -------
+    int
+    """
     return st[_COUNT] if st.shape[0] > 0 else 0

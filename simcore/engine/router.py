@@ -129,7 +129,19 @@ def failure_gaps(seed: int, workers: int, mtbf_ms: float) -> np.ndarray:
 
 
 def fail_inputs(cfg: SimConfig, workers: int) -> dict:
-    """``Router.fail``, ``fail_at`` and ``fail_gaps``: the failures' parameters (``fail[F_ON]`` 0: none)."""
+    """``Router.fail``, ``fail_at`` and ``fail_gaps``: the failures' parameters (``fail[F_ON]`` 0: none).
+
+    Parameters
+    ----------
+    cfg : SimConfig
+        The run's configuration (``engine.failures``, the seed).
+    workers : int
+        Workers of the pool.
+
+    Returns
+    -------
+    dict
+    """
     fail = cfg.engine.failures
     params = np.zeros(NUM_FAIL_PARAMS, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
@@ -150,7 +162,17 @@ def fail_inputs(cfg: SimConfig, workers: int) -> dict:
 
 
 def scale_inputs(cfg: SimConfig) -> dict:
-    """``Router.scale`` and ``Router.scale_target``: the autoscaling parameters (metric code 0: off)."""
+    """``Router.scale`` and ``Router.scale_target``: the autoscaling parameters (metric code 0: off).
+
+    Parameters
+    ----------
+    cfg : SimConfig
+        The run's configuration (``engine.autoscale``).
+
+    Returns
+    -------
+    dict
+    """
     scale = cfg.engine.autoscale
     if scale.metric == "none":
         return {"scale": np.zeros(NUM_PARAMS, dtype=np.int64), "scale_target": np.ones(1, dtype=np.float64)}

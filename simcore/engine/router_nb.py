@@ -83,19 +83,53 @@ def _status(route):
 
 @njit(cache=True)
 def worker_status_nb(route, w):
-    """Worker w's autoscaling status (``W_*``)."""
+    """Worker w's autoscaling status (``W_*``).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state (``Loop.route``; worker statuses, outstanding requests).
+    w : int
+        Worker.
+
+    Returns
+    -------
+    int
+    """
     return route[_status(route) + w]
 
 
 @njit(cache=True)
 def set_worker_status_nb(route, w, status):
-    """Set worker w's autoscaling status (``W_*``)."""
+    """Set worker w's autoscaling status (``W_*``).
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state (``Loop.route``; worker statuses, outstanding requests).
+    w : int
+        Worker.
+    status : int
+        ``W_*``.
+    """
     route[_status(route) + w] = status
 
 
 @njit(cache=True)
 def worker_outstanding_nb(route, w):
-    """Requests routed to worker w and not yet left."""
+    """Requests routed to worker w and not yet left.
+
+    Parameters
+    ----------
+    route : ndarray(int64, ndim=1)
+        The routing state (``Loop.route``; worker statuses, outstanding requests).
+    w : int
+        Worker.
+
+    Returns
+    -------
+    int
+    """
     return route[_outstanding(route) + w]
 
 

@@ -31,7 +31,17 @@ SCALING_SCHEMA = pa.schema([
 
 
 def scaling_table(log: np.ndarray) -> pa.Table:
-    """The scaling log as a table: ``instant_ms``, ``worker``, ``event`` (start, ready, drain, off)."""
+    """The scaling log as a table: ``instant_ms``, ``worker``, ``event`` (start, ready, drain, off).
+
+    Parameters
+    ----------
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+
+    Returns
+    -------
+    pyarrow.Table
+    """
     events = pa.DictionaryArray.from_arrays(pa.array(np.ascontiguousarray(log[:, 2], dtype=np.int8)),
                                             pa.array(list(SCALE_EVENTS)))
     return pa.Table.from_arrays(
@@ -43,7 +53,26 @@ def scaling_table(log: np.ndarray) -> pa.Table:
 
 def run_end_ns(last_recv_ns: np.ndarray, completed: np.ndarray, reject_ns: np.ndarray, incomplete: bool,
                cap_ns: int | None) -> int:
-    """The run's end (module docstring), ns: the last receipt of a completed request or rejection, or the cap."""
+    """The run's end (module docstring), ns: the last receipt of a completed request or rejection, or the cap.
+
+    Parameters
+    ----------
+    last_recv_ns : ndarray(int64)
+        Per request, its last receipt, ns (-1: none).
+    completed : ndarray(bool)
+        Per request, whether it completed.
+    reject_ns : ndarray(int64)
+        Per request, its rejection instant, ns (-1: not rejected).
+    incomplete : bool
+        The run stopped at its cap with requests unfinished.
+    cap_ns : int or None
+        The run's cap, ns.
+
+    Returns
+    -------
+    int
+        ns.
+    """
     if incomplete and cap_ns is not None:
         return int(cap_ns)
     ends = np.concatenate([last_recv_ns[completed], reject_ns[reject_ns >= 0]])
@@ -51,7 +80,20 @@ def run_end_ns(last_recv_ns: np.ndarray, completed: np.ndarray, reject_ns: np.nd
 
 
 def ready_steps(log: np.ndarray, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ready replicas as a step function over [0, end]: instants (ns) and the count from each on."""
+    """Ready replicas as a step function over [0, end]: instants (ns) and the count from each on.
+
+    Parameters
+    ----------
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+    end_ns : int
+        The run's end, ns.
+
+    Returns
+    -------
+    tuple of ndarray
+        Instants (ns) and the ready count from each on.
+    """
     delta = np.where(log[:, 2] == SCALE_READY, 1, 0) - np.where(
         (log[:, 2] == SCALE_DRAIN) | (log[:, 2] == SCALE_FAIL), 1, 0)
     keep = log[:, 0] <= end_ns
@@ -62,7 +104,22 @@ def ready_steps(log: np.ndarray, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def on_seconds(log: np.ndarray, num_workers: int, end_ns: int) -> float:
-    """Worker-seconds from each start to its off (or the run's end), clipped to [0, end]."""
+    """Worker-seconds from each start to its off (or the run's end), clipped to [0, end].
+
+    Parameters
+    ----------
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+    num_workers : int
+        Workers of the pool.
+    end_ns : int
+        The run's end, ns.
+
+    Returns
+    -------
+    float
+        Worker-seconds.
+    """
     total = 0
     since = np.full(num_workers, -1, dtype=np.int64)
     for t, w, event in log:
@@ -77,7 +134,19 @@ def on_seconds(log: np.ndarray, num_workers: int, end_ns: int) -> float:
 
 
 def slo_attainment(cols, goodput) -> float | None:
-    """Requests that completed within every goodput SLO set, over all requests (None: no SLO set)."""
+    """Requests that completed within every goodput SLO set, over all requests (None: no SLO set).
+
+    Parameters
+    ----------
+    cols : RequestColumns
+        The run's per-request columns.
+    goodput : Mapping
+        ``metrics.goodput``: the SLOs, ms.
+
+    Returns
+    -------
+    float or None
+    """
     if not goodput.enabled or cols.completed.shape[0] == 0:
         return None
     good = cols.completed.copy()
@@ -91,7 +160,27 @@ def slo_attainment(cols, goodput) -> float | None:
 
 def scaling_summary(log: np.ndarray, cols, goodput, num_workers: int, gpus_per_replica: int,
                     cap_ns: int | None) -> dict:
-    """The ``SCALING_KEYS`` of one autoscaled run."""
+    """The ``SCALING_KEYS`` of one autoscaled run.
+
+    Parameters
+    ----------
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+    cols : RequestColumns
+        The run's per-request columns.
+    goodput : Mapping
+        ``metrics.goodput``: the SLOs, ms.
+    num_workers : int
+        Workers of the pool.
+    gpus_per_replica : int
+        GPUs of one replica.
+    cap_ns : int or None
+        The run's cap, ns.
+
+    Returns
+    -------
+    dict
+    """
     run = cols.run
     incomplete = bool((~cols.completed & (run.reject_ns < 0)).any())
     end = run_end_ns(cols.last_recv_ns, cols.completed, run.reject_ns, incomplete, cap_ns)
@@ -134,7 +223,25 @@ FAILURE_KEYS = ("worker_failures", "failed_requests", "retried_requests", "retri
 def failure_summary(log: np.ndarray, failures: np.ndarray, reject_ns: np.ndarray, retry: bool,
                     max_retries: int) -> dict:
     """The ``FAILURE_KEYS``: failures that took a worker down (by the cap), requests hit by one at least,
-    requests resent after one at least, resends, and requests taken as failed (rejected at a failure)."""
+    requests resent after one at least, resends, and requests taken as failed (rejected at a failure).
+
+    Parameters
+    ----------
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+    failures : ndarray(int64)
+        Per request, the attempts lost to failures.
+    reject_ns : ndarray(int64)
+        Per request, its rejection instant, ns (-1: not rejected).
+    retry : bool
+        Lost requests are retried (else rejected).
+    max_retries : int
+        Retries per request at most.
+
+    Returns
+    -------
+    dict
+    """
     resent = np.minimum(failures, max_retries) if retry else np.zeros_like(failures)
     return {
         "worker_failures": int(np.sum(log[:, 2] == SCALE_FAIL)),
