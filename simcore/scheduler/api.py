@@ -44,39 +44,27 @@ class PrefixCacheInputs(NamedTuple):
 SPEC_STREAM = 3
 
 
-def spec_key(seed: int) -> int:
-    """The key of the acceptance draws (``simcore.scheduler.spec_nb``): 63 bits of the run seed's stream 3.
-
-    Parameters
-    ----------
-    seed : int
-        The run seed.
-
-    Returns
-    -------
-    int
-    """
-    state = np.random.SeedSequence(seed, spawn_key=(SPEC_STREAM,)).generate_state(1, dtype=np.uint64)
-    return int(state[0]) & (2**63 - 1)
-
-
 #: The waiting-queue shuffles' spawn key under the run seed (SGLang ``random``; 4 is the priority classes').
 SHUFFLE_STREAM = 5
 
 
-def shuffle_key(seed: int) -> int:
-    """The key of SGLang ``random``'s shuffles (``simcore.scheduler.nb``): 63 bits of the run seed's stream 5.
+def stream_key(seed: int, stream: int) -> int:
+    """63 bits of the run seed's stream ``stream``: the key of a counter-based draw in the kernel
+    (``SPEC_STREAM``: the acceptance draws of ``simcore.scheduler.spec_nb``; ``SHUFFLE_STREAM``:
+    SGLang ``random``'s shuffles in ``simcore.scheduler.nb``).
 
     Parameters
     ----------
     seed : int
         The run seed.
+    stream : int
+        The spawn key under the seed.
 
     Returns
     -------
     int
     """
-    state = np.random.SeedSequence(seed, spawn_key=(SHUFFLE_STREAM,)).generate_state(1, dtype=np.uint64)
+    state = np.random.SeedSequence(seed, spawn_key=(stream,)).generate_state(1, dtype=np.uint64)
     return int(state[0]) & (2**63 - 1)
 
 
@@ -179,12 +167,12 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Rank
         spec_lookahead=np.array([0 if p.speculative is None else p.speculative.lookahead for p in ranks], dtype=np.int64),
         spec_rates=rates,
         spec_proposer=proposer,
-        spec_key=np.full(len(ranks), spec_key(seed), dtype=np.int64),
+        spec_key=np.full(len(ranks), stream_key(seed, SPEC_STREAM), dtype=np.int64),
         spec_positions=np.array([0 if p.speculative is None else p.speculative.positions for p in ranks],
                                 dtype=np.int64),
         queue_order=np.array([spec.order_code(pool.queue_order) for pool in ranks], dtype=np.int64),
         preempt_lowest=np.array([pool.queue_order == "priority" for pool in ranks], dtype=np.bool_),
-        shuffle_key=np.full(len(ranks), shuffle_key(seed), dtype=np.int64),
+        shuffle_key=np.full(len(ranks), stream_key(seed, SHUFFLE_STREAM), dtype=np.int64),
     )
 
 

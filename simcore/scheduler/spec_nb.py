@@ -6,7 +6,7 @@ speculation members (``spec_drafts``, ``spec_rates``, ``spec_key``,
 request ``k``'s step whose first emitted token has index ``tok`` (its offset in
 the per-token arrays) is a SplitMix64 hash of ``(key, k, tok)``, with ``key``
 drawn once per run from the run seed outside the kernel
-(``simcore.scheduler.api.spec_key``).  So a step's draw does not depend on the
+(``simcore.scheduler.api.stream_key``, stream 3).  So a step's draw does not depend on the
 schedule (a step always emits at least one token, so no two steps of a request
 share ``tok``), reruns are bit-identical, and no per-token array is held.
 """
