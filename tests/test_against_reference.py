@@ -335,7 +335,7 @@ def test_chunked_prefill_off_matches_reference(seed):
     compare_with_reference(chunk_off_scenario(seed))
 
 
-def test_chunked_prefill_off_scenarios_pass_prompts_over():
+def test_chunked_prefill_off_scenarios_exercise_the_rule():
     """The family decides: turning chunking back on changes many of its runs."""
     differ = 0
     for seed in range(NUM_CHUNK_OFF_SCENARIOS):

@@ -47,14 +47,16 @@ def test_a_long_prompt_waits_instead_of_being_chunked():
     assert on["first_admit_ms"] == [0.0, 0.0, 10.0]
     assert on["ttft_ms"] == [10.0, 22.0, 22.0]
     assert on["e2el_ms"] == [24.0, 22.0, 22.0]
-    # Chunked prefill off: at 0 a takes 6 tokens (4 left); b needs 8 > 4, so it is passed
-    # over (it keeps its place at the head of waiting) and c's 3 fit (1 left): pass
-    # [0, 10], a and c emit at 10, c finishes.  Pass [10, 22]: a decodes (9 left) and b
-    # is admitted whole, 8 tokens: its only token at 22.  Pass [22, 24] decodes a's last.
+    # Chunked prefill off: at 0 a takes 6 tokens (4 left); b needs 8 > 4, so the waiting
+    # loop stops there (vLLM's `break`): b keeps its place and c, behind it, is not
+    # tried.  Pass [0, 10]: a emits at 10.  Pass [10, 22]: a decodes (9 left), b is
+    # admitted whole, 8 tokens (1 left), c's 3 > 1 stops the loop: a and b emit at 22,
+    # b finishes.  Pass [22, 34]: a decodes its last token (9 left) and c's 3 tokens
+    # are admitted: both emit at 34.
     off = run_three_prompts(False)
-    assert off["first_admit_ms"] == [0.0, 10.0, 0.0]
-    assert off["ttft_ms"] == [10.0, 22.0, 10.0]
-    assert off["e2el_ms"] == [24.0, 22.0, 10.0]
+    assert off["first_admit_ms"] == [0.0, 10.0, 22.0]
+    assert off["ttft_ms"] == [10.0, 22.0, 34.0]
+    assert off["e2el_ms"] == [34.0, 22.0, 34.0]
 
 
 @pytest.mark.parametrize("engine, message", [

@@ -268,8 +268,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         ``reserve_full_isl`` (vLLM's ``scheduler_reserve_full_isl``: a waiting
         request is admitted only if the blocks of all its known tokens fit) and
         ``chunked_prefill`` (false: vLLM's ``--no-enable-chunked-prefill``, a
-        waiting request whose tokens to compute exceed the budget left is
-        passed over, keeping its place in the queue).
+        waiting request whose tokens to compute exceed the budget left ends
+        the waiting loop: it keeps its place and nothing behind it is admitted).
     pc : tuple of ndarray(int64, ndim=1)
         The prefix-cache state (``simcore.scheduler.kv_nb``); updated.
     out : Outputs
@@ -398,7 +398,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
                                       spec_drafts + lookahead) - held[k]
     # Step 2: waiting requests, FIFO, with head-of-line blocking.
     # With a CPU tier, requests loading their KV stay queued and are passed over;
-    # with chunked prefill off, so are those whose whole need exceeds the budget left.
+    # with chunked prefill off, a whole need over the budget left ends the step.
     k = wait_head[g]
     while k >= 0 and run_len[g] < rank_max_sequences[g] and budget > 0:
         known = input_tokens[k] + planned[k]
@@ -419,8 +419,7 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
         fresh = computed[k] == 0  # else a P/D decode entrant (input - 1) or a loaded request
         start = hits * block_size if caching and fresh else computed[k]
         if not chunking and known - start > budget:
-            k = wait_next[k]  # vLLM: skipped (put back at the head of waiting in order), no chunk
-            continue
+            break  # vLLM: the waiting loop stops here, no chunk (docs/semantics.md)
         n_tok = min(known - start, budget)
         slots = start + n_tok
         if lookahead > 0 and not fresh:  # vLLM: lookahead slots unless num_computed_tokens == 0

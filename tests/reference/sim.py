@@ -1272,7 +1272,6 @@ class ReferenceSim(OffloadMixin):
         # Chunked prefill off (vLLM's --no-enable-chunked-prefill): a request whose whole
         # need exceeds B is set aside and the next one tried; the set-aside requests go
         # back to the head of waiting, in their order, when the loop ends.
-        skipped = []
         while (rank.waiting and len(rank.running) < pool.max_sequences and B > 0
                and not preempted):
             req = rank.waiting[0]
@@ -1284,8 +1283,7 @@ class ReferenceSim(OffloadMixin):
                 h = len(hits)
                 computed = h * pool.block_size
                 if not pool.chunked_prefill and req.known - computed > B:
-                    skipped.append(rank.waiting.popleft())
-                    continue
+                    break  # vLLM stops the waiting loop: no chunk, no overtaking
                 n = min(req.known - computed, B)
                 new = pool.blocks_for(self.admission_tokens(pool, req, computed, n)) - h
                 evictable = sum(1 for block in hits if block.ref == 0)
@@ -1305,8 +1303,7 @@ class ReferenceSim(OffloadMixin):
                     promised += footprint - req.held_blocks
                 continue
             if not pool.chunked_prefill and req.known - req.computed > B:
-                skipped.append(rank.waiting.popleft())
-                continue
+                break  # vLLM stops the waiting loop: no chunk, no overtaking
             n = min(req.known - req.computed, B)
             if no_evict:
                 footprint = pool.footprint(req)
@@ -1325,7 +1322,6 @@ class ReferenceSim(OffloadMixin):
             B -= n
             if no_evict:
                 promised += footprint - (req.held_blocks - held_before)
-        rank.waiting.extendleft(reversed(skipped))
         return batch, preempted, admitted
 
     def shuffle(self, rank):
