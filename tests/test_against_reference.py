@@ -437,6 +437,26 @@ def test_lpm_matches_reference(seed):
                                            long_outputs=seed % 5 == 0))
 
 
+def test_lpm_scenarios_cover_the_features():
+    """The lpm scenarios reorder queues (results differ from fcfs) and put requests last
+    by the in-batch prefix check."""
+    differs = 0
+    ReferenceSim.lpm_deferred = 0
+    for seed in range(NUM_LPM_SCENARIOS // 4):
+        s = random_scenario(seed, policy="sglang", queue_order="lpm", prefix_caching=True,
+                            disaggregated=seed % 4 == 3, prefix_pressure=seed % 3 == 0 and seed % 4 != 3,
+                            long_outputs=seed % 5 == 0)
+        _, slow = reference(s)
+        fcfs = copy.deepcopy(s)
+        for pool in fcfs["config"]["engine"].values():
+            if isinstance(pool, dict) and pool.get("queue_order") == "lpm":
+                pool["queue_order"] = "fcfs"
+        _, base = reference(fcfs)
+        differs += slow["requests"] != base["requests"]
+    assert differs >= NUM_LPM_SCENARIOS // 20, differs
+    assert ReferenceSim.lpm_deferred >= 100, ReferenceSim.lpm_deferred
+
+
 def test_queue_order_scenarios_cover_the_features():
     """The queue-order scenarios give orders that change results and vLLM priority preemptions."""
     differs = preempted = 0

@@ -1357,6 +1357,8 @@ class ReferenceSim(OffloadMixin):
         rank.waiting.clear()
         rank.waiting.extend(items)
 
+    lpm_deferred = 0  # requests sort_lpm put last, over every simulation
+
     def sort_lpm(self, pool, rank):
         """sglang lpm (docs/semantics.md): SchedulePolicy.calc_priority with the in-batch
         prefix check of _compute_prefix_matches; FCFS (untouched) above 128 waiting."""
@@ -1379,6 +1381,7 @@ class ReferenceSim(OffloadMixin):
                 longest = max(longest, common * pool.block_size)
             if longest >= 32:
                 keys[id(req)] = math.inf
+                ReferenceSim.lpm_deferred += 1  # a count for the scenarios' coverage test
             else:
                 tree.append(req)
         ordered = sorted(rank.waiting, key=lambda r: keys[id(r)])
