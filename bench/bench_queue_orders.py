@@ -75,6 +75,17 @@ def class_p99_ttft(result, classes: np.ndarray) -> list[float]:
     return [float(np.percentile(ttft[done & (classes == c)], 99)) for c in CLASSES]
 
 
+def timed(configs: dict, runs: int) -> tuple[dict, dict]:
+    """Each configuration's result (an untimed run, also the warm-up: JIT, caches) and the
+    wall seconds of ``runs`` more, interleaved round by round (the machine is shared)."""
+    results = {name: simcore.run(cfg) for name, cfg in configs.items()}
+    seconds = {name: [] for name in configs}
+    for _ in range(runs):
+        for name, cfg in configs.items():
+            seconds[name].append(median_seconds(lambda cfg=cfg: simcore.run(cfg), 1))
+    return results, seconds
+
+
 def lpm_config(requests: int, speedup: float, block_size: int, order: str) -> dict:
     return {
         "seed": SEED,
@@ -89,11 +100,7 @@ def lpm_config(requests: int, speedup: float, block_size: int, order: str) -> di
 def lpm_main(args) -> None:
     orders = ("fcfs", "lpm")
     configs = {order: lpm_config(args.requests, args.speedup, args.block_size, order) for order in orders}
-    results = {order: simcore.run(configs[order]) for order in orders}  # also the warm-up (JIT, caches)
-    seconds = {order: [] for order in orders}
-    for _ in range(args.runs):  # interleaved round by round: the machine is shared
-        for order in orders:
-            seconds[order].append(median_seconds(lambda cfg=configs[order]: simcore.run(cfg), 1))
+    results, seconds = timed(configs, args.runs)
     print("case,requests,output_tokens,median_s,us_per_output_token,prefix_cache_hit_rate,mean_ttft_ms,p99_ttft_ms")
     cost, summary = {}, {}
     for order in orders:
@@ -134,11 +141,7 @@ def main() -> None:
     print("case,requests,output_tokens,median_s,us_per_output_token,p99_ttft_high_ms,p99_ttft_low_ms,preemptions")
     orders = ("fcfs", "priority")
     configs = {order: config(args.requests, load, order) for order in orders}
-    results = {order: simcore.run(configs[order]) for order in orders}  # also the warm-up (JIT, caches)
-    seconds = {order: [] for order in orders}
-    for _ in range(args.runs):  # interleaved round by round: the machine is shared
-        for order in orders:
-            seconds[order].append(median_seconds(lambda cfg=configs[order]: simcore.run(cfg), 1))
+    results, seconds = timed(configs, args.runs)
     cost, p99 = {}, {}
     for order in orders:
         result = results[order]
