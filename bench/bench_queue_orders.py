@@ -17,7 +17,17 @@ cost per output token (priority / fcfs; medians of ``--runs`` timed
 ``simcore.run`` calls each, interleaved round by round, after an untimed run of
 each, so JIT compilation is excluded) and the p99 TTFT changes.
 
+``--case lpm``: SGLang ``--schedule-policy lpm`` against ``fcfs`` on a shared-prefix
+workload, the Mooncake conversation trace (``../shared/data/mooncake/conversation_trace.jsonl``,
+its first ``--requests`` rows, sent at their timestamps sped up ``--speedup`` times),
+one sglang worker with prefix caching on (``--block-size``, default 16 tokens per
+page; SGLang's own default is 1), linear timing (the priority case's), every other
+key at its default.  Prints the CSV (case, requests, output_tokens, median_s,
+us_per_output_token, prefix_cache_hit_rate, mean and p99 TTFT, ms), then the cost
+ratio (lpm / fcfs, target <= 1.2) and the hit-rate and TTFT changes.
+
 Usage: python bench/bench_queue_orders.py [--runs 5] [--requests 4000] [--load 0.8]
+       python bench/bench_queue_orders.py --case lpm [--runs 5] [--requests 2000] [--speedup 1] [--block-size 16]
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from simcore.workload.api import priority_draws  # noqa: E402
 from benchtime import median_seconds  # noqa: E402  (bench/ is the script directory)
 
 SEED = 1
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"
 BLOCKS = 1500  # 24k tokens of KV: admission waits for blocks, and decodes preempt
 CLASSES = [0, 1]
 WEIGHTS = [1, 4]
@@ -64,12 +75,63 @@ def class_p99_ttft(result, classes: np.ndarray) -> list[float]:
     return [float(np.percentile(ttft[done & (classes == c)], 99)) for c in CLASSES]
 
 
+def timed(configs: dict, runs: int) -> tuple[dict, dict]:
+    """Each configuration's result (an untimed run, also the warm-up: JIT, caches) and the
+    wall seconds of ``runs`` more, interleaved round by round (the machine is shared)."""
+    results = {name: simcore.run(cfg) for name, cfg in configs.items()}
+    seconds = {name: [] for name in configs}
+    for _ in range(runs):
+        for name, cfg in configs.items():
+            seconds[name].append(median_seconds(lambda cfg=cfg: simcore.run(cfg), 1))
+    return results, seconds
+
+
+def lpm_config(requests: int, speedup: float, block_size: int, order: str) -> dict:
+    return {
+        "seed": SEED,
+        "workload": {"source": "mooncake", "path": str(TRACE), "num_requests": None, "max_requests": requests},
+        "load": {"type": "trace", "speedup": speedup},
+        "engine": {"policy": "sglang", "aggregated": {"prefix_caching": True, "block_size": block_size,
+                                                      "queue_order": order}},
+        "timing": TIMING,
+    }
+
+
+def lpm_main(args) -> None:
+    orders = ("fcfs", "lpm")
+    configs = {order: lpm_config(args.requests, args.speedup, args.block_size, order) for order in orders}
+    results, seconds = timed(configs, args.runs)
+    print("case,requests,output_tokens,median_s,us_per_output_token,prefix_cache_hit_rate,mean_ttft_ms,p99_ttft_ms")
+    cost, summary = {}, {}
+    for order in orders:
+        result = results[order]
+        tokens = int(np.asarray(result.requests.column("generated_tokens")).sum())
+        median = statistics.median(seconds[order])
+        cost[order] = median / tokens * 1e6
+        summary[order] = result.summary
+        print(f"{order},{args.requests},{tokens},{median:.4f},{cost[order]:.4f},"
+              f"{summary[order]['prefix_cache_hit_rate']:.4f},{summary[order]['mean_ttft_ms']:.2f},"
+              f"{summary[order]['p99_ttft_ms']:.2f}")
+    print(f"lpm: host cost per output token {cost['lpm'] / cost['fcfs']:.3f}x fcfs; prefix hit rate "
+          f"{summary['fcfs']['prefix_cache_hit_rate']:.4f} -> {summary['lpm']['prefix_cache_hit_rate']:.4f}; mean TTFT "
+          f"{summary['fcfs']['mean_ttft_ms']:.1f} -> {summary['lpm']['mean_ttft_ms']:.1f} ms; p99 TTFT "
+          f"{summary['fcfs']['p99_ttft_ms']:.1f} -> {summary['lpm']['p99_ttft_ms']:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=("priority", "lpm"), default="priority")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--requests", type=int, default=None, help="default: 4000 (priority), 2000 (lpm)")
     parser.add_argument("--load", type=float, default=0.8)
+    parser.add_argument("--speedup", type=float, default=1.0, help="lpm: load.speedup of the trace")
+    parser.add_argument("--block-size", type=int, default=16, help="lpm: tokens per page")
     args = parser.parse_args()
+    if args.case == "lpm":
+        args.requests = args.requests or 2000
+        lpm_main(args)
+        return
+    args.requests = args.requests or 4000
     saturated = simcore.run(config(args.requests, {"type": "closed_loop", "concurrency": 512}, "fcfs"))
     capacity = saturated.summary["request_throughput"]
     load = {"type": "poisson", "request_rate": args.load * capacity}
@@ -79,11 +141,7 @@ def main() -> None:
     print("case,requests,output_tokens,median_s,us_per_output_token,p99_ttft_high_ms,p99_ttft_low_ms,preemptions")
     orders = ("fcfs", "priority")
     configs = {order: config(args.requests, load, order) for order in orders}
-    results = {order: simcore.run(configs[order]) for order in orders}  # also the warm-up (JIT, caches)
-    seconds = {order: [] for order in orders}
-    for _ in range(args.runs):  # interleaved round by round: the machine is shared
-        for order in orders:
-            seconds[order].append(median_seconds(lambda cfg=configs[order]: simcore.run(cfg), 1))
+    results, seconds = timed(configs, args.runs)
     cost, p99 = {}, {}
     for order in orders:
         result = results[order]

@@ -16,7 +16,7 @@ import simcore.engine.api as engine_api
 from simcore.config import load_config
 from simcore.engine.api import simulate_engine
 from simcore.metrics.api import POOL_NAMES, RequestColumns, STATUS_NAMES, summarize
-from simcore.scheduler.policies import SCHEDULING_POLICIES
+from simcore.scheduler.policies import CACHE_AWARE_ORDERS, SCHEDULING_POLICIES
 from simcore.workload.api import RequestTable
 
 MOONCAKE_SAMPLE = Path(__file__).resolve().parents[1] / "runners" / "samples" / "mooncake_conversation_300.jsonl"
@@ -59,7 +59,7 @@ def random_scenario(
     chunked_prefill_off: bool = False,
     expert_parallel: bool = False,
     speculative: bool = False,
-    queue_order: bool = False,
+    queue_order: bool | str = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -107,7 +107,8 @@ def random_scenario(
     linear, so that proposals are priced); drawn last.
     ``queue_order`` draws one of the policy's queue orders other than fcfs
     (docs/semantics.md) for the pools (each pool keeps fcfs a fifth of the
-    time), with a random ``priority`` column (classes -1 to 2, or none) and a
+    time; an order that reads the prefix cache is drawn only with
+    ``prefix_caching`` and set only on its pool), or names the order, with a random ``priority`` column (classes -1 to 2, or none) and a
     ``predicted_output_tokens`` column for ``shortest_output``; mostly one busy
     rank per pool with sends bunched (queues), half the time longer outputs
     (preemptions); drawn last.
@@ -332,11 +333,16 @@ def random_scenario(
                 }
     columns = {}
     if queue_order:
-        order = rnd.choice([o for o in SCHEDULING_POLICIES[policy].queue_orders if o != "fcfs"])
+        order = rnd.choice([o for o in SCHEDULING_POLICIES[policy].queue_orders
+                            if o != "fcfs" and (prefix_caching or o not in CACHE_AWARE_ORDERS)])
+        if isinstance(queue_order, str):
+            order = queue_order
         for name in ("aggregated", "prefill", "decode"):
             pool = config["engine"].get(name)
             if isinstance(pool, dict):
                 pool["queue_order"] = order if rnd.random() < 0.8 else "fcfs"
+                if order in CACHE_AWARE_ORDERS and not pool.get("prefix_caching"):
+                    pool["queue_order"] = "fcfs"
         if order == "priority" and rnd.random() < 0.9:
             columns["priority"] = [rnd.choice([-1, 0, 0, 1, 2]) for _ in inputs]
         if order == "shortest_output":

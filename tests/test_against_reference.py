@@ -33,6 +33,7 @@ NUM_SKEW_SCENARIOS = 300  # mixed with the policies, P/D, async scheduling, CUDA
 NUM_EP_SCENARIOS = 300  # mixed with P/D, async scheduling, prefix caching, CUDA graphs, the all-to-all
 NUM_SPEC_SCENARIOS = 120  # per policy; a third disaggregated, a third with prefix caching
 NUM_QUEUE_ORDER_SCENARIOS = 200  # per policy; a third disaggregated, a quarter with prefix caching
+NUM_LPM_SCENARIOS = 200
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -425,6 +426,35 @@ def test_queue_orders_match_reference(policy, seed):
     lowest-priority request), SGLang lof, the shortest-job orders."""
     compare_with_reference(random_scenario(seed, policy=policy, queue_order=True, disaggregated=seed % 3 == 2,
                                            prefix_caching=seed % 4 == 1, long_outputs=policy == "sglang" and seed % 5 == 0))
+
+
+@pytest.mark.parametrize("seed", range(NUM_LPM_SCENARIOS))
+def test_lpm_matches_reference(seed):
+    """SGLang lpm (docs/semantics.md): the radix cache's match at each extend batch, the in-batch
+    prefix check, aggregated and P/D prefill pools, a tight cache a third of the time."""
+    compare_with_reference(random_scenario(seed, policy="sglang", queue_order="lpm", prefix_caching=True,
+                                           disaggregated=seed % 4 == 3, prefix_pressure=seed % 3 == 0 and seed % 4 != 3,
+                                           long_outputs=seed % 5 == 0))
+
+
+def test_lpm_scenarios_cover_the_features():
+    """The lpm scenarios reorder queues (results differ from fcfs) and put requests last
+    by the in-batch prefix check."""
+    differs = 0
+    ReferenceSim.lpm_deferred = 0
+    for seed in range(NUM_LPM_SCENARIOS // 4):
+        s = random_scenario(seed, policy="sglang", queue_order="lpm", prefix_caching=True,
+                            disaggregated=seed % 4 == 3, prefix_pressure=seed % 3 == 0 and seed % 4 != 3,
+                            long_outputs=seed % 5 == 0)
+        _, slow = reference(s)
+        fcfs = copy.deepcopy(s)
+        for pool in fcfs["config"]["engine"].values():
+            if isinstance(pool, dict) and pool.get("queue_order") == "lpm":
+                pool["queue_order"] = "fcfs"
+        _, base = reference(fcfs)
+        differs += slow["requests"] != base["requests"]
+    assert differs >= NUM_LPM_SCENARIOS // 20, differs
+    assert ReferenceSim.lpm_deferred >= 100, ReferenceSim.lpm_deferred
 
 
 def test_queue_order_scenarios_cover_the_features():

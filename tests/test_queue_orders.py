@@ -6,6 +6,8 @@ with the reference implementation in tests/test_against_reference.py
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -198,10 +200,10 @@ def test_bad_columns_name_the_row(column, message):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"engine": {"aggregated": {"queue_order": "lpm"}}},
-     r"^engine\.aggregated\.queue_order must be one of fcfs, priority, lof, random, shortest_prompt, "
+    ({"engine": {"aggregated": {"queue_order": "dfs-weight"}}},
+     r"^engine\.aggregated\.queue_order must be one of fcfs, priority, lof, random, lpm, shortest_prompt, "
      r"shortest_output; "
-     r"got 'lpm'$"),
+     r"got 'dfs-weight'$"),
     ({"engine": {"policy": "sglang", "aggregated": {"queue_order": "priority"}}},
      r"^engine\.aggregated\.queue_order=priority is modelled for engine\.policy=vllm only, got sglang$"),
     ({"engine": {"aggregated": {"queue_order": "lof"}}},
@@ -267,3 +269,131 @@ def test_the_batch_path_runs_every_order_as_a_single_run():
         assert many.requests.equals(one.requests)
     assert not singles[1].requests.equals(singles[0].requests)  # the orders change something here
     assert not singles[5].requests.equals(singles[3].requests)
+
+
+# ------------------------------------------------------------------ SGLang lpm
+
+
+def run_trace(tmp_path, rows: list[dict], pool: dict, **config) -> dict:
+    """SGLang on one rank, prefix caching on at 16 tokens per block, a Mooncake trace
+    hashed at 16 tokens (one engine block per hash), fixed timing (10 ms an extend batch)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = {
+        "workload": {"source": "mooncake", "path": str(trace), "num_requests": None, "block_size": 16},
+        "load": {"type": "trace"},
+        "engine": {"policy": "sglang", "aggregated": {"num_blocks": 1000, "block_size": 16,
+                                                      "prefix_caching": True, **pool}},
+        "timing": FIXED,
+        **config,
+    }
+    return simcore.run(cfg).requests.to_pydict()
+
+
+def row(ms: float, hashes: list[int], output: int = 1) -> dict:
+    return {"timestamp": ms, "input_length": 16 * len(hashes), "output_length": output, "hash_ids": hashes}
+
+
+# r0 (64 tokens, blocks 1 2 3 4) runs alone in [0, 10] and finishes; its 64 + 1 - 1 tokens
+# join the radix tree.  At 5 ms arrive r1 (5 6 7 8: no match), r2 (1 2 9 10: 2 blocks,
+# 32 tokens) and r3 (1 2 3 11: 3 blocks, 48 tokens, the cap (64 - 1) // 16 = 3 blocks).
+# One prompt per extend batch (max_prefill_tokens 16 is spent by any first admission).
+BY_MATCH = [row(0, [1, 2, 3, 4]), row(5, [5, 6, 7, 8]), row(5, [1, 2, 9, 10]), row(5, [1, 2, 3, 11])]
+
+
+@pytest.mark.parametrize("order, ttft", [
+    # FCFS: r1 [10, 20], r2 [20, 30], r3 [30, 40]; TTFT from 5 ms.
+    ("fcfs", [10.0, 15.0, 25.0, 35.0]),
+    # lpm at 10 ms: keys r1 0, r2 -32, r3 -48 (r2's 32 tokens are not over the in-batch
+    # check's 32, but r1 shares nothing with it): r3 [10, 20], r2 [20, 30], r1 [30, 40].
+    ("lpm", [10.0, 35.0, 25.0, 15.0]),
+])
+def test_sglang_lpm_orders_by_the_radix_match(tmp_path, order, ttft):
+    out = run_trace(tmp_path, BY_MATCH, {"max_prefill_tokens": 16, "queue_order": order})
+    assert out["ttft_ms"] == ttft
+    assert out["cached_tokens"] == [0, 0, 32, 48]
+
+
+@pytest.mark.parametrize("shared, order, ttft, cached", [
+    # r0 (one block, 100) runs in [0, 10].  At 5 ms arrive r1 (1 2 3 4), r3 (sharing its first
+    # `shared` blocks with r1, then its own) and r2 (5 6 7 8): no cache match for any.
+    # max_prefill_tokens 129: two 64-token prompts per extend batch (129 - 64 = 65 > 64, then 1).
+    # FCFS: r1 and r3 [10, 20] (r3 recomputes the shared blocks), r2 [20, 30].
+    (2, "fcfs", [10.0, 15.0, 15.0, 25.0], [0, 0, 0, 0]),
+    # lpm at 10 ms: r1 joins the waiting-queue tree; r3 shares 2 x 16 = 32 tokens with it,
+    # at least the 32 of the deprioritise threshold: key infinity; r2 joins.  r1 and r2
+    # [10, 20]; at 20 ms r3 matches r1's first 2 blocks in the cache (32 tokens): [20, 30].
+    (2, "lpm", [10.0, 15.0, 25.0, 15.0], [0, 0, 32, 0]),
+    # One shared block, 16 tokens: under the threshold, r3 joins the tree; keys all 0, FCFS.
+    (1, "lpm", [10.0, 15.0, 15.0, 25.0], [0, 0, 0, 0]),
+])
+def test_sglang_lpm_defers_a_request_sharing_a_prefix_with_one_before_it(tmp_path, shared, order, ttft, cached):
+    own = [1, 2, 3, 4][:shared] + [20, 21, 22, 23][shared:]
+    rows = [row(0, [100]), row(5, [1, 2, 3, 4]), row(5, own), row(5, [5, 6, 7, 8])]
+    out = run_trace(tmp_path, rows, {"max_prefill_tokens": 129, "queue_order": order})
+    assert out["ttft_ms"] == ttft
+    assert out["cached_tokens"] == cached
+
+
+@pytest.mark.parametrize("fillers, ttft", [
+    # r0 (1 2 3 4) runs in [0, 10]; at 5 ms arrive the fillers (4 blocks each, all their own)
+    # and last the target (1 2 3 9: 48 tokens matched once r0 is in the tree); one prompt
+    # per extend batch.  127 fillers: 128 wait at 10 ms, lpm sorts, the target runs first,
+    # [10, 20].
+    (127, 15.0),
+    # 128 fillers: 129 wait, more than 128: FCFS, the first filler runs [10, 20]; at 20 ms
+    # 128 wait, lpm sorts and the target runs [20, 30].
+    (128, 25.0),
+])
+def test_sglang_lpm_is_fcfs_with_more_than_128_waiting(tmp_path, fillers, ttft):
+    rows = ([row(0, [1, 2, 3, 4])] + [row(5, [1000 + 4 * i + j for j in range(4)]) for i in range(fillers)]
+            + [row(5, [1, 2, 3, 9])])
+    out = run_trace(tmp_path, rows, {"max_prefill_tokens": 16, "queue_order": "lpm"})
+    assert out["ttft_ms"][-1] == ttft
+    assert out["cached_tokens"][-1] == 48
+
+
+def test_sglang_lpm_is_deterministic_and_leaves_fcfs_unchanged(tmp_path):
+    rows = [row(i // 3, [1 + i % 3, 2 + i % 5, 50 + i, 70 + i], output=1 + i % 4) for i in range(40)]
+    pool = {"num_blocks": 24, "max_sequences": 6}
+    lpm = [run_trace(tmp_path, rows, {**pool, "queue_order": "lpm"}) for _ in range(2)]
+    assert lpm[0] == lpm[1]
+    assert run_trace(tmp_path, rows, {**pool, "queue_order": "fcfs"}) == run_trace(tmp_path, rows, pool)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"engine": {"policy": "sglang", "aggregated": {"queue_order": "lpm"}}},
+     r"^engine\.aggregated\.queue_order=lpm needs engine\.aggregated\.prefix_caching=true \(without the radix "
+     r"cache SGLang runs it as fcfs\)$"),
+    ({"engine": {"aggregated": {"queue_order": "lpm", "prefix_caching": True}}},
+     r"^engine\.aggregated\.queue_order=lpm is modelled for engine\.policy=sglang only, got vllm$"),
+    ({"engine": {"policy": "sglang", "mode": "disaggregated", "prefill": {"prefix_caching": True},
+                 "decode": {"queue_order": "lpm"}}},
+     r"^engine\.decode\.queue_order=lpm needs engine\.decode\.prefix_caching=true"),
+])
+def test_lpm_keys_name_the_key(config, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(config)
+    assert "\n" not in str(error.value)
+
+
+def test_order_codes_agree_with_the_kernels():
+    from simcore.scheduler import nb, policies
+
+    for name in ("ORDER_FCFS", "ORDER_KEY_INSTANT", "ORDER_KEY_STABLE", "ORDER_RANDOM", "ORDER_LPM"):
+        assert getattr(nb, name) == getattr(policies, name)
+
+
+def test_the_batch_path_runs_lpm_as_a_single_run():
+    """run_batch stacks an lpm configuration beside an fcfs one (shared 64-token prefixes, prefix caching)."""
+    pool = {"num_blocks": 900, "block_size": 1, "max_sequences": 4, "prefix_caching": True}
+    base = {"workload": {"num_requests": 60, "input_dist": "uniform", "input_tokens": 200, "range_ratio": 0.1,
+                         "output_tokens": 30, "prefix_tokens": 64},
+            "load": {"type": "poisson", "request_rate": 300.0},
+            "engine": {"policy": "sglang", "aggregated": pool}, "timing": FIXED}
+    configs = [base, {**base, "engine": {"policy": "sglang", "aggregated": {**pool, "queue_order": "lpm"}}}]
+    batched = simcore.run_batch(configs)
+    singles = [simcore.run(config) for config in configs]
+    for one, many in zip(singles, batched):
+        assert many.requests.equals(one.requests)
+    assert not singles[1].requests.equals(singles[0].requests)  # lpm changes something here

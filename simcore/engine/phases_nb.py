@@ -690,7 +690,7 @@ def _enter_rank_nb(k, g, t, run, state):
             route_leave_nb(lp.route, k, g)
         if load.session_mode:
             lp.counts[SEND_SIZE] = heap_push_nb(lp.send_key, lp.send_val, lp.counts[SEND_SIZE], t, k)
-    elif ranks.queue_order[g] == ORDER_FCFS or ranks.queue_order[g] == ORDER_RANDOM:
+    elif ranks.queue_order[g] == ORDER_FCFS or ranks.queue_order[g] >= ORDER_RANDOM:  # at the back
         wait_push_back_nb(rk.wait_head, rk.wait_tail, rq.wait_next, rq.wait_prev, g, k)
     else:  # a keyed order (docs/semantics.md): its place by key, then entry instant or insertion
         rq.queued_ns[k] = t

@@ -14,7 +14,7 @@ import numpy as np
 from simcore.engine.state import Ranks
 from simcore.scheduler.kv_tree import kv_tree_applies
 from simcore.scheduler.offload import OffloadShape, offload_shape
-from simcore.scheduler.policies import BUILDER_SGLANG
+from simcore.scheduler.policies import BUILDER_SGLANG, CACHE_AWARE_ORDERS
 from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.prefix import prompt_block_identities, radix_block_identities, radix_tree_identities
 from simcore.scheduler.radix import tree_shaped
@@ -202,7 +202,7 @@ def queue_keys(pools: Sequence[PoolConfig], requests: RequestTable) -> np.ndarra
         Two pools with different keyed orders, or ``shortest_output`` without the column.
     """
     n = len(requests)
-    orders = {pool.queue_order for pool in pools} - {"fcfs", "random"}
+    orders = {pool.queue_order for pool in pools} - {"fcfs", "random", *CACHE_AWARE_ORDERS}
     if not orders:
         return np.zeros(n, dtype=np.int64)
     if len(orders) > 1:

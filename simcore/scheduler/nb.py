@@ -14,8 +14,9 @@ import numpy as np
 from numba import njit
 
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
-from simcore.scheduler.kv_nb import kv_allocate_nb
+from simcore.scheduler.kv_nb import HDR_OFFSET, kv_allocate_nb
 from simcore.scheduler.kv_tree_nb import prefix_hits_nb, prefix_register_nb, prefix_release_nb, prefix_take_hits_nb
+from simcore.scheduler.radix_ident_nb import ident_at_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
 from simcore.scheduler.spec_nb import GOLDEN, UNIT, _mix_nb, spec_query_nb
 from simcore.scheduler.offload_nb import (
@@ -38,6 +39,18 @@ ORDER_FCFS = 0
 ORDER_KEY_INSTANT = 1
 ORDER_KEY_STABLE = 2
 ORDER_RANDOM = 3  # arrival order, shuffled before each extend batch (SGLang's random.shuffle)
+ORDER_LPM = 4  # arrival order, sorted by the radix cache's match before each extend batch (SGLang's lpm)
+# Orders >= ORDER_RANDOM put a request at the back, as FCFS, and reorder at the batch build.
+
+# SGLang lpm (schedule_policy.py, commit 00550cd): SchedulePolicy._determine_active_policy
+# runs FCFS when more than 128 requests wait; _compute_prefix_matches checks a request
+# whose cache match is at most IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD (32) tokens
+# against the waiting requests before it, and puts it last when they share at least
+# IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD (32) tokens.
+LPM_MAX_WAITING = 128
+IN_BATCH_CHECK_TOKENS = 32
+IN_BATCH_DEPRIORITIZE_TOKENS = 32
+LPM_DEPRIORITIZED = 1 << 62  # the sort key of a deprioritised request (SGLang's float("inf"))
 
 # SGLang constants (python/sglang/srt/managers/schedule_policy.py, scheduler.py).
 CLIP_MAX_NEW_TOKENS = 4096
@@ -208,6 +221,86 @@ def _shuffle_waiting_nb(g, head, tail, nxt, prv, buf, key, shuffles):
     for i in range(m):
         prv[buf[i]] = buf[i - 1] if i > 0 else -1
         nxt[buf[i]] = buf[i + 1] if i + 1 < m else -1
+
+
+@njit(cache=True)
+def _sort_lpm_nb(pc, g, num_ranks, block_size, blocks_used, input_tokens, generated, head, tail, nxt, prv):
+    """SGLang ``lpm`` (``SchedulePolicy.calc_priority``): sort rank g's waiting queue, stably,
+    by the radix cache's match, longest first, a request sharing a prefix with one before it
+    last; left as it is when more than ``LPM_MAX_WAITING`` requests wait.
+
+    Every waiting request is matched in queue order (``radix_match_nb``: the match
+    refreshes the path's access stamps, as SGLang's ``match_prefix`` does).  A request whose
+    match covers at most ``IN_BATCH_CHECK_TOKENS`` tokens is compared with the earlier such
+    requests not put last: it is put last if it shares its first
+    ``ceil(IN_BATCH_DEPRIORITIZE_TOKENS / block_size)`` block identities with one of them,
+    else it joins them (SGLang's waiting-queue radix tree).
+    """
+    n = 0
+    k = head[g]
+    while k >= 0:
+        n += 1
+        if n > LPM_MAX_WAITING:
+            return
+        k = nxt[k]
+    buf = np.empty(n, dtype=np.int64)
+    key = np.empty(n, dtype=np.int64)
+    probe = np.empty(n, dtype=np.int64)  # per request checked in-batch: its identity at depth m - 1
+    kept = np.empty(n, dtype=np.int64)  # the positions that joined the waiting-queue tree
+    s = pc[0]
+    ident = pc[1]
+    m = (IN_BATCH_DEPRIORITIZE_TOKENS + block_size - 1) // block_size
+    kept_n = 0
+    k = head[g]
+    for i in range(n):
+        buf[i] = k
+        k = nxt[k]
+    for i in range(n):
+        k = buf[i]
+        hits, _ = radix_match_nb(pc, g, num_ranks, k, input_tokens[k] + generated[k], block_size, blocks_used)
+        key[i] = -hits * block_size
+        if hits * block_size > IN_BATCH_CHECK_TOKENS:
+            continue
+        first = s[s[HDR_OFFSET] + k]
+        probe[i] = -1
+        if s[s[HDR_OFFSET] + k + 1] - first >= m:
+            probe[i] = ident_at_nb(ident, k, first + m - 1)
+        shared = False
+        if probe[i] >= 0:
+            for q in range(kept_n):
+                j = kept[q]
+                if probe[j] != probe[i]:
+                    continue
+                a = buf[j]
+                other = s[s[HDR_OFFSET] + a]
+                same = True
+                for b in range(m - 1):
+                    if ident_at_nb(ident, a, other + b) != ident_at_nb(ident, k, first + b):
+                        same = False
+                        break
+                if same:
+                    shared = True
+                    break
+        if shared:
+            key[i] = LPM_DEPRIORITIZED
+        else:
+            kept[kept_n] = i
+            kept_n += 1
+    # list.sort is stable: insertion sort of the positions by key
+    order = np.arange(n)
+    for i in range(1, n):
+        p = order[i]
+        j = i - 1
+        while j >= 0 and key[order[j]] > key[p]:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = p
+    head[g] = buf[order[0]]
+    tail[g] = buf[order[n - 1]]
+    for i in range(n):
+        k = buf[order[i]]
+        prv[k] = buf[order[i - 1]] if i > 0 else -1
+        nxt[k] = buf[order[i + 1]] if i + 1 < n else -1
 
 
 @njit(cache=True)
@@ -583,6 +676,10 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
         # SchedulePolicy.calc_priority: random.shuffle(waiting_queue) before each extend batch
         _shuffle_waiting_nb(g, wait_head, wait_tail, wait_next, wait_prev, rq.shuffle_buf, ranks.shuffle_key[g],
                             rk.shuffles)
+    if ranks.queue_order[g] == ORDER_LPM and wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
+        # SchedulePolicy.calc_priority: sorted by the prefix match before each extend batch
+        _sort_lpm_nb(pc, g, num_ranks, block_size, blocks_used, input_tokens, generated, wait_head, wait_tail,
+                     wait_next, wait_prev)
     if chunked >= 0:
         k = chunked
         need = input_tokens[k] + generated[k] - computed[k]
@@ -747,7 +844,7 @@ def _retract_nb(g, i, running, run_len, blocks_used, held, computed, num_preempt
     radix_release_nb(pc, g, k, held, blocks_used)
     computed[k] = 0
     num_preemptions[k] += 1
-    if order == ORDER_FCFS or order == ORDER_RANDOM:
+    if order == ORDER_FCFS or order >= ORDER_RANDOM:
         wait_push_back_nb(wait_head, wait_tail, wait_next, wait_prev, g, k)
     else:
         wait_insert_nb(wait_head, wait_tail, wait_next, wait_prev, g, k, order, queue_key, queued_ns)

@@ -28,7 +28,7 @@ from simcore.checks import (
 )
 from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
-from simcore.scheduler.policies import QUEUE_ORDERS, SCHEDULING_POLICIES, supporting, supports
+from simcore.scheduler.policies import CACHE_AWARE_ORDERS, QUEUE_ORDERS, SCHEDULING_POLICIES, supporting, supports
 from simcore.scheduler.policies import policy as policy_spec
 from simcore.scheduler.speculative import Speculation, acceptance_rates, read_engine_form
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
@@ -211,10 +211,12 @@ class PoolConfig:
         doc="Order of the waiting queue (docs/semantics.md, Queue orders): fcfs (every engine's default); "
         "vllm: priority (--scheduling-policy priority: by the table's priority, lower first, then arrival; "
         "a preemption takes the lowest-priority running request); sglang: lof (--schedule-policy lof, longest "
-        "output first), random (--schedule-policy random, shuffled before each extend batch from the seed); "
+        "output first), random (--schedule-policy random, shuffled before each extend batch from the seed), "
+        "lpm (--schedule-policy lpm, longest prefix match in the radix cache before each extend batch, fcfs "
+        "with more than 128 waiting; needs prefix_caching=true); "
         "research orders, no engine's default: shortest_prompt, shortest_output (by the "
         "table's predicted_output_tokens).",
-        values="fcfs | priority | lof | random | shortest_prompt | shortest_output (those the policy models)",
+        values="fcfs | priority | lof | random | lpm | shortest_prompt | shortest_output (those the policy models)",
     )
     expert_parallel: bool = key(
         False,
@@ -441,6 +443,10 @@ def _queue_order(path: str, raw: Mapping[str, Any], policy: str) -> str:
     if order not in policy_spec(policy).queue_orders:
         modelled = " or ".join(n for n, spec in SCHEDULING_POLICIES.items() if order in spec.queue_orders)
         raise ConfigError(f"{name}={order} is modelled for engine.policy={modelled} only, got {policy}")
+    if order in CACHE_AWARE_ORDERS and not flag(f"{path}.prefix_caching", raw["prefix_caching"]):
+        # SchedulePolicy._validate_and_adjust_policy: without the radix cache SGLang runs fcfs
+        raise ConfigError(f"{name}={order} needs {path}.prefix_caching=true (without the radix cache "
+                          f"SGLang runs it as fcfs)")
     if order != "fcfs":
         if raw["async_scheduling"]:
             raise ConfigError(f"{name}={order} is not modelled with {path}.async_scheduling=true")

@@ -85,7 +85,12 @@ instant) (vllm).  vLLM ``priority``: a step-1 preemption takes ``max`` of runnin
 (key, entry instant), the first such; one already scheduled in this pass leaves the
 batch and its tokens return to B.  sglang ``random``: FCFS insertion, and the queue is
 shuffled (``shuffle``) at the start of each build on a rank with a waiting request and
-fewer than max_sequences running.
+fewer than max_sequences running.  sglang ``lpm``: FCFS insertion, and at the same moment,
+with at most 128 waiting, ``sort_lpm`` matches every waiting request in queue order
+(``radix_match``, touching its path) and sorts the list stably by minus the matched
+tokens, a request put last (key infinity) when its match is at most 32 tokens and it
+shares at least 32 tokens of whole equal blocks with an earlier such request not put
+last.
 
 Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; every policy,
 aggregated or P/D prefill pool).  Per rank every physical block (a ``Block``: identity or
@@ -651,7 +656,7 @@ class ReferenceSim(OffloadMixin):
                 req.spec_alpha = None if math.isnan(alpha) else float(alpha)
 
         # Queue orders: every request's key under the (one) keyed order of the pools.
-        keyed = {p.queue_order for p in pools} - {"fcfs", "random"}
+        keyed = {p.queue_order for p in pools} - {"fcfs", "random", "lpm"}
         assert len(keyed) <= 1
         for req in self.requests:
             if "priority" in keyed:
@@ -926,7 +931,7 @@ class ReferenceSim(OffloadMixin):
         (a vLLM preemption victim).  A keyed order (docs/semantics.md): at the back, then
         the whole queue is sorted, stably, by key (SGLang's calc_priority sorts its list),
         and for vLLM's builder by (key, entry instant) (its heap of requests)."""
-        if pool.queue_order in ("fcfs", "random"):  # random: shuffled before each extend batch
+        if pool.queue_order in ("fcfs", "random", "lpm"):  # random, lpm: reordered before each extend batch
             if front:
                 rank.waiting.appendleft(req)
             else:
@@ -1348,6 +1353,37 @@ class ReferenceSim(OffloadMixin):
         rank.waiting.clear()
         rank.waiting.extend(items)
 
+    lpm_deferred = 0  # requests sort_lpm put last, over every simulation
+
+    def sort_lpm(self, pool, rank):
+        """sglang lpm (docs/semantics.md): SchedulePolicy.calc_priority with the in-batch
+        prefix check of _compute_prefix_matches; FCFS (untouched) above 128 waiting."""
+        if len(rank.waiting) > 128:
+            return
+        tree = []  # the waiting-queue radix tree: the requests inserted into it
+        keys = {}
+        for req in rank.waiting:
+            matched = len(self.radix_match(pool, rank, req)) * pool.block_size
+            keys[id(req)] = -matched
+            if matched > 32:
+                continue
+            longest = 0
+            for other in tree:
+                common = 0
+                for a, b in zip(req.idents, other.idents):
+                    if a != b:
+                        break
+                    common += 1
+                longest = max(longest, common * pool.block_size)
+            if longest >= 32:
+                keys[id(req)] = math.inf
+                ReferenceSim.lpm_deferred += 1  # a count for the scenarios' coverage test
+            else:
+                tree.append(req)
+        ordered = sorted(rank.waiting, key=lambda r: keys[id(r)])
+        rank.waiting.clear()
+        rank.waiting.extend(ordered)
+
     def build_batch_sglang(self, pool, rank):
         """docs/policies.md sglang: an extend batch (chunked request, then waiting FIFO)
         or, if that is empty, a decode batch with retraction."""
@@ -1381,6 +1417,8 @@ class ReferenceSim(OffloadMixin):
         rem_chunk = pool.rem_chunk_init
         if pool.queue_order == "random" and rank.waiting and len(rank.running) < pool.max_sequences:
             self.shuffle(rank)
+        if pool.queue_order == "lpm" and rank.waiting and len(rank.running) < pool.max_sequences:
+            self.sort_lpm(pool, rank)
 
         # 3. the chunked request first, if its blocks fit
         if chunked is not None:
