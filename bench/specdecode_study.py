@@ -532,7 +532,9 @@ def section(measured: list[dict], predicted: list[dict], limit: int | None,
         "tokens) occurs earlier in it; the proposal rate fed is, per request, the share of its steps with a "
         "match (`proposal_rate`, a stated parameter of the run, not fitted), and the acceptance length fed "
         "is that of those steps. In all 1,410 requests of the data, every step without a match has an "
-        "acceptance of 1 in the study's data (none contradicts the rule). "
+        "acceptance of 1 in the study's data (none contradicts the rule). The study's own simulator instead "
+        "draws a match at steps accepting nothing with a rough per-dataset probability (its `simulator.py`, "
+        "`NGRAM_MATCHING_PROBABILITY`: 0.2 to 0.8); the rate here is counted from the tokens. "
         "Data set and derivation: `bench/data/specdecode_bench/README.md`; replay: "
         "`python bench/specdecode_study.py` (its docstring states every input; nothing is fitted)."
     )
