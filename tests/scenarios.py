@@ -392,6 +392,8 @@ def _speculative(rnd: random.Random, config: dict, policy: str, disaggregated: b
         if method == "ngram" and rnd.random() < 0.5:
             form.update(prompt_lookup_min=2, prompt_lookup_max=4)
     spec = {"config": form if rnd.random() < 0.5 else json.dumps(form)}
+    if form.get("method") == "ngram" and rnd.random() < 0.7:  # steps whose lookup finds no match
+        spec["proposal_rate"] = rnd.choice([0.0, 1.0, 0.5, rnd.random()])
     draw = rnd.random()
     if draw < 0.15:
         spec["acceptance_rates"] = [1.0] * positions

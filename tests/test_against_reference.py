@@ -5,6 +5,7 @@ scenarios; and the two detokenization paths against each other."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -417,6 +418,23 @@ def test_speculative_with_vllm_features_matches_reference(seed):
         chunked_prefill_off=seed % 5 == 3, attention_skew=seed % 3 == 0, long_outputs=seed % 4 == 2,
         speculative=True,
     ))
+
+
+NUM_NGRAM_SCENARIOS = 60
+
+
+@pytest.mark.parametrize("seed", range(NUM_NGRAM_SCENARIOS))
+def test_ngram_steps_without_a_match_match_reference(seed):
+    """vLLM's n-gram proposer whose steps propose with a proposal_rate in [0, 1) (docs/speculative.md):
+    the speculative scenarios' pool turned into n-gram, aggregated and P/D, prefix caching on and off."""
+    scenario = random_scenario(seed, disaggregated=seed % 3 == 2, prefix_caching=seed % 3 == 1,
+                               long_outputs=seed % 4 == 0, cuda_graphs=seed % 5 == 0, speculative=True)
+    spec = next(p["speculative"] for p in scenario["config"]["engine"].values()
+                if isinstance(p, dict) and p.get("speculative"))
+    form = spec["config"] if isinstance(spec["config"], dict) else json.loads(spec["config"])
+    spec["config"] = {"method": "ngram", "num_speculative_tokens": form["num_speculative_tokens"]}
+    spec["proposal_rate"] = (0.0, 0.25, 0.5, 0.9)[seed % 4]
+    compare_with_reference(scenario)
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sglang"])

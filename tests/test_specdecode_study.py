@@ -86,3 +86,25 @@ def test_data_files_consistent():
                 # every verification emits 1..k+1 tokens, and together they cover the output after the first
                 assert steps <= emitted <= (k + 1) * steps
                 assert emitted >= int(r[f"{method}_output_tokens"]) - 1
+            # n-gram: the steps with a match emit 1..k+1 each, those without exactly 1, and the two walks
+            # coincide (a step without a match has acceptance 1 in the study's data), so the tokens of the
+            # steps without a match are their number
+            matched, matched_emitted = int(r[f"ngram_k{k}_matched"]), int(r[f"ngram_k{k}_matched_emitted"])
+            total, emitted = int(r[f"ngram_k{k}_verifications"]), int(r[f"ngram_k{k}_emitted"])
+            assert 0 <= matched <= total and matched <= matched_emitted <= (k + 1) * matched
+            assert emitted - matched_emitted == total - matched
+
+
+def test_ngram_walk_by_hand():
+    # Prompt 5 6 7 8; output 5 6 7 1 2 3 4 (the prefill emits the first, 5).
+    # After 1 output token the context ends 7 8 5: no earlier occurrence, a plain step (1 token);
+    # after 2 it ends 8 5 6: none, plain; after 3 it ends 5 6 7, which starts the prompt: a match,
+    # emitting min(acc[2], k + 1) = 3; after 6 it ends 1 2 3, first seen there: plain; 7 done.
+    context = [5, 6, 7, 8, 5, 6, 7, 1, 2, 3, 4]
+    assert study.ngram_walk(context, 4, [1, 1, 3, 1, 1, 1, 1], 3) == (1, 3, 3, 0)
+    # k = 1 caps the matched step at 2 tokens: after 5 the context ends 7 1 2: none; after 6, 1 2 3: none.
+    assert study.ngram_walk(context, 4, [1, 1, 3, 1, 1, 1, 1], 1) == (1, 2, 4, 0)
+    # an acceptance above 1 where no match exists is counted as contradicting the rule
+    assert study.ngram_walk(context, 4, [2, 1, 3, 1, 1, 1, 1], 3) == (1, 3, 3, 1)
+    # a context shorter than prompt_lookup_min, or its very first 3 tokens, never match
+    assert study.ngram_walk([1, 1, 1], 1, [3, 1, 1], 3) == (0, 0, 2, 1)

@@ -207,6 +207,7 @@ def test_speculative_scenarios_cover_the_features():
     """Guards the generator of the reference comparison: verifications with accepted and rejected
     proposals, budget-cut and limit-cut queries, preemptions, P/D and prefix caching, in many scenarios."""
     seen = dict(accepted=0, rejected=0, preempted=0, pd=0, caching=0, clipped=0)
+    no_match = 0  # vLLM n-gram scenarios whose steps propose with a rate in (0, 1), with verifications
     for policy in ("vllm", "sglang", "trtllm"):
         for seed in range(40):
             scenario = random_scenario(seed, policy=policy, disaggregated=seed % 3 == 2,
@@ -221,7 +222,11 @@ def test_speculative_scenarios_cover_the_features():
             seen["caching"] += counts[0] > 0 and seed % 3 == 1
             seen["clipped"] += any(r["status"] == "completed" and r["generated_tokens"] == o and accepted > 0
                                    for r, o in zip(slow["requests"], scenario["outputs"]))
+            pools = scenario["config"]["engine"]
+            spec = next((p["speculative"] for p in pools.values() if isinstance(p, dict) and p.get("speculative")), {})
+            no_match += 0 < spec.get("proposal_rate", 1.0) < 1 and counts[0] > 0
     assert all(count >= 10 for count in seen.values()), seen
+    assert no_match >= 2, no_match
 
 
 def test_a_burst_is_one_detokenizer_job_of_its_tokens():
@@ -379,3 +384,94 @@ def test_roofline_verification_reads_each_kv_once():
         added += table[row] * d * (table[row + 5] + table[row + 7]) / params[nb.RF_ATTN_BYTES_PER_MS]
     attention = nb.roofline_attention_ms_nb(params, table, 0, 0, 0, b, b * ctx, d)
     assert attention - nb.roofline_attention_ms_nb(params, table, 0, 0, 0, b, b * ctx) == pytest.approx(added, rel=1e-9)
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's n-gram proposer: steps whose lookup finds no match (``proposal_rate``)
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 7}
+
+
+def test_ngram_without_a_match_runs_plain_decode_steps():
+    """proposal_rate 0: no step proposes.  Four requests of 8 prompt and 9 output tokens: prefill
+    1 + 32 x 10 / 1000 = 1.32 ms; each step a plain decode of 4 sequences, 1 + 4 x 5 / 1000 = 1.02 ms,
+    plus the lookup (one proposer pass of 0.1 ms): 1.32 + j x 1.12.  One token per step, no
+    verification counted (vLLM counts drafts only for requests that proposed)."""
+    spec = {"config": NGRAM, "acceptance_rates": [1.0, 1.0, 1.0], "proposal_rate": 0.0, "proposer_step_ms": 0.1}
+    reqs, received, summary = run([(f"r{i}", 8, 9) for i in range(4)], spec)
+    for i in range(4):
+        assert received[f"r{i}"] == pytest.approx([1.32 + 1.12 * j for j in range(9)], abs=1e-9)
+        assert reqs[f"r{i}"]["tpot_ms"] == pytest.approx(1.12, abs=1e-9)
+    assert summary["spec_decode_num_drafts"] == 0 and summary["spec_decode_draft_tokens"] == 0
+    assert summary["spec_decode_acceptance_rate"] is None and summary["spec_decode_acceptance_length"] is None
+
+
+def test_ngram_proposal_rate_one_is_the_default_bit_for_bit():
+    spec = {"config": NGRAM, "acceptance_rates": [0.7, 0.4, 0.1]}
+    config = {"seed": 3, "workload": {"source": "synthetic", "num_requests": 20, "input_tokens": 30, "output_tokens": 40},
+              "load": {"type": "closed_loop", "concurrency": 8}, "timing": LINEAR,
+              "engine": {"aggregated": {"speculative": spec}}}
+    first = simcore.run(config)
+    config["engine"]["aggregated"]["speculative"] = {**spec, "proposal_rate": 1.0}
+    second = simcore.run(config)
+    assert first.requests.equals(second.requests) and first.summary == second.summary
+
+
+def test_ngram_steps_propose_at_the_declared_rate():
+    """Law of large numbers, every proposal accepted (k = 3): a step that proposes emits 4 tokens, one
+    that does not emits 1, so a request's steps are its distinct receipt instants after the first and
+    the verifications are the summary's drafts.  Over ~3,400 steps the share that proposed is within
+    4 standard errors of proposal_rate = 0.3, every verification carried 3 proposals, and every token
+    is accounted for: 4 per verification (the last one clipped by the output) plus 1 per plain step."""
+    rate = 0.3
+    spec = {"config": NGRAM, "acceptance_rates": [1.0, 1.0, 1.0], "proposal_rate": rate}
+    reqs, received, summary = run([(f"r{i}", 4, 200) for i in range(32)], spec,
+                                  timing={"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0})
+    steps = sum(len(set(times)) - 1 for times in received.values())
+    drafts = summary["spec_decode_num_drafts"]
+    assert steps > 3_000
+    assert abs(drafts / steps - rate) < 4 * math.sqrt(rate * (1 - rate) / steps)
+    assert summary["spec_decode_draft_tokens"] == 3 * drafts
+    assert summary["spec_decode_accepted_tokens"] == 3 * drafts and summary["spec_decode_acceptance_length"] == 4.0
+    plain = steps - drafts
+    emitted = sum(r["generated_tokens"] - 1 for r in reqs.values())
+    assert 4 * drafts + plain - 3 * len(reqs) <= emitted <= 4 * drafts + plain
+
+
+def test_ngram_plain_steps_do_not_change_the_acceptance_draws():
+    """A step's acceptance draw depends on its request and first token only: with every step
+    proposing or only some, the verifications that happen at the same token accept the same."""
+    spec = {"config": NGRAM, "acceptance_rates": [0.8, 0.5, 0.2]}
+    fixed = {"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0}
+    _, all_steps, _ = run([("a", 4, 300)], spec, timing=fixed)
+    _, some_steps, summary = run([("a", 4, 300)], {**spec, "proposal_rate": 0.5}, timing=fixed)
+    assert summary["spec_decode_num_drafts"] > 0
+
+    def bursts(times):  # first token index of each step -> tokens it emitted
+        out, i = {}, 1
+        while i < len(times):
+            j = i
+            while j < len(times) and times[j] == times[i]:
+                j += 1
+            out[i] = j - i
+            i = j
+        return out
+
+    full, part = bursts(all_steps["a"]), bursts(some_steps["a"])
+    shared = [i for i, n in part.items() if n > 1 and i in full and i + n < 300 and i + full[i] < 300]
+    assert shared and all(part[i] == full[i] for i in shared)
+
+
+@pytest.mark.parametrize("spec, policy, message", [
+    ({"config": NGRAM, "mean_acceptance_length": 2.0, "proposal_rate": 1.5}, "vllm", "proposal_rate must be <= 1"),
+    ({"config": NGRAM, "mean_acceptance_length": 2.0, "proposal_rate": -0.1}, "vllm", "proposal_rate must be >= 0"),
+    ({"config": NGRAM, "mean_acceptance_length": 2.0, "proposal_rate": "x"}, "vllm", "proposal_rate must be a finite"),
+    ({"config": EAGLE3, "mean_acceptance_length": 2.0, "proposal_rate": 0.5}, "vllm", "n-gram proposer only"),
+    ({"config": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4}, "mean_acceptance_length": 2.0,
+      "proposal_rate": 0.5}, "sglang", "n-gram proposer only"),
+    ({"proposal_rate": 0.5}, "vllm", "needs engine.aggregated.speculative.config"),
+])
+def test_bad_proposal_rate_names_the_key(spec, policy, message):
+    with pytest.raises(simcore.ConfigError) as error:
+        load_config({"engine": {"policy": policy, "aggregated": {"speculative": spec}}})
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert "proposal_rate" in str(error.value)

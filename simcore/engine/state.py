@@ -101,7 +101,8 @@ class Ranks(NamedTuple):
     spec_drafts: I64  # proposals verified per decode step
     spec_lookahead: I64  # extra KV slots per scheduled request (vLLM num_lookahead_tokens)
     spec_rates: F64_2D  # (ranks, MAX_DRAFT_TOKENS) per-position acceptance, 0 past the last position
-    spec_proposer: F64_2D  # (ranks, 3) [proposer passes per step, ms per pass, us per sequence and pass]
+    spec_proposer: F64_2D  # (ranks, 4) [proposer passes per step, ms per pass, us per sequence and pass,
+    #                         probability that a step proposes (vLLM n-gram: a match)]
     spec_key: I64  # the acceptance draws' key (counter-based, seeded outside the kernel)
     spec_positions: I64  # most proposals accepted per step
     queue_order: I64  # ORDER_* (simcore.scheduler.nb): FCFS, key then entry instant, key then insertion

@@ -142,12 +142,14 @@ def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Rank
     prefix_caching = np.zeros(len(ranks), dtype=np.bool_)
     prefix_caching[: pools[0].num_ranks] = pools[0].prefix_caching
     rates = np.zeros((len(ranks), MAX_DRAFT_TOKENS), dtype=np.float64)
-    proposer = np.zeros((len(ranks), 3), dtype=np.float64)
+    proposer = np.zeros((len(ranks), 4), dtype=np.float64)
+    proposer[:, 3] = 1.0
     for g, pool in enumerate(ranks):
         speculation = pool.speculative
         if speculation is not None:
             rates[g, : speculation.positions] = speculation.rates
-            proposer[g] = (speculation.proposer_steps, speculation.proposer_step_ms, speculation.proposer_per_seq_us)
+            proposer[g] = (speculation.proposer_steps, speculation.proposer_step_ms, speculation.proposer_per_seq_us,
+                           speculation.proposal_rate)
     return Ranks(
         max_batched_tokens=per_rank("max_batched_tokens"),
         max_sequences=per_rank("max_sequences"),

@@ -18,7 +18,7 @@ from simcore.scheduler.kv_nb import HDR_OFFSET, kv_allocate_nb
 from simcore.scheduler.kv_tree_nb import prefix_hits_nb, prefix_register_nb, prefix_release_nb, prefix_take_hits_nb
 from simcore.scheduler.radix_ident_nb import ident_at_nb
 from simcore.scheduler.radix_nb import radix_insert_nb, radix_lock_nb, radix_match_nb, radix_release_nb
-from simcore.scheduler.spec_nb import GOLDEN, UNIT, _mix_nb, spec_query_nb
+from simcore.scheduler.spec_nb import GOLDEN, UNIT, _mix_nb, spec_proposes_nb, spec_query_nb
 from simcore.scheduler.offload_nb import (
     BLOCKED,
     PROCEED,
@@ -431,6 +431,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             if n_tok == 1:
                 n_tok = min(spec_query_nb(spec_drafts, planned[k], computed[k], input_tokens[k] + planned[k],
                                           rank_seq_limit[g]), budget)
+                if n_tok > 1 and not spec_proposes_nb(ranks, g, k, requests.token_offset[k] + planned[k]):
+                    n_tok = 1  # vLLM n-gram: no match, no proposals; a plain decode step
             slots = min(computed[k] + n_tok + lookahead, rank_seq_limit[g])
         grow = _grow_nb(slots, held[k], block_size)
         self_preempted = False

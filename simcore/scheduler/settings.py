@@ -30,7 +30,7 @@ from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
 from simcore.scheduler.policies import CACHE_AWARE_ORDERS, QUEUE_ORDERS, SCHEDULING_POLICIES, supporting, supports
 from simcore.scheduler.policies import policy as policy_spec
-from simcore.scheduler.speculative import Speculation, acceptance_rates, read_engine_form
+from simcore.scheduler.speculative import FORM_VLLM, VLLM_NGRAM, Speculation, acceptance_rates, read_engine_form
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -102,6 +102,13 @@ class SpeculativeConfig:
         0.0,
         doc="With config: one proposer pass, per decoding sequence.",
         values="number >= 0",
+    )
+    proposal_rate: float = key(
+        1.0,
+        doc="With config (vLLM method=ngram only): probability that a decode step's n-gram lookup finds a "
+            "match and proposes; a step without one is a plain decode (query 1, one token). A declared "
+            "parameter, drawn per request and step; 1: every step proposes.",
+        values="number in [0, 1]",
     )
 
 
@@ -533,4 +540,14 @@ def _speculative(path: str, raw: Mapping[str, Any], policy: str) -> Speculation 
         proposer_step_ms=number(f"{path}.proposer_step_ms", keys["proposer_step_ms"], maximum=MAX_INSTANT_MS),
         proposer_per_seq_us=number(f"{path}.proposer_per_seq_us", keys["proposer_per_seq_us"],
                                    maximum=MAX_INSTANT_MS),
+        proposal_rate=_proposal_rate(path, keys["proposal_rate"], method, policy),
     )
+
+
+def _proposal_rate(path: str, value: Any, method: str, policy: str) -> float:
+    """``proposal_rate`` in [0, 1]; other than 1 only for vLLM's n-gram proposer (docs/speculative.md)."""
+    rate = number(f"{path}.proposal_rate", value, maximum=1.0)
+    if rate != 1.0 and (policy_spec(policy).speculative_form != FORM_VLLM or method != VLLM_NGRAM):
+        raise ConfigError(f"{path}.proposal_rate is modelled for vLLM's n-gram proposer only (method=ngram), "
+                          f"got {rate!r} with {method}")
+    return rate

@@ -2,7 +2,8 @@
 
 Contract: ``@njit(cache=True)`` functions of scalars and the ``Ranks``
 speculation members (``spec_drafts``, ``spec_rates``, ``spec_key``,
-``spec_proposer``).  The acceptance draws are counter-based: the uniform of
+``spec_proposer``).  A step of vLLM's n-gram proposer proposes with the pool's
+``proposal_rate`` (:func:`spec_proposes_nb`, a second hash of the same counter).  The acceptance draws are counter-based: the uniform of
 request ``k``'s step whose first emitted token has index ``tok`` (its offset in
 the per-token arrays) is a SplitMix64 hash of ``(key, k, tok)``, with ``key``
 drawn once per run from the run seed outside the kernel
@@ -20,6 +21,9 @@ GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX_2 = np.uint64(0x94D049BB133111EB)
 UNIT = 2.0 ** -53
+#: XORed into the run's key for the proposal draws (:func:`spec_proposes_nb`), so that a step's
+#: proposal draw and its acceptance draw are hashes of different keys (a fixed 63-bit constant).
+PROPOSAL_SALT = np.int64(0x2545F4914F6CDD1D)
 
 
 @njit(cache=True)
@@ -176,6 +180,36 @@ def spec_query_nb(drafts, generated, computed, known, seq_limit):
 
 
 @njit(cache=True)
+def spec_proposes_nb(ranks, g, k, tok):
+    """Whether request ``k``'s decode step whose first token is ``tok`` has proposals on rank ``g``.
+
+    vLLM's n-gram lookup proposes nothing when no suffix of the context matches,
+    and that step runs as a plain decode.  With probability ``p =
+    ranks.spec_proposer[g, 3]`` (``proposal_rate``) a step proposes: the step's
+    uniform is :func:`spec_uniform_nb` of ``(key XOR PROPOSAL_SALT, k, tok)``
+    and the step proposes when it is below ``p``.  ``p >= 1``: always, without a
+    draw (the behaviour without the key).
+
+    Parameters
+    ----------
+    ranks : Ranks
+        ``spec_proposer`` and ``spec_key`` of rank ``g``.
+    g, k : int
+        Global rank and request.
+    tok : int
+        Index of the step's first emitted token in the per-token arrays.
+
+    Returns
+    -------
+    bool
+    """
+    rate = ranks.spec_proposer[g, 3]
+    if rate >= 1.0:
+        return True
+    return spec_uniform_nb(ranks.spec_key[g] ^ PROPOSAL_SALT, k, tok) < rate
+
+
+@njit(cache=True)
 def spec_proposer_ms_nb(proposer, g, num_decode):
     """The proposer's time in a pass of rank g with ``num_decode`` decode entries, ms.
 
@@ -184,7 +218,7 @@ def spec_proposer_ms_nb(proposer, g, num_decode):
     Parameters
     ----------
     proposer : ndarray(float64, ndim=2)
-        ``Ranks.spec_proposer``: per rank ``[passes, pass_ms, per_seq_us]``.
+        ``Ranks.spec_proposer``: per rank ``[passes, pass_ms, per_seq_us, proposal_rate]``.
     g : int
         Global rank.
     num_decode : int

@@ -35,6 +35,9 @@ MAX_DRAFT_TOKENS = 32
 #: ``Scheduler.__init__``); n-gram proposals need none.
 VLLM_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
 VLLM_LOOKAHEAD = ("eagle", "eagle3", "mtp", "draft_model")
+#: vLLM's n-gram lookup proposes nothing when no suffix of the context matches
+#: (``proposal_rate``, docs/speculative.md); the other proposers always propose.
+VLLM_NGRAM = "ngram"
 VLLM_FIELDS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size",
                "prompt_lookup_min", "prompt_lookup_max")
 #: SGLang's ``--speculative-algorithm`` values (NEXTN is EAGLE there).
@@ -67,6 +70,7 @@ class Speculation:
     rates: tuple[float, ...]  # per-position acceptance (length ``positions``)
     proposer_step_ms: float  # one proposer pass, ms
     proposer_per_seq_us: float  # one proposer pass, per decoding sequence, us
+    proposal_rate: float = 1.0  # probability that a decode step has proposals (vLLM n-gram: a match)
 
 
 def _mapping(path: str, value: Any) -> dict[str, Any]:

@@ -430,6 +430,8 @@ class Pool:
             self.spec_steps = float(steps)
             self.spec_step_ms = float(speculative.get("proposer_step_ms") or 0.0)
             self.spec_per_seq_us = float(speculative.get("proposer_per_seq_us") or 0.0)
+            rate = speculative.get("proposal_rate")
+            self.spec_proposal_rate = 1.0 if rate is None else float(rate)
 
     def blocks_for(self, tokens):
         return -(-tokens // self.block_size)  # ceil
@@ -1227,6 +1229,8 @@ class ReferenceSim(OffloadMixin):
             spec_entry = False
             if pool.spec_drafts and n == 1:
                 n = min(pool.spec_query(req), B)
+                if n > 1 and not self.spec_proposes(pool, req):
+                    n = 1  # vLLM n-gram: the lookup found no match this step (docs/speculative.md)
                 spec_entry = n > 1
             self_victim = False
             while not self.fits(pool, rank, req, n, look):
@@ -1748,9 +1752,8 @@ class ReferenceSim(OffloadMixin):
             self.reset_ratio_when_idle(w)
         self.record_pass(w, p, pool, t, outputs)
 
-    def spec_accepted(self, pool, req, drafts):
-        """Accepted proposals of this verification: the positions whose rate exceeds the
-        step's uniform, a SplitMix64 hash of (key, row, index of the step's first token)."""
+    def spec_uniform(self, key, req):
+        """The uniform of req's step: a SplitMix64 hash of (key, row, index of the step's first token)."""
         mask = (1 << 64) - 1
         golden = 0x9E3779B97F4A7C15
 
@@ -1759,9 +1762,21 @@ class ReferenceSim(OffloadMixin):
             x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
             return x ^ (x >> 31)
 
-        x = mix((self.spec_key + req.row * golden) & mask)
+        x = mix((key + req.row * golden) & mask)
         x = mix((x + (req.token_offset + req.generated) * golden) & mask)
-        u = (x >> 11) * 2.0 ** -53
+        return (x >> 11) * 2.0 ** -53
+
+    def spec_proposes(self, pool, req):
+        """Whether this decode step has proposals: vLLM's n-gram lookup matches with the pool's
+        proposal_rate, drawn from the same hash under the key XOR 0x2545F4914F6CDD1D."""
+        if pool.spec_proposal_rate >= 1.0:
+            return True
+        return self.spec_uniform(self.spec_key ^ 0x2545F4914F6CDD1D, req) < pool.spec_proposal_rate
+
+    def spec_accepted(self, pool, req, drafts):
+        """Accepted proposals of this verification: the positions whose rate exceeds the
+        step's uniform, a SplitMix64 hash of (key, row, index of the step's first token)."""
+        u = self.spec_uniform(self.spec_key, req)
         accepted = 0
         limit = min(drafts, len(pool.spec_rates))
         if req.spec_alpha is not None:  # alpha, alpha^2, ... by repeated products
