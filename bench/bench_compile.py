@@ -104,7 +104,8 @@ def measure(config: object, tree: Path, cache: str | None = None) -> dict:
     """One run of ``config`` in a fresh interpreter importing ``tree``, with ``cache`` (None: a fresh, empty one)."""
     with tempfile.TemporaryDirectory(prefix="replaysim-cold-") as fresh:
         env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_CACHE_DIR=cache or fresh, PYTHONWARNINGS="ignore")
-        done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(config)], env=env,
+        # cwd: ``python -c`` puts the working directory first on sys.path, ahead of PYTHONPATH
+        done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(config)], env=env, cwd=tree,
                               capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"bench_compile: the case failed:\n{done.stderr[-2000:]}")

@@ -135,7 +135,7 @@ class CompileWatch:
             return max(0.0, (self.total_s - self.reference_s) * pace - since)
 
     def describe(self) -> str:
-        """One status phrase: ``compiling kernels 37/~164 (simulate_engine_nb), ~1 min 20 s left``."""
+        """One status phrase: ``compiling kernels 37/~334 (_replay_nb), ~6 min 20 s left``."""
         expected = f"/~{len(self.timeline)}" if self.timeline else ""
         with self._lock:
             current = self.active[-1].rsplit(".", 1)[-1] if self.active else ""

@@ -139,8 +139,8 @@ def configure() -> Path:
 def engine_kernel_cached() -> bool:
     """True when numba's cache holds an index for the engine kernel (``simulate_engine_nb``).
 
-    Without one, the first run compiles the kernels (about two minutes of one
-    core for the embedded default: ``docs/performance.md``, "Cold compile").
+    Without one, the first run compiles the kernels (about eight minutes of one
+    core for the embedded default at the last measurement: ``docs/performance.md``, "Cold compile").
     The index is the file numba writes beside a cached kernel's compiled
     code; its presence does not prove that this run's argument types (the
     output mode) are among the compiled ones, so a first run of another mode
