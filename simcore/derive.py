@@ -107,8 +107,9 @@ def _kv_transfer(transfer: KVTransferConfig, pool_timing: tuple[TimingConfig, ..
     KV transfer between pools of different layouts)."""
     prefill, decode = pool_timing
     if prefill is not decode:
+        # names from one namespace only: aic's Hugging Face ids or the roofline catalogue's (and config paths)
         models = (_named_model(prefill), _named_model(decode))
-        if None not in models and models[0] != models[1]:
+        if prefill.type == decode.type and None not in models and models[0] != models[1]:
             raise ConfigError(
                 f"{prefill.path}.model={prefill.model} and {decode.path}.model={decode.model} differ: the decode "
                 "pool continues the prefill pool's KV cache, so both pools serve the same model"
