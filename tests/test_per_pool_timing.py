@@ -178,3 +178,22 @@ def test_a_pools_own_keys_equal_the_same_keys_for_the_deployment(pool_keys, sect
     whole = simcore.run({"timing": merged, "workload": workload})
     for column in ("first_token_ms", "last_token_ms"):
         assert own.requests.column(column).to_pylist() == whole.requests.column(column).to_pylist()
+
+
+def test_batched_configurations_with_their_own_pool_timing_equal_single_runs():
+    """The batch path stacks each configuration's arrays (padded) and spans: row by row as run alone."""
+    workload = {"num_requests": 30, "input_tokens": 200, "output_tokens": 12}
+    base = {"workload": workload, "engine": {"mode": "disaggregated", "decode": {"replicas": 2}}}
+    configs = [
+        base,
+        {**base, "engine": {**base["engine"], "decode": {"replicas": 2, "timing": {"base_ms": 9.0}}}},
+        {**base, "engine": {**base["engine"], "prefill": {"timing": {"type": "fixed", "prefill_ms": 3.0}},
+                            "decode": {"replicas": 2, "timing": {"type": "roofline", "model": "llama-3.1-8b",
+                                                                  "gpu": "H200"}}}},
+    ]
+    batched = simcore.run_batch(configs)
+    for config, result in zip(configs, batched):
+        alone = simcore.run(config)
+        for column in ("first_token_ms", "last_token_ms", "transfer_end_ms"):
+            assert result.requests.column(column).to_pylist() == alone.requests.column(column).to_pylist()
+    assert batched[0].requests.column("last_token_ms") != batched[1].requests.column("last_token_ms")
