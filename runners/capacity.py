@@ -358,8 +358,9 @@ def _capacity_key_message(key: str) -> str | None:
 
 
 def gpu_count(config: SimConfig) -> int:
-    """GPUs of a deployment: ranks of every pool (both pools in P/D) × ``timing.tp``."""
-    return sum(pool.num_ranks for pool in config.engine.pools) * (config.timing.tp or 1)
+    """GPUs of a deployment: ranks of every pool (both pools in P/D) × its ``timing.tp`` (a pool's own
+    ``engine.<pool>.timing.tp`` where set)."""
+    return sum(pool.num_ranks * (config.timing_of(i).tp or 1) for i, pool in enumerate(config.engine.pools))
 
 
 def check_axis(mapping: Mapping[str, Any], options: CapacityOptions, where: str) -> None:

@@ -174,17 +174,19 @@ def _result(cfg: SimConfig, table, engine) -> Result:
     lost = None if engine.failures is None else (engine.failures > 0) & (engine.reject_ns >= 0)
     summary.update(rejection_reasons(cols, table.input_tokens, cfg.engine, lost))
     summary.update(saturation(cols))
-    if cfg.timing.type == "aic":  # an operator priced beyond the database: which, and how (docs/timing.md)
+    aic_timings = [t for i, t in enumerate(cfg.pool_timing or (cfg.timing,))
+                   if t.type == "aic" and not any(t is u for u in (cfg.pool_timing or (cfg.timing,))[:i])]
+    if aic_timings:  # an operator priced beyond the database: which, and how (docs/timing.md)
         from simcore.timing import aic
 
-        notes = aic.extrapolation_notes(cfg.timing)
+        notes = [note for t in aic_timings for note in aic.extrapolation_notes(t)]
         if notes:
             summary["timing_warnings"] = notes
     scaling = None
     pool = cfg.engine.aggregated
     if cfg.engine.autoscale.metric != "none":
         summary.update(scaling_summary(engine.scale_log, cols, cfg.metrics.goodput, pool.replicas,
-                                       pool.attention_dp * (cfg.timing.tp or 1), engine.cap_ns))
+                                       pool.attention_dp * (cfg.timing_of(0).tp or 1), engine.cap_ns))
     if engine.failures is not None:
         fail = cfg.engine.failures
         summary.update(failure_summary(engine.scale_log, engine.failures, engine.reject_ns,

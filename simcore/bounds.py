@@ -309,14 +309,18 @@ def model_pass_ms(cfg: SimConfig) -> list[float] | None:
         ms per pool (inf where the model gives a non-finite time); None for
         ``fixed`` and ``linear``, which :func:`check_run` bounds term by term.
     """
-    if cfg.timing.type not in ("aic", "table", "roofline"):
+    kinds = [cfg.timing_of(i).type for i in range(len(cfg.engine.pools))]
+    if not any(kind in ("aic", "table", "roofline") for kind in kinds):
         return None
     from simcore.timing.api import timing_arrays  # lazy: aic needs the optional extra
     from simcore.timing.nb import rank_time_ms_nb
 
-    model, params, table = timing_arrays(cfg.timing)
     out = []
-    for pool in cfg.engine.pools:
+    for index, pool in enumerate(cfg.engine.pools):
+        if kinds[index] not in ("aic", "table", "roofline"):  # bounded term by term
+            out.append(None)
+            continue
+        model, params, table = timing_arrays(cfg.timing_of(index))
         capacity = pool.num_blocks * pool.block_size
         tokens = min(capacity, _largest_budget(pool) or capacity)
         seqs = pool.max_sequences
@@ -389,7 +393,7 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
     """(keys, ms) of each sum of services the run can contain (float64; inf when huge)."""
     from simcore.timing.settings import OPERATOR_SCALES  # lazy: no import cycle through the stages
     n, total_in, total_out = size.num_requests, float(size.total_input), float(size.total_output)
-    ld, tok, detok, t = cfg.load, cfg.tokenization, cfg.detokenization, cfg.timing
+    ld, tok, detok = cfg.load, cfg.tokenization, cfg.detokenization
     send_key = "speedup" if ld.type == "trace" else "request_rate"
     requests, inputs = f" x {n} requests", f" x {size.total_input} input tokens"
     outputs = f" x {size.total_output} outputs"
@@ -411,6 +415,7 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
         ms = float(transfer.transfer_ms(np.array([total_in]))[0])
         terms.append((f"engine.kv_transfer.bytes_per_token={transfer.bytes_per_token!r}{inputs}", ms))
     for index, pool in enumerate(cfg.engine.pools):
+        t = cfg.timing_of(index)
         passes = float(_passes(pool, size))
         each = f" x {passes:.4g} passes ({size.origin})"
         terms.append((f"{passes:.4g} passes of >= 1 ns ({size.origin})", passes * 1e-6))
@@ -423,30 +428,30 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
         capacity = float(pool.num_blocks) * pool.block_size
         prefill_tokens = min(capacity, float(_largest_budget(pool) or capacity))
         if t.type == "fixed":
-            terms += [(f"timing.prefill_ms={t.prefill_ms!r}{each}", passes * t.prefill_ms),
-                      (f"timing.decode_ms={t.decode_ms!r}{each}", passes * t.decode_ms)]
+            terms += [(f"{t.path}.prefill_ms={t.prefill_ms!r}{each}", passes * t.prefill_ms),
+                      (f"{t.path}.decode_ms={t.decode_ms!r}{each}", passes * t.decode_ms)]
         elif t.type == "linear":  # every term of SPEC §8 at its per-rank maximum, at the larger scale
             scale_key = "prefill_scale" if t.prefill_scale >= t.decode_scale else "decode_scale"
             scale = getattr(t, scale_key)
-            scaled = f"{each} x timing.{scale_key}={scale!r}" if scale != 1 else each
+            scaled = f"{each} x {t.path}.{scale_key}={scale!r}" if scale != 1 else each
             # the operator scales weigh non-negative parts of the model time: at most their largest
             operator_key = max(OPERATOR_SCALES, key=lambda name: getattr(t, name))
             if getattr(t, operator_key) != 1.0:
                 scale *= getattr(t, operator_key)
-                scaled += f" x timing.{operator_key}={getattr(t, operator_key)!r}"
+                scaled += f" x {t.path}.{operator_key}={getattr(t, operator_key)!r}"
             terms += [
-                (f"timing.base_ms={t.base_ms!r}{scaled}", passes * t.base_ms * scale),
-                (f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{scaled} of {prefill_tokens:.4g} tokens",
+                (f"{t.path}.base_ms={t.base_ms!r}{scaled}", passes * t.base_ms * scale),
+                (f"{t.path}.per_prefill_token_us={t.per_prefill_token_us!r}{scaled} of {prefill_tokens:.4g} tokens",
                  passes * t.per_prefill_token_us * prefill_tokens / 1000 * scale),
-                (f"timing.per_decode_seq_us={t.per_decode_seq_us!r}{scaled} of {pool.max_sequences} sequences",
+                (f"{t.path}.per_decode_seq_us={t.per_decode_seq_us!r}{scaled} of {pool.max_sequences} sequences",
                  passes * t.per_decode_seq_us * pool.max_sequences / 1000 * scale),
-                (f"timing.per_kv_token_ns={t.per_kv_token_ns!r}{scaled} of {capacity:.4g} KV tokens",
+                (f"{t.path}.per_kv_token_ns={t.per_kv_token_ns!r}{scaled} of {capacity:.4g} KV tokens",
                  passes * t.per_kv_token_ns * capacity / 1e6 * scale),
-                (f"timing.attention_skew_alpha={t.attention_skew_alpha!r} x timing.per_kv_token_ns{scaled} "
+                (f"{t.path}.attention_skew_alpha={t.attention_skew_alpha!r} x {t.path}.per_kv_token_ns{scaled} "
                  f"of {pool.max_sequences} x {capacity:.4g} KV tokens",
                  passes * t.attention_skew_alpha * t.per_kv_token_ns * pool.max_sequences * capacity / 1e6 * scale),
-                (f"timing.pass_overhead_us={t.pass_overhead_us!r}{_allreduce_label(t)}{each}",
-                 passes * _linear_pass_terms_ms(cfg, prefill_tokens + pool.max_sequences)),
+                (f"{t.path}.pass_overhead_us={t.pass_overhead_us!r}{_allreduce_label(t)}{each}",
+                 passes * _linear_pass_terms_ms(t, prefill_tokens + pool.max_sequences)),
             ]
             if t.alltoall and pool.expert_parallel:  # the MoE layers' dispatch and combine of every rank's tokens
                 d = float(pool.attention_dp)
@@ -454,7 +459,7 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
                 per_token = 2.0 * t.hidden_size * t.dtype_bytes + 8.0 * t.moe_top_k
                 one_us = 2.0 * t.moe_alltoall_latency_us + (d - 1.0) / d * gathered * per_token / (
                     t.moe_alltoall_bandwidth_gb_per_second * 1e3)
-                terms.append((f"timing.moe.alltoall.bandwidth_gb_per_second={t.moe_alltoall_bandwidth_gb_per_second!r}"
+                terms.append((f"{t.path}.moe.alltoall.bandwidth_gb_per_second={t.moe_alltoall_bandwidth_gb_per_second!r}"
                               f" (latency_us={t.moe_alltoall_latency_us!r}) x {t.moe_num_layers} MoE layers"
                               f" of {gathered:.4g} tokens{each}", passes * t.moe_num_layers * one_us / 1000))
         spec = pool.speculative
@@ -462,7 +467,7 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
             key = f"engine.{_pool_names(cfg)[index]}.speculative"
             if t.type == "linear":
                 scale = max(t.prefill_scale, t.decode_scale) * max(getattr(t, name) for name in OPERATOR_SCALES)
-                terms.append((f"timing.per_prefill_token_us={t.per_prefill_token_us!r}{each} of {pool.max_sequences}"
+                terms.append((f"{t.path}.per_prefill_token_us={t.per_prefill_token_us!r}{each} of {pool.max_sequences}"
                               f" x {spec.draft_tokens} proposals ({key})",
                               passes * t.per_prefill_token_us * pool.max_sequences * spec.draft_tokens / 1000 * scale))
             terms.append((f"{key}.proposer_step_ms={spec.proposer_step_ms!r} and proposer_per_seq_us="
@@ -472,12 +477,12 @@ def _time_terms(cfg: SimConfig, size: WorkloadSize, model_ms: list[float] | None
                           * (spec.proposer_step_ms + spec.proposer_per_seq_us * pool.max_sequences / 1000)))
         if t.type not in ("fixed", "linear") and model_ms is not None:
             layers = f", timing.num_layers={t.num_layers}" if t.type == "table" else ""
-            terms.append((f"timing.type={t.type}{layers}: a largest batch of {model_ms[index]:.4g} ms{each}",
+            terms.append((f"{t.path}.type={t.type}{layers}: a largest batch of {model_ms[index]:.4g} ms{each}",
                           passes * model_ms[index]))
     return terms
 
 
-def _linear_pass_terms_ms(cfg: SimConfig, tokens: float) -> float:
+def _linear_pass_terms_ms(timing, tokens: float) -> float:
     """What ``linear`` timing adds to a pass of ``tokens`` tokens beyond its scaled model time, ms.
 
     The pass overhead and the TP all-reduce of the kernel's own
@@ -486,7 +491,7 @@ def _linear_pass_terms_ms(cfg: SimConfig, tokens: float) -> float:
     from simcore.timing.api import timing_arrays  # lazy: aic needs the optional extra
     from simcore.timing.nb import LINEAR_NUM_PARAMS, pass_terms_ms_nb
 
-    _, params, table = timing_arrays(cfg.timing)
+    _, params, table = timing_arrays(timing)
     pass_terms = getattr(pass_terms_ms_nb, "py_func", pass_terms_ms_nb)  # NUMBA_DISABLE_JIT: the function itself
     with np.errstate(all="ignore"):  # an overflow is the inf this check reports, not a warning line
         ms = pass_terms(params, table, LINEAR_NUM_PARAMS, 0.0, 1, min(tokens, float(INT64_MAX)))
@@ -499,7 +504,7 @@ def _allreduce_label(t) -> str:
     link = (f"allreduce.curve={t.allreduce_curve}" if t.allreduce_curve else
             f"allreduce.latency_us={t.allreduce_latency_us!r}, "
             f"allreduce.bandwidth_gb_per_second={t.allreduce_bandwidth_gb_per_second!r}")
-    return f" and the TP all-reduce (timing.tp={t.tp}, hidden_size={t.hidden_size}, {link})"
+    return f" and the TP all-reduce ({t.path}.tp={t.tp}, hidden_size={t.hidden_size}, {link})"
 
 
 def _pool_names(cfg: SimConfig) -> tuple[str, ...]:

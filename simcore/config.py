@@ -208,12 +208,17 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
     # The timing settings read engine.policy, and the pools read timing.type.
     policy = engine_settings.parse_policy(raw["engine"], "engine")
     timing = timing_settings.parse(raw["timing"], "timing", policy)
+    own = _pool_timings(raw, policy)
+    engine = engine_settings.parse(
+        raw["engine"], "engine", {name: own[name].type if name in own else timing.type for name in POOL_NAMES}
+    )
     cfg = SimConfig(
         seed=seed,
         workload=workload,
         load=load,
-        engine=engine_settings.parse(raw["engine"], "engine", timing.type),
+        engine=engine,
         timing=timing,
+        pool_timing=tuple(own.get(name, timing) for name in POOLS[engine.mode]),
         tokenization=parse_tokenization(raw["tokenization"], "tokenization"),
         detokenization=parse_detokenization(raw["detokenization"], "detokenization"),
         max_time_ms=optional_number("max_time_ms", raw["max_time_ms"], maximum=MAX_INSTANT_MS),
@@ -225,9 +230,58 @@ def load_config(user: Mapping[str, Any] | None = None) -> SimConfig:
     return derive(cfg)
 
 
+#: Every pool section of engine (active or not).
+POOL_NAMES = ("aggregated", "prefill", "decode")
+
+
+def _pool_timings(raw: Mapping[str, Any], policy: str) -> dict[str, TimingConfig]:
+    """Each active pool's own timing: its ``engine.<pool>.timing`` keys merged over the timing section
+    and checked by the timing stage's parser (messages name ``engine.<pool>.timing.<key>``)."""
+    own = {}
+    for name in POOLS[raw["engine"]["mode"]]:
+        override = raw["engine"][name]["timing"]
+        if override is None:
+            continue
+        path = f"engine.{name}.timing"
+        if not isinstance(override, Mapping):
+            raise ConfigError(f"{path} must be a mapping of timing keys (e.g. {{gpu: H200}}) or null, "
+                              f"got {shown(override)}")
+        merged = _copied_tree(raw["timing"])
+        _merge_into(merged, override, path + ".")
+        own[name] = timing_settings.parse(merged, path, policy)
+    return own
+
+
+def _check_pool_timing_scopes(cfg: SimConfig) -> None:
+    """A key of ``engine.<pool>.timing`` that the pool's timing type does not read is an error, as in
+    the timing section (:data:`KEY_SCOPES`); the keys it inherits from the timing section are not checked."""
+    for name, timing in zip(POOLS[cfg.engine.mode], cfg.pool_timing):
+        if timing is cfg.timing:
+            continue
+        override = cfg.resolved["engine"][name]["timing"]
+        view = SimConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "timing": timing})
+        for scope in KEY_SCOPES:
+            if not scope.section.startswith("timing") or scope.applies(view):
+                continue
+            sub = scope.section.split(".")[1:]
+            given = override
+            for part in sub:
+                given = given.get(part) if isinstance(given, Mapping) else None
+            if not isinstance(given, Mapping):
+                continue
+            for key in scope.keys:
+                if key in given and given[key] != _section(DEFAULTS, scope.section)[key]:
+                    dotted = ".".join([timing.path, *sub, key])
+                    raise ConfigError(
+                        f"{dotted} {scope.phrase} {scope.needs}, got {shown(given[key])} with "
+                        f"{timing.path}.type={timing.type}"
+                    )
+
+
 def _check_combinations(cfg: SimConfig) -> None:
     """The rules that relate keys of several sections (read after every section is checked)."""
     _check_key_scopes(cfg)
+    _check_pool_timing_scopes(cfg)
     if cfg.engine.router.policy == "prefix_aware" and not cfg.engine.pools[0].prefix_caching:
         receiving = POOLS[cfg.engine.mode][0]
         raise ConfigError(
@@ -245,10 +299,14 @@ def _check_combinations(cfg: SimConfig) -> None:
             "from per-token instants, which the bounded mode does not keep"
         )
     transfer = cfg.engine.kv_transfer
-    if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None):
+    # with a roofline pool and no bytes_per_token, the model's KV bytes (simcore.derive)
+    from_model = transfer.bandwidth_gb_per_second is not None and any(
+        cfg.timing_of(i).type == "roofline" for i in range(len(cfg.engine.pools)))
+    if (transfer.bandwidth_gb_per_second is None) != (transfer.bytes_per_token is None) and not from_model:
         raise ConfigError(
             "engine.kv_transfer.bandwidth_gb_per_second and engine.kv_transfer.bytes_per_token "
-            "must be set together (both null: transfers take no time)"
+            "must be set together (both null: transfers take no time; bytes_per_token null takes the model's "
+            "KV bytes with timing.type=roofline)"
         )
     if w.source in FILE_SOURCES and w.path is None:
         raise ConfigError(f"workload.path must be set when workload.source={w.source}")
@@ -331,32 +389,34 @@ def _check_expert_parallel(cfg: SimConfig) -> None:
     """MoE timing and expert parallelism (docs/timing.md, docs/semantics.md): moe.csv is one GPU
     holding every expert, so several GPUs need the experts split (expert_parallel); the
     all-to-all is expert parallelism's."""
-    timing = cfg.timing
     names = POOLS[cfg.engine.mode]
-    if timing.type == "table" and timing.moe:
-        for name, pool in zip(names, cfg.engine.pools):
-            if (pool.attention_dp > 1 or timing.tp > 1) and not pool.expert_parallel:
-                raise ConfigError(
-                    f"engine.{name}.expert_parallel must be true for an MoE model (timing.moe) over "
-                    f"{pool.attention_dp} attention-DP rank(s) x timing.tp={timing.tp}: moe.csv times one GPU "
-                    "holding every expert; experts split by tensor parallelism are not modelled"
-                )
-    for name, pool in zip(names, cfg.engine.pools):
+    for index, (name, pool) in enumerate(zip(names, cfg.engine.pools)):
+        timing = cfg.timing_of(index)
+        t = timing.path
+        if timing.type == "table" and timing.moe and (pool.attention_dp > 1 or timing.tp > 1) and not pool.expert_parallel:
+            raise ConfigError(
+                f"engine.{name}.expert_parallel must be true for an MoE model ({t}.moe) over "
+                f"{pool.attention_dp} attention-DP rank(s) x {t}.tp={timing.tp}: moe.csv times one GPU "
+                "holding every expert; experts split by tensor parallelism are not modelled"
+            )
         scaled = [key for key in OPERATOR_SCALES if getattr(timing, key) != 1.0]
         if pool.expert_parallel and scaled:
             raise ConfigError(
-                f"timing.{scaled[0]} is not modelled with engine.{name}.expert_parallel (the ranks' lock-step "
-                "splits no pass into operators); use timing.prefill_scale and timing.decode_scale there"
+                f"{t}.{scaled[0]} is not modelled with engine.{name}.expert_parallel (the ranks' lock-step "
+                f"splits no pass into operators); use {t}.prefill_scale and {t}.decode_scale there"
             )
         if pool.expert_parallel and pool.speculative is not None:
             raise ConfigError(
                 f"engine.{name}.expert_parallel is not modelled with engine.{name}.speculative (the ranks' "
                 "lock-step prices no proposals)"
             )
-    if timing.alltoall and not any(pool.expert_parallel for pool in cfg.engine.pools):
-        raise ConfigError(
-            "timing.moe.alltoall has no effect here: it is only used with engine.<pool>.expert_parallel=true"
-        )
+    for index, timing in enumerate(cfg.pool_timing or (cfg.timing,)):
+        if timing.alltoall and not any(
+            pool.expert_parallel for i, pool in enumerate(cfg.engine.pools) if cfg.timing_of(i) is timing
+        ):
+            raise ConfigError(
+                f"{timing.path}.moe.alltoall has no effect here: it is only used with engine.<pool>.expert_parallel=true"
+            )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simcore import bounds
-from simcore.engine.settings import POOLS
+from simcore.engine.settings import POOLS, KVTransferConfig
 from simcore.errors import ConfigError
 from simcore.scheduler.settings import (
     AUTO_BLOCKS,
@@ -61,24 +61,69 @@ def derive(cfg: SimConfig) -> SimConfig:
         A file or the aic database does not give a needed value, the pools
         disagree on vLLM's graph sizes, or the run's worst case overflows.
     """
-    timing = model_dimensions(cfg.timing)
     engine = cfg.engine
-    if timing.type == "aic":  # the MoE layout of the tables and of num_blocks: auto
-        timing = replace(timing, expert_parallel=any(pool.expert_parallel for pool in engine.pools))
-    for name in POOLS[engine.mode]:
-        pool = getattr(engine, name)
-        if timing.type == "roofline":
-            engine = replace(engine, **{name: _roofline_memory(f"engine.{name}", pool, timing)})
-        elif isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS:
-            engine = replace(engine, **{name: _auto_num_blocks(f"engine.{name}", pool, timing)})
-    pools = list(engine.pools)
-    if timing.type == "aic":
-        timing = replace(timing, **_aic_limits(pools))
-    if timing.cuda_graph_sizes == VLLM_DEFAULT_GRAPHS:
-        timing = replace(timing, cuda_graph_sizes=vllm_graph_sizes(pools))
-    cfg = replace(cfg, engine=engine, timing=timing)
+    names = POOLS[engine.mode]
+    given = list(cfg.pool_timing) or [cfg.timing] * len(names)
+    sections = []  # each distinct timing section in use: the timing section first, then the pools' own
+    for timing in given:
+        if not any(timing is seen for seen in sections):
+            sections.append(timing)
+    derived = []
+    for timing in sections:
+        users = [i for i, t in enumerate(given) if t is timing]
+        timing = model_dimensions(timing)
+        if timing.type == "aic":  # the MoE layout of the tables and of num_blocks: auto
+            timing = replace(timing, expert_parallel=any(engine.pools[i].expert_parallel for i in users))
+        for i in users:
+            name = names[i]
+            pool = getattr(engine, name)
+            if timing.type == "roofline":
+                engine = replace(engine, **{name: _roofline_memory(f"engine.{name}", pool, timing)})
+            elif isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS:
+                engine = replace(engine, **{name: _auto_num_blocks(f"engine.{name}", pool, timing)})
+        pools = [engine.pools[i] for i in users]
+        if timing.type == "aic":
+            timing = replace(timing, **_aic_limits(pools))
+        if timing.cuda_graph_sizes == VLLM_DEFAULT_GRAPHS:
+            timing = replace(timing, cuda_graph_sizes=vllm_graph_sizes(pools, timing.path))
+        derived.append(timing)
+    pool_timing = tuple(derived[next(j for j, t in enumerate(sections) if t is timing)] for timing in given)
+    main = derived[0] if sections[0] is cfg.timing else cfg.timing
+    if engine.mode == "disaggregated":
+        engine = replace(engine, kv_transfer=_kv_transfer(engine.kv_transfer, pool_timing))
+    cfg = replace(cfg, engine=engine, timing=main, pool_timing=pool_timing)
     bounds.check_run(cfg, bounds.configured_size(cfg))
     return cfg
+
+
+def _named_model(timing: TimingConfig) -> str | None:
+    """The model a pool's timing names (aic, roofline), lower case (catalogue names are case-free)."""
+    return str(timing.model).lower() if timing.type in ("aic", "roofline") and timing.model is not None else None
+
+
+def _kv_transfer(transfer: KVTransferConfig, pool_timing: tuple[TimingConfig, ...]) -> KVTransferConfig:
+    """P/D: the pools must serve the same model (their KV is handed over); with the link set and no
+    ``bytes_per_token``, the bytes are the model's KV per token, all layers, one copy (docs/semantics.md,
+    KV transfer between pools of different layouts)."""
+    prefill, decode = pool_timing
+    if prefill is not decode:
+        # names from one namespace only: aic's Hugging Face ids or the roofline catalogue's (and config paths)
+        models = (_named_model(prefill), _named_model(decode))
+        if prefill.type == decode.type and None not in models and models[0] != models[1]:
+            raise ConfigError(
+                f"{prefill.path}.model={prefill.model} and {decode.path}.model={decode.model} differ: the decode "
+                "pool continues the prefill pool's KV cache, so both pools serve the same model"
+            )
+        if prefill.type == decode.type == "roofline" and prefill.roofline_kv_dtype != decode.roofline_kv_dtype:
+            raise ConfigError(
+                f"{prefill.path}.roofline.kv_dtype={prefill.roofline_kv_dtype} and {decode.path}.roofline.kv_dtype="
+                f"{decode.roofline_kv_dtype} differ: the decode pool reads the KV cache the prefill pool wrote"
+            )
+    if transfer.bandwidth_gb_per_second is None or transfer.bytes_per_token is not None:
+        return transfer
+    source = next(t for t in (prefill, decode) if t.type == "roofline")  # simcore.config checked there is one
+    spec, _ = roofline.resolve(source)
+    return replace(transfer, bytes_per_token=float(spec.kv_bytes_per_token(1)))
 
 
 def model_dimensions(timing: TimingConfig) -> TimingConfig:
@@ -107,7 +152,7 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
         num_layers = read_num_layers(timing.profile)
         if num_layers is None:
             raise ConfigError(
-                f"timing.num_layers must be set: {timing.profile} has no meta.yaml with a top-level "
+                f"{timing.path}.num_layers must be set: {timing.profile} has no meta.yaml with a top-level "
                 "num_layers (profiles are per layer; meta.yaml's hf_overrides.num_hidden_layers is "
                 "the profiled count, not the model's)"
             )
@@ -120,24 +165,24 @@ def model_dimensions(timing: TimingConfig) -> TimingConfig:
             hidden = hidden or hidden_cfg
         for name, value in (("num_layers", num_layers), ("hidden_size", hidden)):
             if value is None:
-                term = "timing.allreduce" if timing.allreduce else "timing.moe.alltoall"
-                raise ConfigError(f"timing.{name} must be set for {term} with timing.type={kind}")
+                term = f"{timing.path}.allreduce" if timing.allreduce else f"{timing.path}.moe.alltoall"
+                raise ConfigError(f"{timing.path}.{name} must be set for {term} with {timing.path}.type={kind}")
     if kind == "table":
         has_moe = moe_path(timing.profile) is not None  # its own, or the tp1 sibling's
         if has_moe and not timing.moe:
             raise ConfigError(
-                f"timing.moe.num_experts must be set: {timing.profile} holds {MOE_FILE} (an MoE model; set "
-                "timing.moe.num_experts and timing.moe.top_k from its config.json, docs/timing.md)"
+                f"{timing.path}.moe.num_experts must be set: {timing.profile} holds {MOE_FILE} (an MoE model; set "
+                f"{timing.path}.moe.num_experts and {timing.path}.moe.top_k from its config.json, docs/timing.md)"
             )
         if timing.moe and not has_moe:
             raise ConfigError(
-                f"timing.moe.num_experts is set but {timing.profile} has no {MOE_FILE} to price the MoE layers"
+                f"{timing.path}.moe.num_experts is set but {timing.profile} has no {MOE_FILE} to price the MoE layers"
             )
     moe_layers = timing.moe_num_layers
     if timing.moe and moe_layers is None:
         moe_layers = num_layers  # every decoder layer an MoE layer (Qwen3-MoE, Mixtral)
     if moe_layers is not None and num_layers is not None and moe_layers > num_layers:
-        raise ConfigError(f"timing.moe.num_layers must be <= timing.num_layers = {num_layers}, got {moe_layers}")
+        raise ConfigError(f"{timing.path}.moe.num_layers must be <= {timing.path}.num_layers = {num_layers}, got {moe_layers}")
     return replace(timing, num_layers=num_layers, hidden_size=hidden, moe_num_layers=moe_layers)
 
 
@@ -160,7 +205,7 @@ def _roofline_memory(path: str, pool: PoolConfig, timing: TimingConfig) -> PoolC
     max_tokens = max([b for b in budgets if b is not None], default=pool.max_sequences)
     plan = catalogue.memory_plan(spec, device, timing.tp, timing.memory_fraction, max_tokens, pool.max_sequences)
     if not plan.fits:
-        raise ConfigError(catalogue.fit_error(timing.model, spec, device, timing.tp, plan))
+        raise ConfigError(catalogue.fit_error(timing.model, spec, device, timing.tp, plan, timing.path))
     if not (isinstance(pool.num_blocks, str) and pool.num_blocks == AUTO_BLOCKS):
         return pool
     num_blocks = catalogue.kv_blocks(plan, pool.block_size)
@@ -207,7 +252,7 @@ def _aic_limits(pools: list[PoolConfig]) -> dict[str, int]:
     )
 
 
-def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
+def vllm_graph_sizes(pools: list[PoolConfig], path: str = "timing") -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes for the active pools (docs/timing.md).
 
     vLLM 0.12+ (``VllmConfig._set_cudagraph_sizes``): the largest size is
@@ -218,7 +263,9 @@ def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
     Parameters
     ----------
     pools : list of PoolConfig
-        The active engine pools (vllm policy: ``max_batched_tokens`` set).
+        The active engine pools that use the timing section (vllm policy: ``max_batched_tokens`` set).
+    path : str
+        The timing section's path, for the message.
 
     Returns
     -------
@@ -238,7 +285,7 @@ def vllm_graph_sizes(pools: list[PoolConfig]) -> tuple[int, ...]:
         found.add(tuple(sizes))
     if len(found) > 1:
         raise ConfigError(
-            f"timing.cuda_graph_sizes={VLLM_DEFAULT_GRAPHS} differs between the engine pools "
+            f"{path}.cuda_graph_sizes={VLLM_DEFAULT_GRAPHS} differs between the engine pools "
             "(max_sequences, max_batched_tokens); give the sizes as a list"
         )
     return found.pop()

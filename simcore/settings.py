@@ -47,3 +47,15 @@ class SimConfig:
     metrics: MetricsConfig = section(MetricsConfig, doc="What the summary reports.")
     output: OutputConfig = section(OutputConfig, doc="Which result files are written, and where.")
     resolved: dict = field()  # the merged mapping, for summary.json
+    # Each active pool's timing, in engine.pools order: ``timing`` itself unless the pool has its own
+    # engine.<pool>.timing keys (docs/timing.md, Per-pool timing); () before simcore.derive.derive.
+    pool_timing: tuple = field(default=())
+
+    def timing_of(self, index: int) -> TimingConfig:
+        """The timing of the active pool ``index`` (engine.pools order): its own, or the timing section's."""
+        return self.pool_timing[index] if self.pool_timing else self.timing
+
+    @property
+    def per_pool_timing(self) -> bool:
+        """Whether some active pool has timing of its own (engine.<pool>.timing)."""
+        return any(t is not self.timing for t in self.pool_timing)

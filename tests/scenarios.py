@@ -60,6 +60,7 @@ def random_scenario(
     expert_parallel: bool = False,
     speculative: bool = False,
     queue_order: bool | str = False,
+    per_pool_timing: bool = False,
 ) -> dict:
     """A small random scenario: config mapping, lengths, ids and open-loop sends.
 
@@ -95,6 +96,9 @@ def random_scenario(
     everything else.
     ``attention_skew`` draws ``timing.attention_skew_alpha`` (a fixed timing
     becoming linear with a kv term); drawn after everything else.
+    ``per_pool_timing`` gives each active pool, most of the time, timing keys of its own
+    (``engine.<pool>.timing``: other coefficients of the section's type, a fixed section
+    becoming linear, other pass scales and overhead); drawn last.
     ``chunked_prefill_off`` turns vLLM's chunked prefill off on every pool (vllm
     policy), its token budget L or a few tokens more, L often just above the
     longest prompt (so that prompts are passed over for want of budget); drawn last.
@@ -358,6 +362,8 @@ def random_scenario(
                 send_ns = [x // 20 for x in send_ns]
         if rnd.random() < 0.5:  # decodes that outgrow the cache: preemptions
             outputs[:] = [rnd.randint(3, 25) for _ in outputs]
+    if per_pool_timing:
+        _per_pool_timing(rnd, config)
     ids = [f"req-{seed}-{k}" for k in range(n)]
     scenario = {"config": config, "inputs": inputs, "outputs": outputs, "send_ns": send_ns, "ids": ids,
                 "hash_ids": hash_ids, **columns}
@@ -409,6 +415,26 @@ def _speculative(rnd: random.Random, config: dict, policy: str, disaggregated: b
         spec["proposer_per_seq_us"] = rnd.choice([0.0, 2.5, 40.0])
     config["engine"]["decode" if disaggregated else "aggregated"]["speculative"] = spec
     return positions
+
+
+def _per_pool_timing(rnd: random.Random, config: dict) -> None:
+    """Timing keys of each active pool's own (``engine.<pool>.timing``), merged over the section."""
+    pools = ("prefill", "decode") if config["engine"].get("mode") == "disaggregated" else ("aggregated",)
+    timing = config["timing"]
+    for name in pools:
+        if rnd.random() < 0.2:
+            continue  # this pool keeps the section's timing
+        if timing["type"] == "fixed" and rnd.random() < 0.5:
+            own = {"prefill_ms": rnd.choice([0.5, 3.0, 12.5]), "decode_ms": rnd.choice([0.0, 0.7, 4.0])}
+        elif timing["type"] == "fixed":  # a fixed section: this pool linear (another GPU's coefficients)
+            own = {"type": "linear", "base_ms": rnd.choice([0.0, 1.5]), "per_prefill_token_us": rnd.choice([5.0, 60.0]),
+                   "per_decode_seq_us": rnd.choice([3.0, 90.0]), "per_kv_token_ns": rnd.choice([0.0, 25.0])}
+        else:
+            own = {"base_ms": rnd.choice([0.0, 0.25, 2.0]), "per_prefill_token_us": rnd.choice([4.0, 50.0]),
+                   "per_kv_token_ns": rnd.choice([0.0, 80.0])}
+            if rnd.random() < 0.5:
+                own.update(decode_scale=rnd.choice([0.5, 1.7]), pass_overhead_us=rnd.choice([0.0, 300.0]))
+        config["engine"][name]["timing"] = own
 
 
 def _fixed_to_linear(rnd: random.Random, config: dict) -> None:

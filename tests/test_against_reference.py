@@ -208,14 +208,14 @@ def test_cuda_graph_scenarios_pad_and_run_eager(monkeypatch):
     from tests.reference import sim as reference_sim
 
     batches = []
-    original = reference_sim.ReferenceSim.rank_time_ms
+    original = reference_sim.PoolTiming.rank_time_ms
 
-    def recording(self, s):
+    def recording(self, s, run_at=None):
         if self.graph_sizes and s["num_prefill"] + s["num_decode"] > 0:
             batches.append((s["prefill_tokens"] + s["num_decode"], self.graph_sizes))
-        return original(self, s)
+        return original(self, s, run_at)
 
-    monkeypatch.setattr(reference_sim.ReferenceSim, "rank_time_ms", recording)
+    monkeypatch.setattr(reference_sim.PoolTiming, "rank_time_ms", recording)
     seen = dict(padded=0, on_size=0, eager=0)
     for seed in range(100):
         batches.clear()
@@ -382,6 +382,34 @@ def test_expert_parallel_matches_reference(seed):
             prefix_caching=seed % 4 == 1, long_outputs=seed % 5 == 1,
         )
     )
+
+
+NUM_POOL_TIMING_SCENARIOS = 80
+
+
+@pytest.mark.parametrize("seed", range(NUM_POOL_TIMING_SCENARIOS))
+def test_per_pool_timing_matches_reference(seed):
+    """Each pool's own timing (engine.<pool>.timing) against the reference: P/D pools of different
+    speeds (the hand-off, the decode pool's batches), aggregated pools, with the other features."""
+    policy = ("vllm", "sglang", "trtllm")[seed % 3] if seed % 4 != 3 else "vllm"
+    compare_with_reference(
+        random_scenario(
+            seed, per_pool_timing=True, disaggregated=seed % 4 != 1, policy=policy,
+            expert_parallel=seed % 4 == 3, long_outputs=seed % 5 == 2,
+        )
+    )
+
+
+def test_per_pool_timing_scenarios_change_pass_times():
+    """The pools' own timing decides: most scenarios have other passes with it removed."""
+    differ = 0
+    for seed in range(NUM_POOL_TIMING_SCENARIOS):
+        on = random_scenario(seed, per_pool_timing=True, disaggregated=True)
+        off = dict(on, config=merge_config(on["config"]))
+        for name in ("prefill", "decode"):
+            off["config"]["engine"][name]["timing"] = None
+        differ += reference(on)[1]["passes"] != reference(off)[1]["passes"]
+    assert differ >= NUM_POOL_TIMING_SCENARIOS // 2, differ
 
 
 def test_expert_parallel_scenarios_change_pass_times():

@@ -28,7 +28,7 @@ from simcore.scheduler.speculative import MAX_DRAFT_TOKENS
 from simcore.scheduler.radix import radix_prefix_cache
 from simcore.scheduler.kv_tree import kv_tree_prefix_cache
 from simcore.scheduler.offload import OffloadRun, OffloadShape, offload_results, offload_state
-from simcore.timing.api import timing_arrays
+from simcore.timing.api import worker_timing
 from simcore.units import ms_array_to_ns, ms_to_ns
 from simcore.workload.api import RequestTable
 from simcore.workload.sessions import session_schedule
@@ -441,7 +441,7 @@ def prepare(
         client=client,
         topology=topology,
         ranks=ranks,
-        timing=Timing(*timing_arrays(cfg.timing)),
+        timing=Timing(*worker_timing([cfg.timing_of(i) for i in range(len(pools))], [p.replicas for p in pools])),
         send=None if closed else send_ns,
         sessions=sessions,
         n=n,
@@ -497,9 +497,12 @@ def finish(prep: Prepared, buffers: Buffers, status: int, rows: int, num_emitted
     rank = np.where(placed, out.placed_rank - prep.topology.worker_first_rank[worker], -1)
     if status == nb.BAD_TIMING:
         b = logs.bad_batch
-        curve = cfg.timing.allreduce_curve if cfg.timing.allreduce else None
-        source = (f"timing.type={cfg.timing.type} with timing.allreduce.curve={curve} (beyond its last point "
-                  "the curve's last segment is extended)" if curve else f"timing.type={cfg.timing.type}")
+        pool_of_worker = np.repeat(np.arange(len(cfg.engine.pools)), [p.replicas for p in cfg.engine.pools])
+        timing = cfg.timing_of(int(pool_of_worker[min(int(b[0]), pool_of_worker.shape[0] - 1)]))
+        t = timing.path
+        curve = timing.allreduce_curve if timing.allreduce else None
+        source = (f"{t}.type={timing.type} with {t}.allreduce.curve={curve} (beyond its last point "
+                  "the curve's last segment is extended)" if curve else f"{t}.type={timing.type}")
         raise ConfigError(
             f"{source} gave {float(b[7])!r} ms for worker {int(b[0])} rank "
             f"{int(b[1])}'s batch (num_prefill={int(b[2])}, prefill_tokens={int(b[3])}, "

@@ -155,8 +155,10 @@ def _steady_decode_nb(run, state):
         ps.summary[0, 3] = rk.run_len[0]
         ps.summary[0, 4] = decode_kv_tokens
         ps.summary[0, 6] = decode_kv_max
+        span = timing.worker_span[0]
         ms = rank_time_ms_nb(
-            timing.model, timing.params, timing.table, 0, 0, 0, rk.run_len[0], decode_kv_tokens, decode_kv_max
+            timing.worker_model[0], timing.params[span[0]:span[1]], timing.table[span[2]:span[3]], 0, 0, 0,
+            rk.run_len[0], decode_kv_tokens, decode_kv_max,
         )
         if not (ms >= 0.0 and ms < np.inf):
             _report_bad_batch_nb(logs.bad_batch, 0, 0, ps.summary, ms)
@@ -573,6 +575,11 @@ def _start_pass_nb(w, t, queue, run, state):
     first_rank = topology.worker_first_rank[w]
     num_dp = topology.worker_num_ranks[w]
     slot = 1 - ps.run_slot[w] if queue else ps.run_slot[w]
+    # the worker's pool's timing (docs/timing.md, Per-pool timing): its model and its span of the arrays
+    model = timing.worker_model[w]
+    span = timing.worker_span[w]
+    params = timing.params[span[0]:span[1]]
+    table = timing.table[span[2]:span[3]]
     while True:
         any_batch = False
         any_preempted = False
@@ -601,9 +608,9 @@ def _start_pass_nb(w, t, queue, run, state):
                 ps.summary[r, 5] = rk.blocks_used[g]
                 continue
             ms = rank_time_ms_nb(
-                timing.model,
-                timing.params,
-                timing.table,
+                model,
+                params,
+                table,
                 ps.summary[r, 0],
                 ps.summary[r, 1],
                 ps.summary[r, 2],
@@ -622,7 +629,7 @@ def _start_pass_nb(w, t, queue, run, state):
             if ms > worst_ms:
                 worst_ms = ms
         if any_batch and topology.worker_lockstep[w]:  # expert parallelism: the ranks' times together
-            worst_ms = lockstep_times_nb(timing.model, timing.params, timing.table, ps.summary, num_dp, ps.rank_ms)
+            worst_ms = lockstep_times_nb(model, params, table, ps.summary, num_dp, ps.rank_ms)
             if not (worst_ms >= 0.0 and worst_ms < np.inf):
                 _report_bad_batch_nb(logs.bad_batch, w, 0, ps.summary, worst_ms)
                 return BAD_TIMING

@@ -40,7 +40,11 @@ class KVTransferConfig:
         None, optional_number, strict=True,
         doc="P/D: link bandwidth for the prompt's KV from prefill to decode; null: transfers take no time.",
     )
-    bytes_per_token: float | None = key(None, optional_number, doc="P/D: KV bytes moved per prompt token.")
+    bytes_per_token: float | None = key(
+        None, optional_number,
+        doc="P/D: KV bytes moved per prompt token; null with the bandwidth set and a roofline pool: the model's KV "
+            "bytes per token over all layers, one copy (docs/semantics.md, Per-pool timing).",
+    )
 
     def transfer_ms(self, input_tokens: np.ndarray) -> np.ndarray:
         """SPEC §6: ``input x bytes_per_token / (bandwidth x 1e9) x 1e3`` ms (0 when off)."""
@@ -238,7 +242,7 @@ def parse_policy(raw: Mapping[str, Any], path: str = "engine") -> str:
     return choice(f"{path}.policy", raw["policy"], POLICIES)
 
 
-def parse(raw: Mapping[str, Any], path: str, timing_type: str) -> EngineConfig:
+def parse(raw: Mapping[str, Any], path: str, timing_type: str | Mapping[str, str]) -> EngineConfig:
     """Check the ``engine`` section (after :func:`parse_policy` and the timing settings).
 
     Parameters
@@ -247,8 +251,9 @@ def parse(raw: Mapping[str, Any], path: str, timing_type: str) -> EngineConfig:
         The merged ``engine`` tree.
     path : str
         Its dotted path, for messages.
-    timing_type : str
-        timing.type (``num_blocks: auto`` needs ``aic`` or ``roofline``).
+    timing_type : str or Mapping[str, str]
+        timing.type (``num_blocks: auto`` needs ``aic`` or ``roofline``), or each pool's own
+        (``engine.<pool>.timing.type`` merged over it) by pool name.
 
     Returns
     -------
@@ -262,9 +267,10 @@ def parse(raw: Mapping[str, Any], path: str, timing_type: str) -> EngineConfig:
         A key's value is refused (its dotted path named).
     """
     policy = parse_policy(raw, path)
+    types = timing_type if isinstance(timing_type, Mapping) else {}
     pools = {
         name: Later(lambda name=name: parse_pool(
-            raw[name], f"{path}.{name}", policy, timing_type, active=name in POOLS[raw["mode"]]
+            raw[name], f"{path}.{name}", policy, types.get(name, timing_type), active=name in POOLS[raw["mode"]]
         ))
         for name in ("aggregated", "prefill", "decode")
     }

@@ -111,11 +111,13 @@ class Ranks(NamedTuple):
 
 
 class Timing(NamedTuple):
-    """The pass-time model of ``simcore.timing.nb`` (``timing_arrays``)."""
+    """The pass-time models of ``simcore.timing.nb`` (``timing.api.worker_timing``): each pool's
+    parameters and table laid end to end, each worker reading its own pool's span."""
 
-    model: types.int64
-    params: F64
-    table: F64  # flat lookup tables (empty for fixed and linear)
+    worker_model: I64  # TIMING_* code of each worker's pool
+    params: F64  # every distinct pool timing's parameters, end to end
+    table: F64  # their flat lookup tables, end to end (empty for fixed and linear)
+    worker_span: I64_2D  # (workers, 4): each worker's params[s0:s1] and table[s2:s3]
 
 
 class Outputs(NamedTuple):

@@ -286,7 +286,7 @@ def kv_blocks(plan: MemoryPlan, block_size: int) -> int:
     return max(0, int(plan.kv // (plan.kv_per_token * block_size)))
 
 
-def fit_error(model: str, spec: ModelSpec, device: Gpu, tp: int, plan: MemoryPlan) -> str:
+def fit_error(model: str, spec: ModelSpec, device: Gpu, tp: int, plan: MemoryPlan, path: str = "timing") -> str:
     """The one-line message of a model that does not fit (``timing.model``/``gpu``/``tp`` named).
 
     Parameters
@@ -298,12 +298,14 @@ def fit_error(model: str, spec: ModelSpec, device: Gpu, tp: int, plan: MemoryPla
     tp : int
     plan : MemoryPlan
         The rank's memory, which does not fit.
+    path : str
+        Where the keys were given (``timing``, or a pool's ``engine.<pool>.timing``).
 
     Returns
     -------
     str
     """
     return (
-        f"timing.model={model} does not fit timing.gpu={device.name} at timing.tp={tp}: {plan.describe()}; "
-        f"a larger timing.tp or GPU is needed"
+        f"{path}.model={model} does not fit {path}.gpu={device.name} at {path}.tp={tp}: {plan.describe()}; "
+        f"a larger {path}.tp or GPU is needed"
     )

@@ -25,6 +25,7 @@ from simcore.checks import (
     number,
     optional_count,
     section,
+    shown,
 )
 from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
@@ -231,6 +232,15 @@ class PoolConfig:
         "through the MoE layers, an idle one running a dummy batch (docs/semantics.md).",
         values="true | false",
     )
+    # The pool's own timing keys, merged over the timing section (simcore.config parses them into
+    # SimConfig.pool_timing); None: the timing section as it is.
+    timing: Mapping[str, Any] | None = key(
+        None,
+        doc="The pool's own hardware and timing: any timing.* keys (type, model, gpu, tp, roofline.*, "
+        "profile, ...) merged over the timing section for this pool's workers, e.g. "
+        "{gpu: H200} (docs/timing.md, Per-pool timing); null: the timing section.",
+        values="mapping of timing keys or null",
+    )
 
     @property
     def num_ranks(self) -> int:
@@ -328,10 +338,20 @@ def parse_pool(
         schedule_conservativeness=None
         if conservativeness is None
         else number(f"{path}.schedule_conservativeness", conservativeness),  # SGLang asserts >= 0
+        timing=_timing_override(f"{path}.timing", raw["timing"]),
     )
     if active and not (isinstance(num_blocks, str) and num_blocks == AUTO_BLOCKS):
         check_whole_prompt_budget(path, pool)
     return pool
+
+
+def _timing_override(path: str, value: Any) -> Mapping[str, Any] | None:
+    """engine.<pool>.timing: null or a mapping (its keys are checked against timing's by simcore.config)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path} must be a mapping of timing keys (e.g. {{gpu: H200}}) or null, got {shown(value)}")
+    return value
 
 
 def check_whole_prompt_budget(path: str, pool: PoolConfig) -> None:

@@ -84,6 +84,54 @@ def timing_arrays(cfg: TimingConfig) -> tuple[int, np.ndarray, np.ndarray]:
     )
 
 
+def worker_timing(timings: list[TimingConfig], workers: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each worker's model code and its span of the pools' parameters and tables, laid end to end.
+
+    A pool's own timing (``engine.<pool>.timing``) has its own parameters and table; pools that
+    share a timing section (the same object) share one copy.  The offsets a model's parameters
+    hold into its table are relative to its own span, which the kernel slices out
+    (``table[start:end]``), so each section's arrays are those of :func:`timing_arrays` unchanged.
+
+    Parameters
+    ----------
+    timings : list of TimingConfig
+        Each active pool's timing, in worker order (aggregated; or prefill, then decode).
+    workers : list of int
+        Each pool's workers (its replicas).
+
+    Returns
+    -------
+    worker_model : ndarray(int64, shape (workers,))
+    params : ndarray(float64)
+        Every distinct section's parameters, end to end.
+    table : ndarray(float64)
+        Every distinct section's table, end to end.
+    worker_span : ndarray(int64, shape (workers, 4))
+        Each worker's ``params[s0:s1]`` and ``table[s2:s3]``.
+    """
+    seen: list[TimingConfig] = []
+    spans: list[tuple[int, int, int, int, int]] = []
+    params_parts, table_parts = [], []
+    p_end = t_end = 0
+    for timing in timings:
+        if any(timing is other for other in seen):
+            continue
+        model, params, table = timing_arrays(timing)
+        seen.append(timing)
+        spans.append((model, p_end, p_end + params.shape[0], t_end, t_end + table.shape[0]))
+        params_parts.append(params)
+        table_parts.append(table)
+        p_end += params.shape[0]
+        t_end += table.shape[0]
+    per_worker = [spans[next(i for i, other in enumerate(seen) if other is timing)]
+                  for timing, count in zip(timings, workers) for _ in range(count)]
+    worker_model = np.array([span[0] for span in per_worker], dtype=np.int64)
+    worker_span = np.array([span[1:] for span in per_worker], dtype=np.int64).reshape(len(per_worker), 4)
+    params = params_parts[0] if len(params_parts) == 1 else np.concatenate(params_parts)
+    table = table_parts[0] if len(table_parts) == 1 else np.concatenate(table_parts)
+    return worker_model, np.ascontiguousarray(params, dtype=np.float64), np.ascontiguousarray(table, dtype=np.float64), worker_span
+
+
 #: Bytes per token of the top-k weights (float32) and ids (int32) that vLLM's dispatch gathers beside
 #: the hidden states (vllm/distributed/device_communicators/all2all.py, ``AgRsAll2AllManager.dispatch``,
 #: v0.19.0).

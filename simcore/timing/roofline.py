@@ -64,9 +64,9 @@ def resolve(cfg: TimingConfig) -> tuple[ModelSpec, Gpu]:
     ConfigError
         An unknown name, a refused config or a TP the heads refuse (naming the key).
     """
-    spec = catalogue.model_spec(cfg.model, kv_dtype=cfg.roofline_kv_dtype)
-    device = catalogue.gpu(cfg.gpu)
-    catalogue.check_tp(spec, cfg.tp)
+    spec = catalogue.model_spec(cfg.model, kv_dtype=cfg.roofline_kv_dtype, key=f"{cfg.path}.model")
+    device = catalogue.gpu(cfg.gpu, key=f"{cfg.path}.gpu")
+    catalogue.check_tp(spec, cfg.tp, key=f"{cfg.path}.tp")
     return spec, device
 
 

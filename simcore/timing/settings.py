@@ -274,6 +274,8 @@ class TimingConfig:
     expert_parallel: bool = field(default=False)
     pass_sequences_limit: int | None = field(default=None)
     context_limit: int | None = field(default=None)
+    # Where the keys were given, for messages: ``timing``, or ``engine.<pool>.timing`` for a pool's own
+    path: str = field(default="timing")
 
 
 def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
@@ -345,6 +347,7 @@ def parse(raw: Mapping[str, Any], path: str, policy: str) -> TimingConfig:
         type=kind,
         **{name: number(f"{path}.{name}", raw[name]) for name in FIXED_KEYS + LINEAR_KEYS},
         **extra,
+        path=path,
     )
 
 

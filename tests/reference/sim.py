@@ -520,6 +520,158 @@ class Worker:
         return any(rank.has_work() for rank in self.ranks)
 
 
+def merged_timing(timing, override):
+    """The timing section with a pool's own keys (``engine.<pool>.timing``) merged over it, nested."""
+    out = dict(timing)
+    for key, value in (override or {}).items():
+        out[key] = merged_timing(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+class PoolTiming:
+    """One pool's timing model (fixed or linear, SPEC §8) and its pass terms."""
+
+    def __init__(self, timing, pool):
+        self.timing_type = timing["type"]
+        if self.timing_type not in ("fixed", "linear"):
+            raise NotImplementedError(f"reference has no timing model {self.timing_type!r}")
+        self.t_prefill_ms = float(timing["prefill_ms"])
+        self.t_decode_ms = float(timing["decode_ms"])
+        self.t_base_ms = float(timing["base_ms"])
+        self.t_per_prefill_token_us = float(timing["per_prefill_token_us"])
+        self.t_per_decode_seq_us = float(timing["per_decode_seq_us"])
+        self.t_per_kv_token_ns = float(timing["per_kv_token_ns"])
+        # Linear timing's pass terms: scales by pass kind, overhead, TP all-reduce
+        # (ring model only: 2 per layer).
+        self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
+        self.t_decode_scale = float(timing.get("decode_scale", 1.0))
+        self.t_prefill_token_scale = float(timing.get("prefill_token_scale", 1.0))
+        self.t_decode_attention_scale = float(timing.get("decode_attention_scale", 1.0))
+        self.t_decode_base_scale = float(timing.get("decode_base_scale", 1.0))
+        self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
+        self.t_skew_alpha = float(timing.get("attention_skew_alpha") or 0.0)
+        ring = timing.get("allreduce") or {}
+        self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
+        self.ar_curve = None
+        if ring.get("curve") is not None:
+            self.ar_curve = read_allreduce_curve(ring["curve"], int(timing["tp"]))
+        self.ar_on = self.ar_bandwidth is not None or self.ar_curve is not None
+        if self.ar_on:
+            self.ar_latency_us = float(ring.get("latency_us") or 0.0)
+            self.ar_gpus = int(timing["tp"])
+            self.ar_count = 2 * int(timing["num_layers"])
+            self.ar_bytes_per_token = int(timing["hidden_size"]) * int(timing["dtype_bytes"])
+        self.graph_sizes = graph_sizes(timing.get("cuda_graph_sizes"), pool)
+        moe = timing.get("moe") or {}
+        a2a = moe.get("alltoall") or {}
+        self.a2a_bandwidth = a2a.get("bandwidth_gb_per_second")
+        if self.a2a_bandwidth is not None:
+            self.a2a_latency_us = float(a2a.get("latency_us") or 0.0)
+            layers = moe.get("num_layers")
+            self.a2a_layers = int(timing["num_layers"] if layers is None else layers)
+            self.a2a_bytes_per_token = (2 * int(timing["hidden_size"]) * int(timing["dtype_bytes"])
+                                        + 8 * int(moe["top_k"]))
+
+    def graph_tokens(self, tokens):
+        """CUDA-graph padding: the smallest capture size >= tokens (tokens beyond the largest)."""
+        if self.graph_sizes and tokens <= self.graph_sizes[-1]:
+            return min(size for size in self.graph_sizes if size >= tokens)
+        return tokens
+
+    def lockstep_times_ms(self, summaries):
+        """docs/semantics.md "Expert parallelism": the ranks of a worker step together through
+        the MoE layers.  An empty rank runs a one-token dummy batch (one decode entry of one
+        token); every rank runs its tokens padded to a CUDA-graph size, all of them the largest
+        of those when every rank's batch is within the capture sizes; the all-to-all of every
+        MoE layer moves the tokens of all ranks."""
+        dummy = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
+                     num_decode=1, decode_kv_tokens=1, decode_kv_max=0, draft_tokens=0)
+        batches = [s if s["num_prefill"] + s["num_decode"] > 0 else dummy for s in summaries]
+        tokens = [s["prefill_tokens"] + s["num_decode"] for s in batches]
+        padded = [self.graph_tokens(t) for t in tokens]
+        if self.timing_type != "fixed" and self.graph_sizes and all(t <= self.graph_sizes[-1] for t in tokens):
+            padded = [max(padded)] * len(padded)
+        gathered = sum(padded)
+        times = []
+        for s, run_at in zip(batches, padded):
+            ms = self.rank_time_ms(s, run_at)
+            if self.timing_type != "fixed" and self.a2a_bandwidth is not None and len(batches) > 1:
+                d = float(len(batches))
+                one_us = (2.0 * self.a2a_latency_us
+                          + (d - 1.0) / d * gathered * self.a2a_bytes_per_token / (self.a2a_bandwidth * 1e3))
+                ms += self.a2a_layers * one_us / 1000.0
+            times.append(ms)
+        return times
+
+    def rank_time_ms(self, s, run_at=None):
+        """SPEC §8 timing model for one rank's batch; an empty batch takes 0.  ``run_at``: the
+        tokens the pass runs at (None: CUDA-graph padding of its own tokens)."""
+        if s["num_prefill"] == 0 and s["num_decode"] == 0:
+            return 0.0
+        if self.timing_type == "fixed":
+            return ((self.t_prefill_ms if s["num_prefill"] > 0 else 0.0)
+                    + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
+        tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
+        if run_at is None:
+            run_at = self.graph_tokens(tokens)
+        ms = self.linear_ms(s, run_at)
+        if (self.t_prefill_token_scale, self.t_decode_attention_scale, self.t_decode_base_scale) != (1.0, 1.0, 1.0):
+            ms = self.operator_scaled_ms(s, ms)
+        ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
+        if self.ar_on:
+            size = run_at * float(self.ar_bytes_per_token)
+            if self.ar_curve is None:
+                n = float(self.ar_gpus)
+                one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
+            else:
+                one_us = curve_time_us(self.ar_curve, size)
+            ms += self.ar_count * one_us / 1000.0
+        ms += self.t_overhead_us / 1000.0
+        if not math.isfinite(ms) or ms < 0:
+            raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
+        return ms
+
+    def operator_scaled_ms(self, s, ms):
+        """docs/timing.md operator scales: with F the pass's linear time, D that of its decode
+        entries alone (0 without decodes) and D1 that of the same decodes at one token of context
+        each, ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at least 0."""
+        decodes = floor = 0.0
+        if s["num_decode"] > 0:
+            alone = dict(s, num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0)
+            one = dict(alone, decode_kv_tokens=s["num_decode"], decode_kv_max=1)
+            decodes = self.linear_ms(alone, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
+            floor = self.linear_ms(one, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
+        out = (self.t_decode_base_scale * floor + self.t_decode_attention_scale * (decodes - floor)
+               + self.t_prefill_token_scale * (ms - decodes))
+        return max(out, 0.0)
+
+    def linear_ms(self, s, run_at):
+        """SPEC §8 linear model time of a non-empty batch run at ``run_at`` tokens, skew included."""
+        kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
+        tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
+        # proposals are priced as prefill (query) tokens (docs/speculative.md)
+        prefill_tokens, num_decode = s["prefill_tokens"] + s["draft_tokens"], s["num_decode"]
+        if s["num_prefill"] > 0:
+            prefill_tokens += run_at - tokens
+        else:
+            num_decode += run_at - tokens
+        ms = (self.t_base_ms
+              + self.t_per_prefill_token_us * prefill_tokens / 1000
+              + self.t_per_decode_seq_us * num_decode / 1000
+              + self.t_per_kv_token_ns * kv / 1e6)
+        ms += self.skew_ms(s)
+        return ms
+
+    def skew_ms(self, s):
+        """docs/timing.md attention skew (linear): alpha x the decodes' kv term at their
+        longest context less that at their mean."""
+        d = s["num_decode"]
+        gap = s["decode_kv_max"] * d - s["decode_kv_tokens"]
+        if self.t_skew_alpha == 0.0 or d < 2 or gap <= 0:
+            return 0.0
+        return self.t_skew_alpha * (self.t_per_kv_token_ns * gap / 1e6)
+
+
 # ---------------------------------------------------------------- simulator
 
 
@@ -556,46 +708,10 @@ class ReferenceSim(OffloadMixin):
         self.kv_bytes_per_token = kv.get("bytes_per_token")
         assert (self.kv_bandwidth is None) == (self.kv_bytes_per_token is None)
 
-        timing = config["timing"]
-        self.timing_type = timing["type"]
-        if self.timing_type not in ("fixed", "linear"):
-            raise NotImplementedError(f"reference has no timing model {self.timing_type!r}")
-        self.t_prefill_ms = float(timing["prefill_ms"])
-        self.t_decode_ms = float(timing["decode_ms"])
-        self.t_base_ms = float(timing["base_ms"])
-        self.t_per_prefill_token_us = float(timing["per_prefill_token_us"])
-        self.t_per_decode_seq_us = float(timing["per_decode_seq_us"])
-        self.t_per_kv_token_ns = float(timing["per_kv_token_ns"])
-        # Linear timing's pass terms: scales by pass kind, overhead, TP all-reduce
-        # (ring model only: 2 per layer).
-        self.t_prefill_scale = float(timing.get("prefill_scale", 1.0))
-        self.t_decode_scale = float(timing.get("decode_scale", 1.0))
-        self.t_prefill_token_scale = float(timing.get("prefill_token_scale", 1.0))
-        self.t_decode_attention_scale = float(timing.get("decode_attention_scale", 1.0))
-        self.t_decode_base_scale = float(timing.get("decode_base_scale", 1.0))
-        self.t_overhead_us = float(timing.get("pass_overhead_us", 0.0))
-        self.t_skew_alpha = float(timing.get("attention_skew_alpha") or 0.0)
-        ring = timing.get("allreduce") or {}
-        self.ar_bandwidth = ring.get("bandwidth_gb_per_second")
-        self.ar_curve = None
-        if ring.get("curve") is not None:
-            self.ar_curve = read_allreduce_curve(ring["curve"], int(timing["tp"]))
-        self.ar_on = self.ar_bandwidth is not None or self.ar_curve is not None
-        if self.ar_on:
-            self.ar_latency_us = float(ring.get("latency_us") or 0.0)
-            self.ar_gpus = int(timing["tp"])
-            self.ar_count = 2 * int(timing["num_layers"])
-            self.ar_bytes_per_token = int(timing["hidden_size"]) * int(timing["dtype_bytes"])
-        self.graph_sizes = graph_sizes(timing.get("cuda_graph_sizes"), pools[0])
-        moe = timing.get("moe") or {}
-        a2a = moe.get("alltoall") or {}
-        self.a2a_bandwidth = a2a.get("bandwidth_gb_per_second")
-        if self.a2a_bandwidth is not None:
-            self.a2a_latency_us = float(a2a.get("latency_us") or 0.0)
-            layers = moe.get("num_layers")
-            self.a2a_layers = int(timing["num_layers"] if layers is None else layers)
-            self.a2a_bytes_per_token = (2 * int(timing["hidden_size"]) * int(timing["dtype_bytes"])
-                                        + 8 * int(moe["top_k"]))
+        # Per-pool timing (docs/timing.md, Per-pool timing): engine.<pool>.timing merged over timing.
+        for pool in pools:
+            pool.timing = PoolTiming(merged_timing(config["timing"], engine[pool.name].get("timing")), pool)
+        self.timing_type = pools[0].timing.timing_type
 
         tok = config["tokenization"]
         self.tok_workers = int(tok["workers"])
@@ -1546,105 +1662,6 @@ class ReferenceSim(OffloadMixin):
                 s["prefill_kv_tokens"] += req.computed + n
         return s
 
-    def graph_tokens(self, tokens):
-        """CUDA-graph padding: the smallest capture size >= tokens (tokens beyond the largest)."""
-        if self.graph_sizes and tokens <= self.graph_sizes[-1]:
-            return min(size for size in self.graph_sizes if size >= tokens)
-        return tokens
-
-    def lockstep_times_ms(self, summaries):
-        """docs/semantics.md "Expert parallelism": the ranks of a worker step together through
-        the MoE layers.  An empty rank runs a one-token dummy batch (one decode entry of one
-        token); every rank runs its tokens padded to a CUDA-graph size, all of them the largest
-        of those when every rank's batch is within the capture sizes; the all-to-all of every
-        MoE layer moves the tokens of all ranks."""
-        dummy = dict(num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0,
-                     num_decode=1, decode_kv_tokens=1, decode_kv_max=0, draft_tokens=0)
-        batches = [s if s["num_prefill"] + s["num_decode"] > 0 else dummy for s in summaries]
-        tokens = [s["prefill_tokens"] + s["num_decode"] for s in batches]
-        padded = [self.graph_tokens(t) for t in tokens]
-        if self.timing_type != "fixed" and self.graph_sizes and all(t <= self.graph_sizes[-1] for t in tokens):
-            padded = [max(padded)] * len(padded)
-        gathered = sum(padded)
-        times = []
-        for s, run_at in zip(batches, padded):
-            ms = self.rank_time_ms(s, run_at)
-            if self.timing_type != "fixed" and self.a2a_bandwidth is not None and len(batches) > 1:
-                d = float(len(batches))
-                one_us = (2.0 * self.a2a_latency_us
-                          + (d - 1.0) / d * gathered * self.a2a_bytes_per_token / (self.a2a_bandwidth * 1e3))
-                ms += self.a2a_layers * one_us / 1000.0
-            times.append(ms)
-        return times
-
-    def rank_time_ms(self, s, run_at=None):
-        """SPEC §8 timing model for one rank's batch; an empty batch takes 0.  ``run_at``: the
-        tokens the pass runs at (None: CUDA-graph padding of its own tokens)."""
-        if s["num_prefill"] == 0 and s["num_decode"] == 0:
-            return 0.0
-        if self.timing_type == "fixed":
-            return ((self.t_prefill_ms if s["num_prefill"] > 0 else 0.0)
-                    + (self.t_decode_ms if s["num_decode"] > 0 else 0.0))
-        tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
-        if run_at is None:
-            run_at = self.graph_tokens(tokens)
-        ms = self.linear_ms(s, run_at)
-        if (self.t_prefill_token_scale, self.t_decode_attention_scale, self.t_decode_base_scale) != (1.0, 1.0, 1.0):
-            ms = self.operator_scaled_ms(s, ms)
-        ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
-        if self.ar_on:
-            size = run_at * float(self.ar_bytes_per_token)
-            if self.ar_curve is None:
-                n = float(self.ar_gpus)
-                one_us = self.ar_latency_us + 2.0 * (n - 1.0) / n * size / (self.ar_bandwidth * 1e3)
-            else:
-                one_us = curve_time_us(self.ar_curve, size)
-            ms += self.ar_count * one_us / 1000.0
-        ms += self.t_overhead_us / 1000.0
-        if not math.isfinite(ms) or ms < 0:
-            raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
-        return ms
-
-    def operator_scaled_ms(self, s, ms):
-        """docs/timing.md operator scales: with F the pass's linear time, D that of its decode
-        entries alone (0 without decodes) and D1 that of the same decodes at one token of context
-        each, ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at least 0."""
-        decodes = floor = 0.0
-        if s["num_decode"] > 0:
-            alone = dict(s, num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0)
-            one = dict(alone, decode_kv_tokens=s["num_decode"], decode_kv_max=1)
-            decodes = self.linear_ms(alone, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
-            floor = self.linear_ms(one, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
-        out = (self.t_decode_base_scale * floor + self.t_decode_attention_scale * (decodes - floor)
-               + self.t_prefill_token_scale * (ms - decodes))
-        return max(out, 0.0)
-
-    def linear_ms(self, s, run_at):
-        """SPEC §8 linear model time of a non-empty batch run at ``run_at`` tokens, skew included."""
-        kv = s["prefill_kv_tokens"] + s["decode_kv_tokens"]  # integer sum first
-        tokens = s["prefill_tokens"] + s["num_decode"] + s["draft_tokens"]
-        # proposals are priced as prefill (query) tokens (docs/speculative.md)
-        prefill_tokens, num_decode = s["prefill_tokens"] + s["draft_tokens"], s["num_decode"]
-        if s["num_prefill"] > 0:
-            prefill_tokens += run_at - tokens
-        else:
-            num_decode += run_at - tokens
-        ms = (self.t_base_ms
-              + self.t_per_prefill_token_us * prefill_tokens / 1000
-              + self.t_per_decode_seq_us * num_decode / 1000
-              + self.t_per_kv_token_ns * kv / 1e6)
-        ms += self.skew_ms(s)
-        return ms
-
-    def skew_ms(self, s):
-        """docs/timing.md attention skew (linear): alpha x the decodes' kv term at their
-        longest context less that at their mean."""
-        d = s["num_decode"]
-        gap = s["decode_kv_max"] * d - s["decode_kv_tokens"]
-        if self.t_skew_alpha == 0.0 or d < 2 or gap <= 0:
-            return 0.0
-        return self.t_skew_alpha * (self.t_per_kv_token_ns * gap / 1e6)
-
     def try_start(self, w, t):
         """SPEC §5 pass start on an idle worker with work (retried after preempt-only)."""
         p = self.build_pass(w, t)
@@ -1682,14 +1699,14 @@ class ReferenceSim(OffloadMixin):
                     batch = entries
                 batches.append(batch)
                 summaries.append(s)
-                ms = self.rank_time_ms(s)
+                ms = w.pool.timing.rank_time_ms(s)
                 if w.pool.spec_drafts:
                     ms += w.pool.proposer_ms(s["num_decode"])
                 times.append(ms)
                 blocks.append(rank.used_blocks)
             if any(batches):
                 if w.pool.expert_parallel:
-                    times = self.lockstep_times_ms(summaries)
+                    times = w.pool.timing.lockstep_times_ms(summaries)
                 return Pass(None, None, batches, summaries, times, blocks)
             if not any_preempted:
                 self.reset_ratio_when_idle(w)
