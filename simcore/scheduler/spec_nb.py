@@ -110,17 +110,21 @@ def spec_accepted_alpha_nb(alpha, drafts, u):
 
 
 @njit(cache=True)
-def spec_verify_nb(ranks, g, k, tok, spec_alpha, drafts, spec_counts):
+def spec_verify_nb(key, positions, rates, g, k, tok, spec_alpha, drafts, spec_counts):
     """Proposals accepted by request ``k``'s verification of ``drafts`` on rank ``g``, counted in
     ``spec_counts`` (verifications, proposals, accepted per position).
 
     Kept out of line: the engine's pass end calls it only for a verification, so
-    the common path carries no acceptance code.
+    the common path carries no acceptance code.  It takes the speculation
+    members, not the whole ``Ranks``: an out-of-line call counts a reference to
+    every array of a tuple argument, at every verification.
 
     Parameters
     ----------
-    ranks : Ranks
-        The speculation members of rank ``g``.
+    key, positions : int
+        ``Ranks.spec_key[g]`` and ``Ranks.spec_positions[g]``.
+    rates : ndarray(float64, ndim=2)
+        ``Ranks.spec_rates``.
     g, k : int
         Global rank and request.
     tok : int
@@ -136,11 +140,11 @@ def spec_verify_nb(ranks, g, k, tok, spec_alpha, drafts, spec_counts):
     -------
     int
     """
-    u = spec_uniform_nb(ranks.spec_key[g], k, tok)
+    u = spec_uniform_nb(key, k, tok)
     if spec_alpha.shape[0] > 0 and not np.isnan(spec_alpha[k]):
-        accepted = spec_accepted_alpha_nb(spec_alpha[k], min(drafts, ranks.spec_positions[g]), u)
+        accepted = spec_accepted_alpha_nb(spec_alpha[k], min(drafts, positions), u)
     else:
-        accepted = spec_accepted_nb(ranks.spec_rates, g, drafts, u)
+        accepted = spec_accepted_nb(rates, g, drafts, u)
     spec_counts[0] += 1
     spec_counts[1] += drafts
     for a in range(accepted):
