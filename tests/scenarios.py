@@ -645,7 +645,7 @@ def _scale_section(rnd: random.Random, replicas: int, metrics: tuple[str, ...]) 
     interval = rnd.choice([0.3, 1.0, 2.5, 5.0])
     target = {
         "outstanding": rnd.choice([0.5, 1.0, 2.0, 3.5]), "kv_usage": rnd.choice([0.05, 0.2, 0.5]),
-        "ttft": rnd.choice([0.5, 2.0, 5.0, 20.0]), "itl": rnd.choice([0.3, 1.0, 2.0, 5.0]),
+        "ttft": rnd.choice([0.5, 2.0, 5.0, 20.0]), "itl": rnd.choice([0.5, 1.0, 1.5, 3.0]),
     }[metric]
     return {"metric": metric, "target": target, "interval_ms": interval, "min_replicas": rnd.randint(1, replicas),
             "startup_ms": rnd.choice([0.0, interval, 0.7, 6.0])}
@@ -658,14 +658,17 @@ def pd_autoscale_scenario(seed: int) -> dict:
     scheduling policies in turn), 1-3 prefill and 1-3 decode replicas of 1-2
     ranks, each pool scaled on its own metric (or not: one pool in five stays
     fixed, never both).  Odd seeds: aggregated over 2-4 replicas on ``ttft`` or
-    ``itl``.  Routers that can skip replicas and rank policies are drawn; the
+    ``itl``.  Half of the seeds draw long outputs (many decode passes, many
+    decisions); half the fixed timings get 6 ms prefills (inter-token gaps that
+    rise and fall with the prompts in a pass, so that ``itl`` also drains).
+    Routers that can skip replicas and rank policies are drawn; the
     extra draws come from their own generator, after the base scenario's.
     Prefix caching is off (not modelled with autoscaling).
     """
     scheduler = ("vllm", "sglang", "trtllm")[(seed // 2) % 3]
     disaggregated = seed % 2 == 0
     scenario = random_scenario(seed, disaggregated=disaggregated, policy=scheduler,
-                               async_scheduling=scheduler == "vllm" and seed % 5 == 0)
+                               async_scheduling=scheduler == "vllm" and seed % 5 == 0, long_outputs=seed % 4 >= 2)
     rnd = random.Random(seed + 4_000_037)
     engine = scenario["config"]["engine"]
     routers = ["round_robin", "least_outstanding", "least_tokens"]
@@ -687,6 +690,9 @@ def pd_autoscale_scenario(seed: int) -> dict:
                 engine[section] = _scale_section(rnd, engine[name]["replicas"], metrics)
     else:
         engine["autoscale"] = _scale_section(rnd, engine["aggregated"]["replicas"], ("ttft", "itl"))
+    timing = scenario["config"]["timing"]
+    if timing["type"] == "fixed" and rnd.random() < 0.5:  # long prefills: gaps far longer in mixed passes
+        timing["prefill_ms"] = 6.0
     return scenario
 
 
