@@ -886,13 +886,15 @@ class ReferenceSim(OffloadMixin):
 
     def dispatch(self, req, t):
         """A send at t (a client's retry keeps its first send instant): routing, then the tokenizer job."""
+        if self.sessions is not None and req.send_seq is None:  # a retry keeps its send sequence number
+            self.place_at_send(req)
+            if self.failures is not None:  # routed below: placed only if a worker takes it
+                req.worker = req.rank = -1
         if self.failures is not None:
             req.retry_wait = False
             if not any(self.failures.up):  # no worker takes it: the client's retry rule
                 self.failures.lose(req, t)
                 return
-        if self.sessions is not None and req.send_seq is None:  # a retry keeps its send sequence number
-            self.place_at_send(req)
         if self.router.active:
             self.router.on_send(req)
         w = self.workers[req.worker]
