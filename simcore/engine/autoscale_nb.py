@@ -9,7 +9,7 @@ reads: it sends only to ready workers.  This module's own state is one int64
 array (:func:`allocate_scale_nb`): the scaling-log rows written, per pool
 (0: the receiving pool, aggregated or P/D prefill; 1: the P/D decode pool)
 its next decision instant (-1: not scaled) and the latency samples of its
-interval (sum, ns, and count), then per worker the instant it becomes ready
+interval (their sum in ns, as two int64 words, and count), then per worker the instant it becomes ready
 (-1: not starting).  Each pool has its own parameters (``Router.scale``:
 ``NUM_PARAMS`` per pool) and target.
 
@@ -74,11 +74,15 @@ SCALE_EVENTS = ("start", "ready", "drain", "off", "fail")  # fail: simcore.engin
 
 NUM_POOLS = 2
 _ROWS = 0
-_POOL = 1  # per pool: next decision (-1: not scaled), samples' sum (ns), samples' count
+_POOL = 1  # per pool: next decision (-1: not scaled), samples' sum (ns, as _HIGH x 2^62 + _SUM), their count
 _NEXT = 0
 _SUM = 1
 _COUNT = 2
-_READY_AT = _POOL + 3 * NUM_POOLS
+_HIGH = 3
+_PER_POOL = 4
+_READY_AT = _POOL + _PER_POOL * NUM_POOLS
+#: The sum's low part stays below this (2^62): a sum of any length never wraps.
+_CARRY = np.int64(1) << 62
 
 #: The status returned when the scaling log is full (the wrapper reruns with a larger one).
 _NO_CAP = np.iinfo(np.int64).max
@@ -123,10 +127,11 @@ def allocate_scale_nb(params, num_workers):
     st = np.full(_READY_AT + num_workers, -1, dtype=np.int64)
     st[_ROWS] = 0
     for p in range(NUM_POOLS):
-        base = _POOL + 3 * p
+        base = _POOL + _PER_POOL * p
         st[base + _NEXT] = params[p * NUM_PARAMS + P_INTERVAL] if params[p * NUM_PARAMS + P_METRIC] != 0 else -1
         st[base + _SUM] = 0
         st[base + _COUNT] = 0
+        st[base + _HIGH] = 0
     return st
 
 
@@ -221,8 +226,12 @@ def scale_sample_nb(st, params, metric, value):
     """
     for p in range(NUM_POOLS):
         if params[p * NUM_PARAMS + P_METRIC] == metric:
-            st[_POOL + 3 * p + _SUM] += value
-            st[_POOL + 3 * p + _COUNT] += 1
+            base = _POOL + _PER_POOL * p
+            st[base + _SUM] += value  # both below 2^62: no wrap
+            if st[base + _SUM] >= _CARRY:
+                st[base + _SUM] -= _CARRY
+                st[base + _HIGH] += 1
+            st[base + _COUNT] += 1
 
 
 @njit(cache=True)
@@ -248,7 +257,7 @@ def scale_next_instant_nb(t, horizon, st, num_workers):
     """
     limit = t if t != _NO_CAP else horizon + 1
     for p in range(NUM_POOLS):
-        nxt = st[_POOL + 3 * p + _NEXT]
+        nxt = st[_POOL + _PER_POOL * p + _NEXT]
         if nxt >= 0 and nxt < limit and nxt < t:
             t = nxt
     for w in range(num_workers):
@@ -374,7 +383,7 @@ def scale_step_nb(t, route, st, params, target, num_decode, worker_first_rank, w
             set_worker_status_nb(route, w, W_READY)
             ok = ok and _log_nb(st, log, t, w, SCALE_READY)
     for p in range(NUM_POOLS):
-        pool = _POOL + 3 * p
+        pool = _POOL + _PER_POOL * p
         if st[pool + _NEXT] != t:
             continue
         base = p * NUM_PARAMS
@@ -383,8 +392,10 @@ def scale_step_nb(t, route, st, params, target, num_decode, worker_first_rank, w
         metric = params[base + P_METRIC]
         if metric == METRIC_TTFT or metric == METRIC_ITL:
             samples = st[pool + _COUNT]
-            mean_ms = float(st[pool + _SUM]) / float(samples) / 1e6 if samples > 0 else 0.0
+            total = float(st[pool + _HIGH]) * float(_CARRY) + float(st[pool + _SUM])
+            mean_ms = total / float(samples) / 1e6 if samples > 0 else 0.0
             st[pool + _SUM] = 0
+            st[pool + _HIGH] = 0
             st[pool + _COUNT] = 0
             if samples == 0:  # nothing measured over the interval: no decision
                 continue

@@ -122,7 +122,8 @@ class ReferenceAutoscaler:
             if not samples:  # nothing measured: no decision
                 return
             serving = sum(self.status[w] in (READY, DRAINING) for w in workers)
-            load = serving * (float(sum(samples)) / float(len(samples)) / 1e6)
+            high, low = divmod(sum(samples), 2**62)  # the kernel's two words, each converted exactly or rounded once
+            load = serving * ((float(high) * float(2**62) + float(low)) / float(len(samples)) / 1e6)
         else:
             load = self.load(pool)
         ratio = load / pool.target
