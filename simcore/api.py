@@ -183,10 +183,12 @@ def _result(cfg: SimConfig, table, engine) -> Result:
         if notes:
             summary["timing_warnings"] = notes
     scaling = None
-    pool = cfg.engine.aggregated
-    if cfg.engine.autoscale.metric != "none":
-        summary.update(scaling_summary(engine.scale_log, cols, cfg.metrics.goodput, pool.replicas,
-                                       pool.attention_dp * (cfg.timing_of(0).tp or 1), engine.cap_ns))
+    pools = cfg.engine.pools
+    if cfg.engine.scaled:
+        gpus = [pool.attention_dp * (cfg.timing_of(i).tp or 1) for i, pool in enumerate(pools)
+                for _ in range(pool.replicas)]
+        summary.update(scaling_summary(engine.scale_log, cols, cfg.metrics.goodput, len(gpus),
+                                       gpus[0] if len(pools) == 1 else gpus, engine.cap_ns))
     if engine.failures is not None:
         fail = cfg.engine.failures
         summary.update(failure_summary(engine.scale_log, engine.failures, engine.reject_ns,

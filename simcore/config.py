@@ -357,32 +357,40 @@ def _check_failures(cfg: SimConfig) -> None:
     if cfg.output.mode == "bounded":
         raise ConfigError(f"output.mode=bounded is not modelled with {given}: a lost request's receipts "
                           "are folded into its statistics as they come")
-    if cfg.workload.source == "sessions":
-        raise ConfigError(f"workload.source=sessions is not modelled with {given}")
 
 
 def _check_autoscale(cfg: SimConfig) -> None:
-    """Autoscaling (docs/autoscaling.md): its required keys, its bounds and the routers that can skip a replica."""
-    scale = cfg.engine.autoscale
-    if scale.metric == "none":
-        return
-    for name in ("target", "startup_ms"):
-        if getattr(scale, name) is None:
-            raise ConfigError(f"engine.autoscale.{name} must be set when engine.autoscale.metric={scale.metric}")
-    if scale.metric == "kv_usage" and scale.target > 1.0:
-        raise ConfigError(f"engine.autoscale.target must be <= 1 with engine.autoscale.metric=kv_usage "
-                          f"(a fraction of the KV blocks), got {scale.target!r}")
-    replicas = cfg.engine.aggregated.replicas
-    if scale.min_replicas > replicas:
-        raise ConfigError(f"engine.autoscale.min_replicas must be <= engine.aggregated.replicas={replicas} "
-                          f"(the most replicas), got {scale.min_replicas}")
-    if cfg.engine.aggregated.prefix_caching:
-        raise ConfigError(f"engine.aggregated.prefix_caching=true is not modelled with engine.autoscale.metric="
-                          f"{scale.metric}: a replica that restarts would keep its cache")
-    if cfg.engine.router.policy not in AUTOSCALE_ROUTER_POLICIES:
-        raise ConfigError(f"engine.router.policy={cfg.engine.router.policy} draws over the whole pool before the run; "
-                          f"with engine.autoscale.metric={scale.metric} it must be one of "
-                          f"{', '.join(AUTOSCALE_ROUTER_POLICIES)}")
+    """Autoscaling (docs/autoscaling.md), per pool: its required keys, its bounds and the routers that can skip
+    a replica."""
+    receiving = POOLS[cfg.engine.mode][0]
+    scaled = [("autoscale", receiving, "router")]
+    if cfg.engine.mode == "disaggregated":
+        scaled.append(("decode_autoscale", "decode", "decode_router"))
+    for section, pool_name, router in scaled:
+        scale = getattr(cfg.engine, section)
+        if scale.metric == "none":
+            continue
+        given = f"engine.{section}.metric={scale.metric}"
+        for name in ("target", "startup_ms"):
+            if getattr(scale, name) is None:
+                raise ConfigError(f"engine.{section}.{name} must be set when {given}")
+        if scale.metric == "kv_usage" and scale.target > 1.0:
+            raise ConfigError(f"engine.{section}.target must be <= 1 with {given} "
+                              f"(a fraction of the KV blocks), got {scale.target!r}")
+        pool = getattr(cfg.engine, pool_name)
+        if scale.min_replicas > pool.replicas:
+            raise ConfigError(f"engine.{section}.min_replicas must be <= engine.{pool_name}.replicas={pool.replicas} "
+                              f"(the most replicas), got {scale.min_replicas}")
+        if pool.prefix_caching:
+            raise ConfigError(f"engine.{pool_name}.prefix_caching=true is not modelled with {given}: "
+                              "a replica that restarts would keep its cache")
+        policy = cfg.engine.router.policy if router == "router" else cfg.engine.router.decode_policy
+        if policy not in AUTOSCALE_ROUTER_POLICIES:
+            raise ConfigError(f"engine.{router}.policy={policy} draws over the whole pool before the run; "
+                              f"with {given} it must be one of {', '.join(AUTOSCALE_ROUTER_POLICIES)}")
+        if scale.metric == "itl" and cfg.output.mode == "bounded":
+            raise ConfigError(f"output.mode=bounded is not modelled with {given}: an inter-token gap reads the "
+                              "previous token's emission, which the bounded mode does not keep")
 
 
 def _check_expert_parallel(cfg: SimConfig) -> None:
@@ -456,7 +464,7 @@ def _auto_pools(cfg: SimConfig) -> list[str]:
 
 #: The engine sections each mode reads (kv_transfer: the P/D hand-off).
 _SECTION_MODE = {pool: mode for mode, pools in POOLS.items() for pool in pools} | {
-    "kv_transfer": "disaggregated", "decode_router": "disaggregated", "autoscale": "aggregated",
+    "kv_transfer": "disaggregated", "decode_router": "disaggregated", "decode_autoscale": "disaggregated",
     "failures": "aggregated",
 }
 
@@ -527,9 +535,13 @@ KEY_SCOPES = (
              "engine.{pool}.prefix_caching=true", lambda cfg: "prefix caching off", _NO_EFFECT),
     KeyScope("engine.router.weights", ROUTER_WEIGHTS, lambda cfg: cfg.engine.router.policy == "prefix_aware",
              "engine.router.policy=prefix_aware", lambda cfg: f"engine.router.policy={cfg.engine.router.policy}"),
-    KeyScope("engine.autoscale", tuple(k for k in DEFAULTS["engine"]["autoscale"] if k != "metric"),
-             lambda cfg: cfg.engine.autoscale.metric != "none", "engine.autoscale.metric=outstanding or kv_usage",
-             lambda cfg: f"engine.autoscale.metric={cfg.engine.autoscale.metric}", _NO_EFFECT),
+    *(
+        KeyScope(f"engine.{name}", tuple(k for k in DEFAULTS["engine"][name] if k != "metric"),
+                 lambda cfg, name=name: getattr(cfg.engine, name).metric != "none",
+                 f"engine.{name}.metric other than none",
+                 lambda cfg, name=name: f"engine.{name}.metric={getattr(cfg.engine, name).metric}", _NO_EFFECT)
+        for name in ("autoscale", "decode_autoscale")
+    ),
     KeyScope("engine.failures", tuple(k for k in DEFAULTS["engine"]["failures"] if k not in ("at", "mtbf_ms")),
              lambda cfg: cfg.engine.failures.enabled, "engine.failures.at or engine.failures.mtbf_ms",
              lambda cfg: "no failure configured", _NO_EFFECT),

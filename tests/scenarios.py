@@ -673,6 +673,63 @@ def autoscale_scenario(seed: int) -> dict:
     return scenario
 
 
+def _scale_section(rnd: random.Random, replicas: int, metrics: tuple[str, ...]) -> dict:
+    """One pool's ``engine.autoscale`` keys, drawn (docs/autoscaling.md)."""
+    metric = rnd.choice(metrics)
+    interval = rnd.choice([0.3, 1.0, 2.5, 5.0])
+    target = {
+        "outstanding": rnd.choice([0.5, 1.0, 2.0, 3.5]), "kv_usage": rnd.choice([0.05, 0.2, 0.5]),
+        "ttft": rnd.choice([0.5, 2.0, 5.0, 20.0]), "itl": rnd.choice([0.5, 1.0, 1.5, 3.0]),
+    }[metric]
+    return {"metric": metric, "target": target, "interval_ms": interval, "min_replicas": rnd.randint(1, replicas),
+            "startup_ms": rnd.choice([0.0, interval, 0.7, 6.0])}
+
+
+def pd_autoscale_scenario(seed: int) -> dict:
+    """A random scenario whose pools are autoscaled on any metric, latencies included (docs/autoscaling.md).
+
+    Even seeds: P/D (:func:`random_scenario` disaggregated, the three
+    scheduling policies in turn), 1-3 prefill and 1-3 decode replicas of 1-2
+    ranks, each pool scaled on its own metric (or not: one pool in five stays
+    fixed, never both).  Odd seeds: aggregated over 2-4 replicas on ``ttft`` or
+    ``itl``.  Half of the seeds draw long outputs (many decode passes, many
+    decisions); half the fixed timings get 6 ms prefills (inter-token gaps that
+    rise and fall with the prompts in a pass, so that ``itl`` also drains).
+    Routers that can skip replicas and rank policies are drawn; the
+    extra draws come from their own generator, after the base scenario's.
+    Prefix caching is off (not modelled with autoscaling).
+    """
+    scheduler = ("vllm", "sglang", "trtllm")[(seed // 2) % 3]
+    disaggregated = seed % 2 == 0
+    scenario = random_scenario(seed, disaggregated=disaggregated, policy=scheduler,
+                               async_scheduling=scheduler == "vllm" and seed % 5 == 0, long_outputs=seed % 4 >= 2)
+    rnd = random.Random(seed + 4_000_037)
+    engine = scenario["config"]["engine"]
+    routers = ["round_robin", "least_outstanding", "least_tokens"]
+    names = ("prefill", "decode") if disaggregated else ("aggregated",)
+    for name in names:
+        pool = engine[name]
+        pool["replicas"] = rnd.randint(1, 3) if disaggregated else rnd.randint(2, 4)
+        pool["attention_dp"] = rnd.randint(1, 2)
+        pool["rank_policy"] = rnd.choice(["round_robin", "least_loaded"])
+        if pool.get("chunked_prefill_size") is not None:  # sglang: a page per rank
+            pool["chunked_prefill_size"] = max(pool["chunked_prefill_size"], pool["block_size"] * pool["attention_dp"])
+    engine["router"] = {"policy": rnd.choice(routers)}
+    metrics = ("outstanding", "kv_usage", "ttft", "itl")
+    if disaggregated:
+        engine["decode_router"] = {"policy": rnd.choice(routers)}
+        fixed = rnd.choice([None, None, None, "autoscale", "decode_autoscale"])
+        for section, name in (("autoscale", "prefill"), ("decode_autoscale", "decode")):
+            if section != fixed:
+                engine[section] = _scale_section(rnd, engine[name]["replicas"], metrics)
+    else:
+        engine["autoscale"] = _scale_section(rnd, engine["aggregated"]["replicas"], ("ttft", "itl"))
+    timing = scenario["config"]["timing"]
+    if timing["type"] == "fixed" and rnd.random() < 0.5:  # long prefills: gaps far longer in mixed passes
+        timing["prefill_ms"] = 6.0
+    return scenario
+
+
 def failure_scenario(seed: int) -> dict:
     """A random aggregated scenario (:func:`random_scenario`, the three scheduling policies in turn, a fifth
     of the vllm ones asynchronous) over 2-4 replicas of 1-2 ranks with worker failures (docs/failures.md).

@@ -219,7 +219,8 @@ ON = {"metric": "outstanding", "target": 2.0, "startup_ms": 1000.0}
     ({"autoscale": ON, "router": {"policy": "power_of_two"}}, "engine.router.policy=power_of_two"),
     ({"autoscale": ON, "aggregated": {"replicas": 2, "prefix_caching": True}},
      "engine.aggregated.prefix_caching=true is not modelled"),
-    ({"mode": "disaggregated", "autoscale": ON}, "engine.autoscale.metric"),
+    ({"mode": "disaggregated", "autoscale": ON, "prefill": {"replicas": 2, "prefix_caching": True}},
+     "engine.prefill.prefix_caching=true is not modelled with engine.autoscale.metric=outstanding"),
 ])
 def test_each_key_fails_in_one_line(engine, message):
     if "aggregated" not in engine and "mode" not in engine:

@@ -375,9 +375,6 @@ def prepare(
     """
     closed = cfg.load.closed_loop
     sessions = requests.session is not None
-    if sessions and cfg.engine.failures.enabled:
-        raise ConfigError("engine.failures.at or engine.failures.mtbf_ms is not modelled with multi-turn sessions "
-                          "(session_id and turn columns)")
     if not closed and (send_ns is None or send_ns.shape[0] != len(requests)):
         raise ValueError("an open loop needs one send instant per request")
     bounded = cfg.output.mode == "bounded"
@@ -452,7 +449,7 @@ def prepare(
         rank_worker=rank_worker,
         router=router_inputs(cfg, n, topology, np.ascontiguousarray(tok_index, dtype=np.int64)),
         scale_rows=(64 + 4 * len(topology.worker_role) + len(cfg.engine.failures.at)
-                    if cfg.engine.autoscale.metric != "none" or cfg.engine.failures.enabled else 0),
+                    if cfg.engine.scaled or cfg.engine.failures.enabled else 0),
         **prefix_cache._asdict(),
     )
 

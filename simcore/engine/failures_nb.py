@@ -18,9 +18,11 @@ KV is gone and every request at it (running, waiting, in its tokenizer: in
 that order, rank by rank) is lost: its tokens and instants after the send are
 cleared, ``failures`` counts one more, and the client retries it after
 ``min(delay x 2^(i-1), max_delay)`` (retry i) while ``i <= max_retries``
-(``on_failure: retry``), else takes it as failed (rejected at t).  It is down
-for ``repair``.  A retry is a send of its own at its instant (phase (b)+(c),
-after the table's sends, by row); its send instant stays the first.
+(``on_failure: retry``), else takes it as failed (rejected at t; with
+multi-turn sessions its session's next turn is released).  It is down for
+``repair``.  A retry is a send of its own at its instant (phase (b)+(c),
+after the table's sends, by row) under its first send number (its row, or
+with sessions its send sequence number); its send instant stays the first.
 """
 
 from __future__ import annotations
@@ -278,6 +280,8 @@ def lose_nb(k, t, at_worker, run, state):
         out.progress[0] += 1
         if load.closed_loop:
             lp.counts[SEND_SIZE] = heap_push_nb(lp.send_key, lp.send_val, lp.counts[SEND_SIZE], t + load.think_ns, 0)
+        if load.session_mode:  # its session's next turn is released (as by a rejection)
+            lp.counts[SEND_SIZE] = heap_push_nb(lp.send_key, lp.send_val, lp.counts[SEND_SIZE], t, k)
 
 
 @njit(cache=True, inline="always")
@@ -324,6 +328,8 @@ def _fail_worker_nb(w, t, run, state):
     keep = 0
     for i in range(size):
         k = lp.arr_val[i]
+        if run.load.session_mode:  # keyed by send sequence number
+            k = lp.seq_row[k]
         if out.placed_worker[k] == w:
             lose_nb(k, t, True, run, state)
         else:

@@ -77,8 +77,7 @@ from simcore.engine.failures_nb import (
     F_ON, allocate_fail_nb, fail_init_nb, fail_log_full_nb, fail_next_instant_nb, fail_retries_nb, fail_step_nb,
 )
 from simcore.engine.autoscale_nb import (
-    METRIC_NONE, P_METRIC, allocate_scale_nb, scale_drained_nb, scale_init_nb, scale_next_instant_nb,
-    scale_step_nb,
+    allocate_scale_nb, scale_drained_nb, scale_init_nb, scale_next_instant_nb, scale_on_nb, scale_step_nb,
 )
 from simcore.engine.phases_nb import (  # noqa: F401  BAD_TIMING: the status codes, read by the wrapper
     BAD_TIMING, NO_CAP, OK, PASS_LOG_FULL, SCALE_LOG_FULL, _arrivals_nb, _end_pass_nb, _retry_sends_nb,
@@ -152,7 +151,7 @@ def simulate_engine_nb(requests, load, client, topology, ranks, prefix_cache, ti
     """
     # Round robin everywhere is the rows' placement, copied into placed_rank,
     # which the loop reads and writes as the placement (recv_rank).
-    if (not _routing_nb(router.policy, router.decode_policy, router.rank_policy) and router.scale[0] == 0
+    if (not _routing_nb(router.policy, router.decode_policy, router.rank_policy) and not scale_on_nb(router.scale)
             and router.fail[0] == 0):
         out.placed_rank[:] = requests.recv_rank
     state = _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, router)
@@ -214,7 +213,7 @@ def _replay_nb(run, state):
     session_mode = load.session_mode
     cap_ns = load.cap_ns
     router = run.router
-    scaling = router.scale[P_METRIC] != METRIC_NONE
+    scaling = scale_on_nb(router.scale)
     failing = router.fail[F_ON] != 0
     scale_log = run.logs.scale_log
     pass_end = ps.pass_end
@@ -235,7 +234,8 @@ def _replay_nb(run, state):
         and rank_policy[0] != POLICY_SGLANG and not (rank_prefix_caching[0] and offload_enabled_nb(prefix_cache, 0))
     )
 
-    if scaling and not scale_init_nb(lp.route, lp.scale, router.scale, num_workers, scale_log):
+    if scaling and not scale_init_nb(lp.route, lp.scale, router.scale, num_workers, topology.num_decode_workers,
+                                     scale_log):
         return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
     if failing:
         fail_init_nb(lp.fail, scale_log, num_workers)
@@ -281,9 +281,9 @@ def _replay_nb(run, state):
             break
         if failing:
             fail_step_nb(t, run, state)
-        if scaling and not scale_step_nb(t, lp.route, lp.scale, router.scale, router.scale_target[0],
-                                         topology.worker_first_rank, worker_num_ranks, state.rk.blocks_used,
-                                         ranks.num_blocks, scale_log):
+        if scaling and not scale_step_nb(t, lp.route, lp.scale, router.scale, router.scale_target,
+                                         topology.num_decode_workers, topology.worker_first_rank, worker_num_ranks,
+                                         state.rk.blocks_used, ranks.num_blocks, scale_log):
             return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
         progressed = True
@@ -313,7 +313,8 @@ def _replay_nb(run, state):
             if offload_loads_pending_nb(prefix_cache) and offload_loads_end_nb(prefix_cache, t, num_ranks, recv_rank):
                 progressed = True
 
-        if scaling and not scale_drained_nb(t, lp.route, lp.scale, pass_end, scale_log):
+        if scaling and not scale_drained_nb(t, lp.route, lp.scale, pass_end, topology.worker_first_rank,
+                                            worker_num_ranks, state.rk.inflight, scale_log):
             return SCALE_LOG_FULL, counts[PASS_LOG_ROWS], counts[NUM_EMITTED]
 
         # (e) idle workers with work start passes, by worker index; an
@@ -405,7 +406,7 @@ def _allocate_loop_nb(requests, load, client, topology, ranks, out, receipts, ro
     # Routing (simcore.engine.router_nb): round robin everywhere is the row
     # placement, copied into placed_rank by simulate_engine_nb; any other
     # policy decides in the loop.
-    scaling = router.scale[P_METRIC] != METRIC_NONE
+    scaling = scale_on_nb(router.scale)
     failing = router.fail[F_ON] != 0
     routing = _routing_nb(router.policy, router.decode_policy, router.rank_policy) or scaling or failing
     # The send heap: one entry per initial client and per request end, at most 2n.

@@ -41,6 +41,7 @@ from simcore.engine.state import (
     ARR_SIZE, NEXT_ROW, NUM_EMITTED, NUM_HANDOFFS, PASS_LOG_ROWS, SEND_SIZE, SESS_SIZE, XFER_SIZE,
 )
 from simcore.engine.failures_nb import any_up_nb, lose_nb, retry_pop_nb
+from simcore.engine.autoscale_nb import METRIC_ITL, METRIC_TTFT, scale_sample_nb
 from simcore.engine.router_nb import (
     handoff_rank_nb, route_arrival_nb, route_handoff_nb, route_leave_nb, route_prompt_done_nb, route_send_nb,
 )
@@ -375,6 +376,11 @@ def _emit_nb(k, g, t, num_out, num_emitted, send_size, run, state):
         j + 1 == requests.output_tokens[k]
         or requests.input_tokens[k] + j + 1 >= ranks.seq_limit[g]
     )
+    if lp.scale.shape[0] > 0:  # autoscaling on latencies: this token's TTFT or gap (docs/autoscaling.md)
+        if j == 0:
+            scale_sample_nb(lp.scale, run.router.scale, METRIC_TTFT, t - out.send_ns[k])
+        elif not bounded:
+            scale_sample_nb(lp.scale, run.router.scale, METRIC_ITL, t - out.token_emit_ns[tok - 1])
     dt.out_req[num_out] = k
     if bounded:
         tok = num_out
@@ -505,7 +511,7 @@ def _retry_sends_nb(t, run, state):
         if k < 0:
             return progressed
         progressed = True
-        _send_nb(k, k, t, run, state)
+        _send_nb(k, run.out.send_seq[k] if run.load.session_mode else k, t, run, state)  # its first send number
 
 
 @njit(cache=True, inline="always")

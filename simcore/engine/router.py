@@ -12,7 +12,7 @@ import numpy as np
 from simcore.settings import SimConfig
 from simcore.engine.state import Router, Topology
 from simcore.enums import RANK_POLICIES, ROUTER_POLICIES, RouterPolicy
-from simcore.engine.autoscale_nb import NUM_PARAMS, P_INTERVAL, P_METRIC, P_MIN, P_STARTUP
+from simcore.engine.autoscale_nb import NUM_PARAMS, NUM_POOLS, P_INTERVAL, P_METRIC, P_MIN, P_STARTUP
 from simcore.engine.failures_nb import (
     F_ACTION, F_DELAY, F_GAPS, F_MAX_DELAY, F_ON, F_REPAIR, F_RETRIES, FAIL_REJECT, FAIL_RETRY, NUM_FAIL_PARAMS,
 )
@@ -162,23 +162,30 @@ def fail_inputs(cfg: SimConfig, workers: int) -> dict:
 
 
 def scale_inputs(cfg: SimConfig) -> dict:
-    """``Router.scale`` and ``Router.scale_target``: the autoscaling parameters (metric code 0: off).
+    """``Router.scale`` and ``Router.scale_target``: the autoscaling parameters of each pool (metric code 0: off).
+
+    Pool 0 is the receiving pool (``engine.autoscale``), pool 1 the P/D decode
+    pool (``engine.decode_autoscale``), ``NUM_PARAMS`` each.
 
     Parameters
     ----------
     cfg : SimConfig
-        The run's configuration (``engine.autoscale``).
+        The run's configuration (``engine.autoscale``, ``engine.decode_autoscale``).
 
     Returns
     -------
     dict
     """
-    scale = cfg.engine.autoscale
-    if scale.metric == "none":
-        return {"scale": np.zeros(NUM_PARAMS, dtype=np.int64), "scale_target": np.ones(1, dtype=np.float64)}
-    params = np.zeros(NUM_PARAMS, dtype=np.int64)
-    params[P_METRIC] = AUTOSCALE_METRICS.index(scale.metric)
-    params[P_INTERVAL] = ms_to_ns(scale.interval_ms, "engine.autoscale.interval_ms")
-    params[P_MIN] = scale.min_replicas
-    params[P_STARTUP] = ms_to_ns(scale.startup_ms, "engine.autoscale.startup_ms")
-    return {"scale": params, "scale_target": np.array([scale.target], dtype=np.float64)}
+    params = np.zeros(NUM_POOLS * NUM_PARAMS, dtype=np.int64)
+    targets = np.ones(NUM_POOLS, dtype=np.float64)
+    for p, section in enumerate(("autoscale", "decode_autoscale")):
+        scale = getattr(cfg.engine, section)
+        if scale.metric == "none" or (p == 1 and cfg.engine.mode != "disaggregated"):
+            continue
+        base = p * NUM_PARAMS
+        params[base + P_METRIC] = AUTOSCALE_METRICS.index(scale.metric)
+        params[base + P_INTERVAL] = ms_to_ns(scale.interval_ms, f"engine.{section}.interval_ms")
+        params[base + P_MIN] = scale.min_replicas
+        params[base + P_STARTUP] = ms_to_ns(scale.startup_ms, f"engine.{section}.startup_ms")
+        targets[p] = scale.target
+    return {"scale": params, "scale_target": targets}

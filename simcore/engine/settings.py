@@ -25,8 +25,11 @@ POOLS = {"aggregated": ("aggregated",), "disaggregated": ("prefill", "decode")}
 DECODE_ROUTER_POLICIES = tuple(p for p in ROUTER_POLICIES if p != "prefix_aware")
 ROUTER_WEIGHTS = ("prefix", "queue", "kv_cache")
 #: Autoscaling metrics (docs/autoscaling.md): ``none`` (a fixed pool), the
-#: requests outstanding per replica, the KV-cache usage per replica.
-AUTOSCALE_METRICS = ("none", "outstanding", "kv_usage")
+#: requests outstanding per replica, the KV-cache usage per replica; the mean
+#: TTFT or ITL of the tokens emitted over the last interval (an SLO target, ms).
+AUTOSCALE_METRICS = ("none", "outstanding", "kv_usage", "ttft", "itl")
+#: The metrics that read latencies against a target in ms.
+LATENCY_METRICS = ("ttft", "itl")
 #: Router policies that can skip replicas that are not ready (the seeded ones
 #: draw over the whole pool before the run).
 AUTOSCALE_ROUTER_POLICIES = ("round_robin", "least_outstanding", "least_tokens")
@@ -89,18 +92,23 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class AutoscaleConfig:
-    """Autoscaling of the aggregated pool (docs/autoscaling.md): the pool's ``replicas`` is the maximum."""
+    """Autoscaling of one pool (docs/autoscaling.md): the pool's ``replicas`` is the maximum.
+
+    ``engine.autoscale`` scales the receiving pool (aggregated, or P/D prefill),
+    ``engine.decode_autoscale`` the P/D decode pool, each on its own metric.
+    """
 
     metric: str = key(
         "none", choice, allowed=AUTOSCALE_METRICS,
         doc="none: a fixed pool; outstanding or kv_usage: every interval_ms the desired replicas are "
-            "ceil(sum over the ready and draining replicas of the metric / target), clamped to [min_replicas, replicas] "
-            "(docs/autoscaling.md).",
+            "ceil(sum over the ready and draining replicas of the metric / target); ttft or itl: "
+            "ceil(ready and draining replicas x mean TTFT or ITL of the tokens emitted over the last interval / "
+            "target); clamped to [min_replicas, replicas] (docs/autoscaling.md).",
     )
     target: float | None = key(
         None, optional_number, strict=True, maximum=1e9,
-        doc="The metric's target per replica (requests outstanding, or KV blocks in use / KV blocks); "
-            "required with a metric.",
+        doc="The metric's target per replica (requests outstanding, or KV blocks in use / KV blocks), "
+            "or the latency target in ms (ttft, itl); required with a metric.",
     )
     interval_ms: float = key(
         15000.0, number, strict=True, maximum=MAX_SCALE_MS,
@@ -198,6 +206,8 @@ class EngineConfig:
     decode: PoolConfig = section(PoolConfig)
     kv_transfer: KVTransferConfig = section(KVTransferConfig)
     autoscale: AutoscaleConfig = section(AutoscaleConfig)
+    decode_autoscale: AutoscaleConfig = section(
+        AutoscaleConfig, doc="P/D: autoscaling of the decode pool, on its own metric (keys as engine.autoscale).")
     failures: FailuresConfig = section(FailuresConfig)
     router: RouterConfig = field()  # keys in engine.router and engine.decode_router (see defaults)
 
@@ -205,6 +215,11 @@ class EngineConfig:
     def key_docs(cls, path: str) -> list[checks.KeyDoc]:
         """The engine's keys, then the routers' (in ``engine.router``, ``engine.decode_router``)."""
         return checks.describe(cls, path) + checks.describe(RouterConfig, path)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether a pool is autoscaled (``engine.autoscale`` or, P/D, ``engine.decode_autoscale``)."""
+        return self.autoscale.metric != "none" or self.decode_autoscale.metric != "none"
 
     @property
     def pools(self) -> tuple[PoolConfig, ...]:

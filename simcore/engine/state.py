@@ -165,8 +165,8 @@ class Router(NamedTuple):
     decode_draws: I64  # (2n,) or (0,): per handoff h, two distinct seeded decode workers
     tok_index: I64  # per request, its tokenizer server within the worker that receives it
     tok_workers: types.int64  # tokenizer servers per receiving worker
-    scale: I64  # (4,) autoscaling (simcore.engine.autoscale_nb): metric code (0: off), interval, min replicas, startup ns
-    scale_target: F64  # (1,) the metric's target per replica
+    scale: I64  # (2 x 4,) autoscaling per pool (simcore.engine.autoscale_nb): metric code (0: off), interval, min, startup ns
+    scale_target: F64  # (2,) per pool, the metric's target per replica (latency metrics: ms)
     fail: I64  # (NUM_FAIL_PARAMS,) failures (simcore.engine.failures_nb): on (0: off), action, retries, delays, repair
     fail_at: I64  # (2 m,) fixed failures: instant ns, worker, by instant then worker
     fail_gaps: I64  # (workers x gaps,) random failures: time from a start or repair to the next failure, ns

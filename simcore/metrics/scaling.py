@@ -7,7 +7,8 @@ instant a request ended at the client (last receipt or rejection), or the
 time cap when some request is left incomplete.  A worker costs GPU time from
 its start (0 for the first ``min_replicas``) to its ``off`` event or the
 run's end, its starting time included: ``gpu_seconds`` = that time x
-``attention_dp x timing.tp`` GPUs per replica.
+``attention_dp x timing.tp`` GPUs per replica (P/D: each pool's own, summed
+over the workers in whole ns first).
 """
 
 from __future__ import annotations
@@ -103,6 +104,38 @@ def ready_steps(log: np.ndarray, end_ns: int) -> tuple[np.ndarray, np.ndarray]:
     return instants, level[last] if instants.size else level[:0]
 
 
+def on_ns(log: np.ndarray, num_workers: int, end_ns: int) -> list[int]:
+    """Per worker, ns from each start to its off (or the run's end), clipped to [0, end].
+
+    Parameters
+    ----------
+    log : ndarray(int64, ndim=2)
+        The scaling log (``Logs.scale_log``: instant ns, worker, event).
+    num_workers : int
+        Workers of the deployment.
+    end_ns : int
+        The run's end, ns.
+
+    Returns
+    -------
+    list of int
+        ns per worker.
+    """
+    total = [0] * num_workers
+    since = [-1] * num_workers
+    for t, w, event in log.tolist():
+        t = min(t, end_ns)
+        if event == SCALE_START:
+            since[w] = t
+        elif event == SCALE_OFF and since[w] >= 0:
+            total[w] += t - since[w]
+            since[w] = -1
+    for w in range(num_workers):
+        if since[w] >= 0:
+            total[w] += end_ns - since[w]
+    return total
+
+
 def on_seconds(log: np.ndarray, num_workers: int, end_ns: int) -> float:
     """Worker-seconds from each start to its off (or the run's end), clipped to [0, end].
 
@@ -111,7 +144,7 @@ def on_seconds(log: np.ndarray, num_workers: int, end_ns: int) -> float:
     log : ndarray(int64, ndim=2)
         The scaling log (``Logs.scale_log``: instant ns, worker, event).
     num_workers : int
-        Workers of the pool.
+        Workers of the deployment.
     end_ns : int
         The run's end, ns.
 
@@ -120,17 +153,7 @@ def on_seconds(log: np.ndarray, num_workers: int, end_ns: int) -> float:
     float
         Worker-seconds.
     """
-    total = 0
-    since = np.full(num_workers, -1, dtype=np.int64)
-    for t, w, event in log:
-        t = min(int(t), end_ns)
-        if event == SCALE_START:
-            since[w] = t
-        elif event == SCALE_OFF and since[w] >= 0:
-            total += t - since[w]
-            since[w] = -1
-    total += int(np.sum(end_ns - since[since >= 0]))
-    return float(total / 1e9)
+    return float(sum(on_ns(log, num_workers, end_ns)) / 1e9)
 
 
 def slo_attainment(cols, goodput) -> float | None:
@@ -158,7 +181,7 @@ def slo_attainment(cols, goodput) -> float | None:
     return float(good.sum() / good.shape[0])
 
 
-def scaling_summary(log: np.ndarray, cols, goodput, num_workers: int, gpus_per_replica: int,
+def scaling_summary(log: np.ndarray, cols, goodput, num_workers: int, gpus_per_replica,
                     cap_ns: int | None) -> dict:
     """The ``SCALING_KEYS`` of one autoscaled run.
 
@@ -172,8 +195,8 @@ def scaling_summary(log: np.ndarray, cols, goodput, num_workers: int, gpus_per_r
         ``metrics.goodput``: the SLOs, ms.
     num_workers : int
         Workers of the pool.
-    gpus_per_replica : int
-        GPUs of one replica.
+    gpus_per_replica : int or sequence of int
+        GPUs of one replica, or per worker (P/D: each pool's own).
     cap_ns : int or None
         The run's cap, ns.
 
@@ -187,10 +210,15 @@ def scaling_summary(log: np.ndarray, cols, goodput, num_workers: int, gpus_per_r
     log = log[log[:, 0] <= end]  # after the run's end: no cost, no replica
     instants, level = ready_steps(log, end)
     spans = np.diff(np.r_[instants, end])
-    replica_seconds = on_seconds(log, num_workers, end)
+    per_worker = on_ns(log, num_workers, end)
+    replica_seconds = float(sum(per_worker) / 1e9)
+    if np.ndim(gpus_per_replica) == 0:
+        gpu_seconds = replica_seconds * gpus_per_replica
+    else:  # per worker, in whole ns first
+        gpu_seconds = float(sum(ns * int(g) for ns, g in zip(per_worker, gpus_per_replica)) / 1e9)
     after_start = log[:, 0] > 0
     return {
-        "gpu_seconds": replica_seconds * gpus_per_replica,
+        "gpu_seconds": gpu_seconds,
         "replica_seconds": replica_seconds,
         "mean_ready_replicas": float(np.sum(level * spans) / end) if end > 0 else None,
         "max_ready_replicas": int(level.max()) if level.size else 0,

@@ -790,9 +790,10 @@ class ReferenceSim(OffloadMixin):
         # places each request when it is sent (-1: not yet).
         self.router = ReferenceRouter(self, config)
         # Autoscaling (tests/reference/autoscale.py): the router sends to ready workers only.
-        scale = (config["engine"].get("autoscale") or {})
+        engine_cfg = config["engine"]
         self.scaler = None
-        if scale.get("metric", "none") != "none":
+        if any((engine_cfg.get(section) or {}).get("metric", "none") != "none"
+               for section in ("autoscale", "decode_autoscale")):
             self.scaler = ReferenceAutoscaler(self, config)
             self.router.active = True
             self.router.eligible = self.scaler.ready
@@ -1008,13 +1009,15 @@ class ReferenceSim(OffloadMixin):
 
     def dispatch(self, req, t):
         """A send at t (a client's retry keeps its first send instant): routing, then the tokenizer job."""
+        if self.sessions is not None and req.send_seq is None:  # a retry keeps its send sequence number
+            self.place_at_send(req)
+            if self.failures is not None:  # routed below: placed only if a worker takes it
+                req.worker = req.rank = -1
         if self.failures is not None:
             req.retry_wait = False
             if not any(self.failures.up):  # no worker takes it: the client's retry rule
                 self.failures.lose(req, t)
                 return
-        if self.sessions is not None:
-            self.place_at_send(req)
         if self.router.active:
             self.router.on_send(req)
         w = self.workers[req.worker]
@@ -1822,6 +1825,8 @@ class ReferenceSim(OffloadMixin):
         req.generated += 1
         final = (req.generated == req.output_tokens
                  or req.input_tokens + req.generated >= pool.L)
+        if self.scaler is not None:  # latency samples (tests/reference/autoscale.py)
+            self.scaler.emitted(req, t, idx, req.tokens[-1][0] if idx > 0 else None)
         req.tokens.append([t, None, final])
         if idx == 0:
             req.first_emit_ns = t
