@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simcore.checks import count, key, optional_number, section
+from simcore.checks import count, defaults, key, optional_number, section
 from simcore.client.settings import DetokenizationConfig, TokenizationConfig
 from simcore.engine import settings as engine_settings
 from simcore.engine.settings import EngineConfig
@@ -59,3 +59,8 @@ class SimConfig:
     def per_pool_timing(self) -> bool:
         """Whether some active pool has timing of its own (engine.<pool>.timing)."""
         return any(t is not self.timing for t in self.pool_timing)
+
+
+#: The default tree, built from each stage's declarations (its order is the
+#: order of summary.json's config block).
+DEFAULTS: dict = defaults(SimConfig)
