@@ -186,6 +186,10 @@ def unknown_key_message(key: str) -> str | None:
     sections = params.config_sections()
     if key in sections or key in leaves:
         return None
+    head, _, rest = key.partition(".timing.")
+    if rest and head.startswith("engine.") and f"{head}.timing" in leaves:  # a pool's own timing block
+        inner = unknown_key_message(f"timing.{rest}")
+        return None if inner is None else f"{key}: {inner}"
     parent = key.rpartition(".")[0]
     while parent and parent not in sections:
         parent = parent.rpartition(".")[0]

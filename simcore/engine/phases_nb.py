@@ -233,10 +233,13 @@ def _end_pass_nb(w, t, run, state):
                     k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted, send_size,
                     run, state,
                 )
-                if accepted > 0 and not leaves:
-                    leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size = _emit_accepted_nb(
-                        k, g, t, accepted, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted,
-                        send_size, run, state,
+                # a verification's accepted proposals, each sampled at t in turn (docs/speculative.md)
+                while accepted > 0 and not leaves:
+                    accepted -= 1
+                    rq.computed[k] = requests.input_tokens[k] + out.generated[k]  # computed when it is sampled
+                    leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size = _sampled_nb(
+                        k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted, send_size,
+                        run, state,
                     )
             if not leaves:
                 rk.running[g, keep] = k
@@ -298,27 +301,6 @@ def _sampled_nb(k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out
         xfer_size, num_handoffs = _hand_off_nb(k, g, t, xfer_size, num_handoffs, run, state)
         return True, xfer_size, num_handoffs, num_out, num_emitted, send_size
     leaves, num_out, num_emitted, send_size = _emit_nb(k, g, t, num_out, num_emitted, send_size, run, state)
-    return leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size
-
-
-@njit(cache=True, inline="always")
-def _emit_accepted_nb(k, g, t, accepted, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted,
-                      send_size, run, state):
-    """(a) after a verification's sampled token, request k's ``accepted`` proposals, each
-    sampled at t in turn (docs/speculative.md), apart from the first sample so that the
-    common pass end samples once without a loop.  Inlined: an out-of-line call would
-    count a reference to every array of ``run`` and ``state`` at every verification
-    (measured: 20x the host cost per token of a run without speculation).
-    Returns whether it leaves and the updated counts."""
-    leaves = False
-    for _ in range(accepted):
-        # the tokens computed when this one is sampled
-        state.rq.computed[k] = run.requests.input_tokens[k] + run.out.generated[k]
-        leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size = _sampled_nb(
-            k, g, t, hidden, radix_inserts, xfer_size, num_handoffs, num_out, num_emitted, send_size, run, state,
-        )
-        if leaves:
-            break
     return leaves, xfer_size, num_handoffs, num_out, num_emitted, send_size
 
 
