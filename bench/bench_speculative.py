@@ -10,7 +10,10 @@ Prints a CSV (case, path, output_tokens, passes, median_s,
 us_per_output_token, ratio), then the speculative / plain ratio per emitted
 token on the last line (target <= 1.3).
 
-Usage: python bench/bench_speculative.py [--runs 5] [--requests 20000] [--check]
+Usage: python bench/bench_speculative.py [--runs 5] [--requests 20000] [--draws request|prompt] [--check]
+``--draws``: ``engine.aggregated.speculative.draws`` of the speculative case
+(default: the key left out, ``request``; ``prompt``: each request its own
+prompt id, the synthetic table having no ``prompt_id`` column).
 ``--check`` first compares a scaled-down run (300 requests, concurrency 32,
 speculation on) with the pure-Python reference, token by token.
 """
@@ -35,10 +38,10 @@ DETOK = {"workers": 2, "base_ms": 2.85, "per_output_us": 61.6}
 SPEC = {"config": {"method": "eagle3", "num_speculative_tokens": 3}, "mean_acceptance_length": 2.5}
 
 
-def reference_config(num_requests: int, speculative: bool) -> dict:
+def reference_config(num_requests: int, speculative: bool, draws: str | None = None) -> dict:
     pool = {"replicas": 1, "num_blocks": 32_768, "max_sequences": 256}
     if speculative:
-        pool["speculative"] = SPEC
+        pool["speculative"] = SPEC if draws is None else {**SPEC, "draws": draws}
     return {
         "workload": {"num_requests": num_requests, "input_tokens": 1024, "output_tokens": 128},
         "load": {"type": "closed_loop", "concurrency": 256},
@@ -69,6 +72,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--draws", choices=("request", "prompt"), default=None)
     args = parser.parse_args()
     if args.check:
         check_against_reference()
@@ -76,7 +80,7 @@ def main() -> None:
     per_token = {}
     for path in ("kernel", "run"):
         for case in ("plain", "speculative"):
-            config = reference_config(args.requests, case == "speculative")
+            config = reference_config(args.requests, case == "speculative", args.draws)
             cfg = load_config(config)
             requests = build_requests(cfg, None, np.random.default_rng(cfg.seed))
             run = simulate_engine(cfg, requests, None, record_passes=True)  # warm-up; passes counted

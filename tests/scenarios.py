@@ -369,6 +369,11 @@ def random_scenario(
                 "hash_ids": hash_ids, **columns}
     if acceptance_length is not None:
         scenario["acceptance_length"] = acceptance_length
+    if speculative and rnd.random() < 0.4:  # draws per prompt id (drawn last: the draws above stay as they were)
+        spec = config["engine"]["decode" if disaggregated else "aggregated"]["speculative"]
+        spec["draws"] = "prompt"
+        if rnd.random() < 0.7:  # copies of a few prompts (else each request its own id)
+            scenario["prompt_id"] = [rnd.randint(0, 2) for _ in inputs]
     return scenario
 
 
@@ -509,6 +514,7 @@ def run_fast(scenario: dict, record_passes: bool = True):
         priority=None if scenario.get("priority") is None else np.array(scenario["priority"], dtype=np.int64),
         predicted_output_tokens=None if scenario.get("predicted_output_tokens") is None
         else np.array(scenario["predicted_output_tokens"], dtype=np.int64),
+        prompt_id=None if scenario.get("prompt_id") is None else np.array(scenario["prompt_id"], dtype=np.int64),
     )
     send = None if scenario["send_ns"] is None else np.array(scenario["send_ns"], dtype=np.int64)
     run = simulate_engine(cfg, table, send, record_passes=record_passes)

@@ -48,7 +48,7 @@ def reference(scenario):
     return config, reference_simulate(
         config, scenario["ids"], scenario["inputs"], scenario["outputs"], scenario["send_ns"], scenario.get("hash_ids"),
         acceptance_length=scenario.get("acceptance_length"), priority=scenario.get("priority"),
-        predicted_output_tokens=scenario.get("predicted_output_tokens"),
+        predicted_output_tokens=scenario.get("predicted_output_tokens"), prompt_id=scenario.get("prompt_id"),
     )
 
 

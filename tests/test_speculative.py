@@ -208,6 +208,7 @@ def test_speculative_scenarios_cover_the_features():
     proposals, budget-cut and limit-cut queries, preemptions, P/D and prefix caching, in many scenarios."""
     seen = dict(accepted=0, rejected=0, preempted=0, pd=0, caching=0, clipped=0)
     no_match = 0  # vLLM n-gram scenarios whose steps propose with a rate in (0, 1), with verifications
+    shared = 0  # draws=prompt scenarios where requests share a prompt id
     for policy in ("vllm", "sglang", "trtllm"):
         for seed in range(40):
             scenario = random_scenario(seed, policy=policy, disaggregated=seed % 3 == 2,
@@ -225,8 +226,11 @@ def test_speculative_scenarios_cover_the_features():
             pools = scenario["config"]["engine"]
             spec = next((p["speculative"] for p in pools.values() if isinstance(p, dict) and p.get("speculative")), {})
             no_match += 0 < spec.get("proposal_rate", 1.0) < 1 and counts[0] > 0
+            ids = scenario.get("prompt_id")
+            shared += spec.get("draws") == "prompt" and ids is not None and len(set(ids)) < len(ids) and counts[0] > 0
     assert all(count >= 10 for count in seen.values()), seen
     assert no_match >= 2, no_match
+    assert shared >= 10, shared  # draws=prompt with requests sharing a prompt id, with verifications
 
 
 def test_a_burst_is_one_detokenizer_job_of_its_tokens():
@@ -475,3 +479,125 @@ def test_bad_proposal_rate_names_the_key(spec, policy, message):
         load_config({"engine": {"policy": policy, "aggregated": {"speculative": spec}}})
     assert message in str(error.value) and "\n" not in str(error.value)
     assert "proposal_rate" in str(error.value)
+
+
+# ---------------------------------------------------------------- draws=prompt (docs/speculative.md, "Draws")
+
+def draw_uniform(seed, who, at):
+    """The kernel's counter-based uniform, written out: key = 63 bits of the seed's stream 3;
+    h = mix(mix(key + who x G) + at x G) (SplitMix64's finaliser, G the golden-ratio constant);
+    u = (h >> 11) x 2**-53."""
+    mask, golden = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def mix(x):
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    key = int(np.random.SeedSequence(seed, spawn_key=(3,)).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
+    x = mix((key + who * golden) & mask)
+    x = mix((x + at * golden) & mask)
+    return (x >> 11) * 2.0 ** -53
+
+
+def run_copies(draws, prompt_id=None, send_ms=(0.0, 0.0), speculative=None, seed=0):
+    columns = {"request_id": ["a", "b"], "input_tokens": [8, 8], "output_tokens": [9, 9], "send_ms": list(send_ms)}
+    if prompt_id is not None:
+        columns["prompt_id"] = prompt_id
+    spec = dict(speculative or {"config": EAGLE3, "acceptance_rates": [0.5, 0.5, 0.5]})
+    if draws is not None:  # None: the default
+        spec["draws"] = draws
+    config = {"seed": seed, "load": {"type": "trace"}, "timing": LINEAR, "output": {"tokens": True},
+              "engine": {"aggregated": {"speculative": spec}}}
+    result = simcore.run(config, requests=pa.table(columns))
+    received = {}
+    for row in result.tokens.to_pylist():
+        received.setdefault(row["request_id"], []).append(row["received_ms"])
+    return {row["request_id"]: row for row in result.requests.to_pylist()}, received, result.summary
+
+
+def test_copies_of_one_prompt_accept_in_lockstep():
+    """draws=prompt, a and b both prompt 7 (8 prompt, 9 output tokens, k = 3, every rate 0.5, seed 0).
+    A step whose first emitted token is the request's j-th draws u_j = uniform(seed, 7, j): u_j < 0.5
+    accepts all 3 proposals (4 tokens), else none (1 token).  Prefill of 16 tokens: 1 + 16 x 10 / 1000
+    = 1.16 ms; every step verifies 3 proposals of both copies: 1 + 6 x 10 / 1000 + 2 x 5 / 1000 = 1.07 ms.
+    Both copies emit the same tokens in every pass and finish at the same instant."""
+    expected, t, j = [1.16], 1.16, 1
+    while j < 9:
+        t += 1.07
+        burst = min(4 if draw_uniform(0, 7, j) < 0.5 else 1, 9 - j)
+        expected += [t] * burst
+        j += burst
+    assert len(set(expected)) > 2 and len(set(expected)) < 9  # some steps accept, some do not
+    reqs, received, _ = run_copies("prompt", prompt_id=[7, 7])
+    assert received["a"] == pytest.approx(expected, abs=1e-9)
+    assert received["b"] == received["a"]
+    assert reqs["a"]["e2el_ms"] == reqs["b"]["e2el_ms"] == pytest.approx(expected[-1], abs=1e-9)
+
+
+def test_request_draws_let_the_copies_part():
+    """draws=request (the default), seed 0: a's first verification (row 0, its token 1 at offset 0)
+    draws uniform(0, 0, 1) >= 0.5 and accepts none; b's (row 1, offset 9: token 10) draws
+    uniform(0, 1, 10) < 0.5 and accepts all three.  At the end of that pass (1.16 + 1.07 = 2.23 ms)
+    b has 5 tokens, a 2; they finish at different instants."""
+    assert draw_uniform(0, 0, 1) >= 0.5 and draw_uniform(0, 1, 10) < 0.5
+    for draws in ("request", None):
+        spec = {"config": EAGLE3, "acceptance_rates": [0.5, 0.5, 0.5]}
+        reqs, received, _ = run_copies(draws, prompt_id=[7, 7], speculative=spec)
+        assert received["a"][:2] == pytest.approx([1.16, 2.23], abs=1e-9) and received["a"][2] > 2.23 + 1e-9
+        assert received["b"][:5] == pytest.approx([1.16] + [2.23] * 4, abs=1e-9)
+        assert reqs["a"]["e2el_ms"] != reqs["b"]["e2el_ms"]
+
+
+def test_a_later_copy_accepts_alike_at_each_of_its_own_steps():
+    """b, a copy of a sent after a has finished, runs alone as a did: with draws=prompt its steps
+    emit the same bursts at the same output positions, its receipts a's shifted by the send gap."""
+    reqs, received, _ = run_copies("prompt", prompt_id=[3, 3], send_ms=(0.0, 100.0))
+    assert reqs["a"]["e2el_ms"] < 100.0
+    assert [r - 100.0 for r in received["b"]] == pytest.approx(received["a"], abs=1e-9)
+
+
+def test_ngram_copies_propose_in_lockstep():
+    """vLLM n-gram with proposal_rate 0.5: whether a step proposes is drawn per prompt too, so the
+    two copies' receipts are equal instant by instant."""
+    spec = {"config": NGRAM, "acceptance_rates": [0.9, 0.6, 0.3], "proposal_rate": 0.5}
+    _, received, summary = run_copies("prompt", prompt_id=[0, 0], speculative=spec, seed=5)
+    assert received["a"] == received["b"] and summary["spec_decode_num_drafts"] > 0
+
+
+def test_without_the_column_each_request_is_its_own_prompt():
+    """draws=prompt and no prompt_id column: each row its own prompt id (its row), so copies part as
+    with draws=request for a seed where their first draws fall on either side of 0.5."""
+    assert draw_uniform(0, 0, 1) >= 0.5 and draw_uniform(0, 1, 1) < 0.5
+    _, received, _ = run_copies("prompt")
+    assert received["a"][:2] == pytest.approx([1.16, 2.23], abs=1e-9) and received["a"][2] > 2.23 + 1e-9
+    assert received["b"][:5] == pytest.approx([1.16] + [2.23] * 4, abs=1e-9)
+
+
+@pytest.mark.parametrize("draws", ["row", "", 1])
+def test_bad_draws_names_the_key(draws):
+    with pytest.raises(simcore.ConfigError) as error:
+        load_config({"engine": {"aggregated": {"speculative": {"config": EAGLE3, "mean_acceptance_length": 2.0,
+                                                               "draws": draws}}}})
+    assert "engine.aggregated.speculative.draws" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("values, message", [
+    ([-1, 0], "prompt_id must be an integer >= 0 at row 0"),
+    ([0.5, 0], "prompt_id must be an integer >= 0 at row 0"),
+    (["x", "y"], "column prompt_id has type string"),
+])
+def test_bad_prompt_id_column(values, message):
+    with pytest.raises(simcore.ConfigError, match=re.escape(message)):
+        run_copies("prompt", prompt_id=values)
+
+
+def test_prompt_id_column_of_a_csv_table(tmp_path):
+    """``workload.source=table``: prompt_id read from a CSV file; the copies finish together."""
+    path = tmp_path / "requests.csv"
+    path.write_text("request_id,input_tokens,output_tokens,send_ms,prompt_id\na,8,9,0,7\nb,8,9,0,7\n")
+    spec = {"config": EAGLE3, "acceptance_rates": [0.5, 0.5, 0.5], "draws": "prompt"}
+    config = {"workload": {"source": "table", "path": str(path)}, "load": {"type": "trace"}, "timing": LINEAR,
+              "engine": {"aggregated": {"speculative": spec}}}
+    rows = simcore.run(config).requests.to_pylist()
+    assert rows[0]["e2el_ms"] == rows[1]["e2el_ms"]

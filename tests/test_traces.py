@@ -330,6 +330,21 @@ def test_aliases_and_request_ids(tmp_path):
         load("mooncake", partial)
 
 
+def test_mooncake_prompt_ids(tmp_path):
+    """The optional prompt_id (speculative draws=prompt): kept per row, on every row or none, >= 0."""
+    path = write(tmp_path, "a.jsonl", [mooncake_row(0, prompt_id=3), mooncake_row(1, prompt_id=0),
+                                       mooncake_row(2, prompt_id=3)])
+    assert load("mooncake", path).prompt_id.tolist() == [3, 0, 3]
+    assert load("mooncake", write(tmp_path, "n.jsonl", [mooncake_row(0)])).prompt_id is None
+    for name, rows, message in (
+        ("p.jsonl", [mooncake_row(0, prompt_id=1), mooncake_row(1)], r"p\.jsonl:2: prompt_id is missing"),
+        ("m.jsonl", [mooncake_row(0, prompt_id=-1)], r"m\.jsonl:1: prompt_id must be an integer >= 0, got -1"),
+        ("s.jsonl", [mooncake_row(0, prompt_id="x")], r"s\.jsonl:1: prompt_id must be an integer >= 0, got 'x'"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load("mooncake", write(tmp_path, name, rows))
+
+
 @pytest.mark.parametrize(("source", "path"), [("mooncake", MOONCAKE), ("azure", AZURE)])
 def test_line_scan_fallback_reads_the_same_table(monkeypatch, source, path):
     fast = load(source, path)

@@ -23,7 +23,7 @@ from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, R
 from simcore.receipts import Receipts, allocate_stream_state, completed_mask
 from simcore.receipts_nb import STREAM_FIELDS
 from simcore.scheduler.kv_nb import allocate_prefix_cache
-from simcore.scheduler.api import prefix_cache_inputs, queue_keys, rank_inputs, request_acceptance
+from simcore.scheduler.api import prefix_cache_inputs, queue_keys, rank_inputs, request_acceptance, request_streams
 from simcore.scheduler.speculative import MAX_DRAFT_TOKENS
 from simcore.scheduler.radix import radix_prefix_cache
 from simcore.scheduler.kv_tree import kv_tree_prefix_cache
@@ -426,6 +426,7 @@ def prepare(
             recv_rank=recv_rank,
             transfer_ns=transfer_ns,
             spec_alpha=request_acceptance(pools, requests.acceptance_length),
+            spec_stream=request_streams(pools, requests.prompt_id, n),
             queue_key=queue_keys(pools, requests),
         ),
         load=Load(

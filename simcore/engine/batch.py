@@ -41,6 +41,7 @@ from simcore.workload.api import RequestTable
 SHARED_INPUTS = {
     ("requests", "output_tokens"): "the requests' output lengths (output_tokens)",
     ("requests", "token_offset"): "the requests' output lengths (token_offset)",
+    ("requests", "spec_stream"): "the speculative draws' streams (speculative.draws, prompt_id)",
     ("requests", "recv_rank"): "topology (receiving rank of each request: replicas, attention_dp)",
     ("client", "detok_mode"): "detokenization mode (detok_mode: detokenization on or off, or evaluated after the run)",
     ("topology", "worker_role"): "topology (worker roles: engine.mode, replicas)",

@@ -221,8 +221,8 @@ def _end_pass_nb(w, t, run, state):
                     drafts = rq.drafts[k]  # proposals' slots are computed again (docs/speculative.md)
                     rq.drafts[k] = 0
                     accepted = spec_verify_nb(ranks.spec_key[g], ranks.spec_positions[g], ranks.spec_rates, g, k,
-                                              requests.token_offset[k] + out.generated[k], requests.spec_alpha,
-                                              drafts, out.spec_counts)
+                                              requests.token_offset[k], out.generated[k], requests.spec_alpha,
+                                              requests.spec_stream, drafts, out.spec_counts)
                     samples = True
                     rq.computed[k] = requests.input_tokens[k] + out.generated[k]
             elif asynchronous:  # computed advanced when the pass was built

@@ -34,6 +34,7 @@ class Requests(NamedTuple):
     recv_rank: I64  # global rank that receives the request
     transfer_ns: I64  # KV-transfer duration (P/D), ns
     spec_alpha: F64  # (n,) or (0,): each request's own acceptance per proposal (NaN: the pool's rates)
+    spec_stream: I64  # (n,) or (0,): speculative draws=prompt: each request's prompt id, its draws' stream
     queue_key: I64  # (n,): the waiting-queue key of a keyed queue order (lower first; docs/semantics.md)
 
 

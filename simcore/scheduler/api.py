@@ -104,6 +104,33 @@ def request_acceptance(pools: Sequence[PoolConfig], acceptance_length: np.ndarra
     return np.ascontiguousarray(geometric_alpha(acceptance_length, positions), dtype=np.float64)
 
 
+def request_streams(pools: Sequence[PoolConfig], prompt_id: np.ndarray | None, n: int) -> np.ndarray:
+    """Each request's speculative draw stream (``Requests.spec_stream``): with the token-emitting
+    pool's ``speculative.draws=prompt``, its prompt id (the request table's ``prompt_id``; without
+    the column, its row); else empty (each request its own stream, docs/speculative.md).
+
+    Parameters
+    ----------
+    pools : sequence of PoolConfig
+        The active pools; the last one emits the tokens.
+    prompt_id : ndarray(int64, ndim=1) or None
+        Per request, its prompt id (>= 0).
+    n : int
+        Requests.
+
+    Returns
+    -------
+    ndarray(int64, ndim=1)
+        (n,) with ``draws=prompt``, else (0,).
+    """
+    spec = pools[-1].speculative
+    if spec is None or spec.draws != "prompt":
+        return np.zeros(0, dtype=np.int64)
+    if prompt_id is None:
+        return np.arange(n, dtype=np.int64)
+    return np.ascontiguousarray(prompt_id, dtype=np.int64)
+
+
 def rank_inputs(pools: Sequence[PoolConfig], policy: str, seed: int = 0) -> Ranks:
     """Per global rank (the pools' ranks in worker order): the scheduler limits and the policy's kernel code.
 

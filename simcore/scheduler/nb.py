@@ -431,7 +431,8 @@ def build_vllm_batch_nb(g, t, prefill_role, asynchronous, requests, ranks, pc, o
             if n_tok == 1:
                 n_tok = min(spec_query_nb(spec_drafts, planned[k], computed[k], input_tokens[k] + planned[k],
                                           rank_seq_limit[g]), budget)
-                if n_tok > 1 and not spec_proposes_nb(ranks, g, k, requests.token_offset[k] + planned[k]):
+                if n_tok > 1 and not spec_proposes_nb(ranks, g, k, requests.token_offset[k], planned[k],
+                                                      requests.spec_stream):
                     n_tok = 1  # vLLM n-gram: no match, no proposals; a plain decode step
             slots = min(computed[k] + n_tok + lookahead, rank_seq_limit[g])
         grow = _grow_nb(slots, held[k], block_size)

@@ -31,7 +31,9 @@ from simcore.enums import RANK_POLICIES
 from simcore.errors import ConfigError
 from simcore.scheduler.policies import CACHE_AWARE_ORDERS, QUEUE_ORDERS, SCHEDULING_POLICIES, supporting, supports
 from simcore.scheduler.policies import policy as policy_spec
-from simcore.scheduler.speculative import FORM_VLLM, VLLM_NGRAM, Speculation, acceptance_rates, read_engine_form
+from simcore.scheduler.speculative import (
+    FORM_VLLM, SPEC_DRAWS, VLLM_NGRAM, Speculation, acceptance_rates, read_engine_form,
+)
 from simcore.units import INT64_MAX, MAX_INSTANT_MS
 
 #: KV capacity of a rank when num_blocks is null, tokens: an 8B dense model on
@@ -110,6 +112,14 @@ class SpeculativeConfig:
             "match and proposes; a step without one is a plain decode (query 1, one token). A declared "
             "parameter, drawn per request and step; 1: every step proposes.",
         values="number in [0, 1]",
+    )
+    draws: str = key(
+        "request",
+        doc="With config: whose stream a step's acceptance (and n-gram proposal) draw comes from. request: "
+            "each request's own; prompt: one stream per prompt_id (the request table's column; absent: each "
+            "request its own id), the draw of a request's step keyed on its output position, so copies of one "
+            "greedy prompt accept alike at each of their own steps.",
+        values="request or prompt",
     )
 
 
@@ -561,6 +571,7 @@ def _speculative(path: str, raw: Mapping[str, Any], policy: str) -> Speculation 
         proposer_per_seq_us=number(f"{path}.proposer_per_seq_us", keys["proposer_per_seq_us"],
                                    maximum=MAX_INSTANT_MS),
         proposal_rate=_proposal_rate(path, keys["proposal_rate"], method, policy),
+        draws=choice(f"{path}.draws", keys["draws"], SPEC_DRAWS),
     )
 
 

@@ -10,6 +10,11 @@ drawn once per run from the run seed outside the kernel
 (``simcore.scheduler.api.stream_key``, stream 3).  So a step's draw does not depend on the
 schedule (a step always emits at least one token, so no two steps of a request
 share ``tok``), reruns are bit-identical, and no per-token array is held.
+With ``engine.<pool>.speculative.draws=prompt`` (``Requests.spec_stream``
+non-empty) the hash is of ``(key, prompt id, j)``, ``j`` the request's own
+index of the step's first emitted token (its tokens emitted before the step):
+the copies of one prompt draw alike at each of their own steps
+(:func:`spec_draw_nb`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,35 @@ def spec_uniform_nb(key, k, tok):
     x = _mix_nb(np.uint64(key) + np.uint64(k) * GOLDEN)
     x = _mix_nb(x + np.uint64(tok) * GOLDEN)
     return np.float64(x >> np.uint64(11)) * UNIT
+
+
+@njit(cache=True)
+def spec_draw_nb(key, k, offset, gen, spec_stream):
+    """The uniform of request ``k``'s step whose first emitted token is its ``gen``-th (0-based).
+
+    ``draws=request`` (``spec_stream`` empty): :func:`spec_uniform_nb` of
+    ``(key, k, offset + gen)``, the step's token in the per-token arrays.
+    ``draws=prompt``: of ``(key, spec_stream[k], gen)``, so requests of one
+    prompt id draw the same uniform at the same output position.
+
+    Parameters
+    ----------
+    key : int
+        The draw's key (``Ranks.spec_key``, or it XOR :data:`PROPOSAL_SALT`).
+    k : int
+        Request index.
+    offset, gen : int
+        ``Requests.token_offset[k]`` and the tokens the request emitted before the step.
+    spec_stream : ndarray(int64, ndim=1)
+        ``Requests.spec_stream``: (n,) prompt ids, or (0,).
+
+    Returns
+    -------
+    float
+    """
+    if spec_stream.shape[0] > 0:
+        return spec_uniform_nb(key, spec_stream[k], gen)
+    return spec_uniform_nb(key, k, offset + gen)
 
 
 @njit(cache=True)
@@ -110,7 +144,7 @@ def spec_accepted_alpha_nb(alpha, drafts, u):
 
 
 @njit(cache=True)
-def spec_verify_nb(key, positions, rates, g, k, tok, spec_alpha, drafts, spec_counts):
+def spec_verify_nb(key, positions, rates, g, k, offset, gen, spec_alpha, spec_stream, drafts, spec_counts):
     """Proposals accepted by request ``k``'s verification of ``drafts`` on rank ``g``, counted in
     ``spec_counts`` (verifications, proposals, accepted per position).
 
@@ -127,10 +161,12 @@ def spec_verify_nb(key, positions, rates, g, k, tok, spec_alpha, drafts, spec_co
         ``Ranks.spec_rates``.
     g, k : int
         Global rank and request.
-    tok : int
-        The index of the step's first emitted token (:func:`spec_uniform_nb`).
+    offset, gen : int
+        ``Requests.token_offset[k]`` and the tokens emitted before the step (:func:`spec_draw_nb`).
     spec_alpha : ndarray(float64, ndim=1)
         ``Requests.spec_alpha``: (n,) or (0,); NaN: the pool's rates.
+    spec_stream : ndarray(int64, ndim=1)
+        ``Requests.spec_stream``: (n,) prompt ids (``draws=prompt``) or (0,).
     drafts : int
         Proposals verified.
     spec_counts : ndarray(int64, ndim=1)
@@ -140,7 +176,7 @@ def spec_verify_nb(key, positions, rates, g, k, tok, spec_alpha, drafts, spec_co
     -------
     int
     """
-    u = spec_uniform_nb(key, k, tok)
+    u = spec_draw_nb(key, k, offset, gen, spec_stream)
     if spec_alpha.shape[0] > 0 and not np.isnan(spec_alpha[k]):
         accepted = spec_accepted_alpha_nb(spec_alpha[k], min(drafts, positions), u)
     else:
@@ -184,13 +220,13 @@ def spec_query_nb(drafts, generated, computed, known, seq_limit):
 
 
 @njit(cache=True)
-def spec_proposes_nb(ranks, g, k, tok):
-    """Whether request ``k``'s decode step whose first token is ``tok`` has proposals on rank ``g``.
+def spec_proposes_nb(ranks, g, k, offset, gen, spec_stream):
+    """Whether request ``k``'s decode step whose first token is its ``gen``-th has proposals on rank ``g``.
 
     vLLM's n-gram lookup proposes nothing when no suffix of the context matches,
     and that step runs as a plain decode.  With probability ``p =
     ranks.spec_proposer[g, 3]`` (``proposal_rate``) a step proposes: the step's
-    uniform is :func:`spec_uniform_nb` of ``(key XOR PROPOSAL_SALT, k, tok)``
+    uniform is :func:`spec_draw_nb` with the key ``key XOR PROPOSAL_SALT``
     and the step proposes when it is below ``p``.  ``p >= 1``: always, without a
     draw (the behaviour without the key).
 
@@ -200,8 +236,10 @@ def spec_proposes_nb(ranks, g, k, tok):
         ``spec_proposer`` and ``spec_key`` of rank ``g``.
     g, k : int
         Global rank and request.
-    tok : int
-        Index of the step's first emitted token in the per-token arrays.
+    offset, gen : int
+        ``Requests.token_offset[k]`` and the tokens emitted before the step.
+    spec_stream : ndarray(int64, ndim=1)
+        ``Requests.spec_stream`` (:func:`spec_draw_nb`).
 
     Returns
     -------
@@ -210,7 +248,7 @@ def spec_proposes_nb(ranks, g, k, tok):
     rate = ranks.spec_proposer[g, 3]
     if rate >= 1.0:
         return True
-    return spec_uniform_nb(ranks.spec_key[g] ^ PROPOSAL_SALT, k, tok) < rate
+    return spec_draw_nb(ranks.spec_key[g] ^ PROPOSAL_SALT, k, offset, gen, spec_stream) < rate
 
 
 @njit(cache=True)

@@ -28,6 +28,10 @@ SPEC_FORMS = (FORM_VLLM, FORM_SGLANG, FORM_TRTLLM)
 #: examples use 1-10).
 MAX_DRAFT_TOKENS = 32
 
+#: ``engine.<pool>.speculative.draws``: the acceptance draws' stream per request, or per prompt id
+#: (docs/speculative.md, "Draws").
+SPEC_DRAWS = ("request", "prompt")
+
 #: vLLM's methods (``SpeculativeConfig.method``, vllm/config/speculative.py).
 #: ``use_eagle()`` is true for eagle, eagle3 and mtp, ``uses_draft_model()`` for
 #: draft_model: both reserve ``num_lookahead_tokens = num_speculative_tokens``
@@ -71,6 +75,7 @@ class Speculation:
     proposer_step_ms: float  # one proposer pass, ms
     proposer_per_seq_us: float  # one proposer pass, per decoding sequence, us
     proposal_rate: float = 1.0  # probability that a decode step has proposals (vLLM n-gram: a match)
+    draws: str = "request"  # the draws' stream: each request's own, or one per prompt id (SPEC_DRAWS)
 
 
 def _mapping(path: str, value: Any) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def read_table_file(path: str) -> pa.Table:
 CSV_TYPES = {
     "request_id": pa.string(), "input_tokens": pa.int64(), "output_tokens": pa.int64(), "send_ms": pa.float64(),
     "session_id": pa.string(), "turn": pa.int64(), "acceptance_length": pa.float64(),
-    "priority": pa.int64(), "predicted_output_tokens": pa.int64(),
+    "priority": pa.int64(), "predicted_output_tokens": pa.int64(), "prompt_id": pa.int64(),
 }
 #: The spawn key of the synthetic priority draws under the run seed (the routers' are 1 and 2,
 #: speculative acceptance 3): a stream of its own, so the other draws stay as they were.
@@ -315,7 +315,7 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
             "request_id (optional), input_tokens, output_tokens and, for load.type=trace, send_ms"
         )
     known = set(REQUIRED_COLUMNS) | {"send_ms", *SESSION_COLUMNS, "acceptance_length", "priority",
-                                     "predicted_output_tokens"}
+                                     "predicted_output_tokens", "prompt_id"}
     extra = [c for c in table.column_names if c not in known]
     if extra:
         raise ConfigError(f"{origin}: unknown column(s) {', '.join(extra)}")
@@ -369,7 +369,30 @@ def table_requests(table: pa.Table, origin: str, num_requests: int | None) -> Re
     if "predicted_output_tokens" in table.column_names:
         sessions["predicted_output_tokens"] = _lengths(table.column("predicted_output_tokens"), origin,
                                                        "predicted_output_tokens")
+    if "prompt_id" in table.column_names:
+        sessions["prompt_id"] = _prompt_id(table.column("prompt_id"), origin)
     return RequestTable(ids, lengths["input_tokens"], lengths["output_tokens"], send_ms, **sessions)
+
+
+def _prompt_id(column: pa.ChunkedArray, origin: str) -> np.ndarray:
+    """Each row's prompt id: integers (or integral floats) in [0, 2**63), no missing value."""
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        raise ConfigError(f"{origin}: column prompt_id has type {kind}, expected integers")
+    if column.null_count:
+        raise ConfigError(f"{origin}: prompt_id has a missing value at {_row(origin, _first_null(column))}")
+    values = column.to_numpy()
+    with np.errstate(invalid="ignore"):
+        if pa.types.is_floating(kind):
+            bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0) | (values >= 2.0**63)
+        elif values.dtype == np.uint64:
+            bad = values >= np.uint64(2**63)
+        else:
+            bad = values < 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ConfigError(f"{origin}: prompt_id must be an integer >= 0 at {_row(origin, i)}, got {values[i].item()!r}")
+    return np.ascontiguousarray(values.astype(np.int64))
 
 
 def _acceptance_length(column: pa.ChunkedArray, origin: str) -> np.ndarray:

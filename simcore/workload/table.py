@@ -49,6 +49,10 @@ class RequestTable:
     predicted_output_tokens : ndarray(int64, ndim=1) or None
         Each row's predicted output length, tokens, read by
         ``queue_order=shortest_output``; None without the column.
+    prompt_id : ndarray(int64, ndim=1) or None
+        Each row's prompt, an integer >= 0: rows of one id are copies of one prompt, whose
+        speculative draws are one stream with ``engine.<pool>.speculative.draws=prompt``
+        (docs/speculative.md); None without the column (each row its own prompt).
     """
 
     request_id: pa.Array
@@ -64,6 +68,7 @@ class RequestTable:
     acceptance_length: np.ndarray | None = None
     priority: np.ndarray | None = None
     predicted_output_tokens: np.ndarray | None = None
+    prompt_id: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.input_tokens.shape[0]

@@ -2,7 +2,8 @@
 
 ``workload.source=mooncake`` reads Mooncake JSONL (one JSON object a line:
 ``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``; aliases
-``created_time``, ``input_tokens``, ``output_tokens``; optional ``request_id``).
+``created_time``, ``input_tokens``, ``output_tokens``; optional ``request_id`` and
+``prompt_id``, an integer >= 0 read by ``speculative.draws=prompt``).
 ``workload.source=azure`` reads the Azure LLM inference CSV (``TIMESTAMP`` wall
 clock, ``ContextTokens``, ``GeneratedTokens``).  Both read ``workload.path``.
 
@@ -113,6 +114,7 @@ class _Trace:
     time_name: str | None
     hash_ids: pa.ListArray | None = None
     request_id: pa.Array | None = None
+    prompt_id: np.ndarray | None = None  # int64 (Mooncake's optional prompt_id)
 
 
 def read_trace(cfg: WorkloadConfig, send_times: bool) -> RequestTable:
@@ -202,6 +204,7 @@ def _select(trace: _Trace, cfg: WorkloadConfig, send_times: bool) -> RequestTabl
         send_ms=send_ms,
         hash_ids=None if trace.hash_ids is None else trace.hash_ids.take(take),
         num_dropped=int(dropped.size),
+        prompt_id=None if trace.prompt_id is None else np.ascontiguousarray(trace.prompt_id[kept]),
     )
 
 
@@ -277,6 +280,7 @@ def _mooncake_schema(with_times: bool) -> pa.Schema:
         ("output_tokens", pa.int64()),
         ("hash_ids", pa.list_(pa.int64())),
         ("request_id", pa.string()),
+        ("prompt_id", pa.int64()),
     ]
     if with_times:
         fields += [("timestamp", pa.float64()), ("created_time", pa.float64())]
@@ -343,7 +347,7 @@ def _json_value(name: str, kind: pa.DataType, value: Any) -> tuple[Any, str | No
         length = integral(value)
         if length is not None and _INT64_MIN <= length <= _INT64_MAX:
             return length, None
-        return None, f"{name} must be an integer >= 1, got {_show(value)}"
+        return None, f"{name} must be an integer >= {0 if name == 'prompt_id' else 1}, got {_show(value)}"
     if kind == pa.float64():  # a timestamp, ms
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
@@ -429,6 +433,17 @@ def _mooncake_rows(
     else:
         request_id = None
 
+    prompt_id = column("prompt_id")
+    if prompt_id.null_count < n:
+        checks.add(
+            prompt_id.is_null().to_numpy(zero_copy_only=False),
+            lambda row: "prompt_id is missing (other rows of the trace have one)",
+        )
+        prompt_id = prompt_id.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        checks.add(prompt_id < 0, lambda row, v=prompt_id: f"prompt_id must be an integer >= 0, got {v[row]}")
+    else:
+        prompt_id = None
+
     time = show_time = None
     if with_times:
         present = values["timestamp"].is_valid().to_numpy(zero_copy_only=False)
@@ -455,6 +470,7 @@ def _mooncake_rows(
         time_name="timestamp",
         hash_ids=hash_ids,
         request_id=request_id,
+        prompt_id=prompt_id,
     )
 
 

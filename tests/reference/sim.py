@@ -303,6 +303,7 @@ class Request:
         self.placeholders = 0         # outputs scheduled but not yet returned
         self.drafts = 0               # speculative proposals verified in the pass it is in
         self.spec_alpha = None        # its own acceptance per proposal (None: the pool's rates)
+        self.spec_stream = None       # draws=prompt: its prompt id, its draws' stream (None: its own)
         self.token_offset = 0         # index of its first token in the run's token order (by row)
         self.epoch = 0                # +1 per preemption: older in-flight outputs are stale
         # queue orders (docs/semantics.md): the order's key, lower first, and the instant it
@@ -432,6 +433,7 @@ class Pool:
             self.spec_per_seq_us = float(speculative.get("proposer_per_seq_us") or 0.0)
             rate = speculative.get("proposal_rate")
             self.spec_proposal_rate = 1.0 if rate is None else float(rate)
+            self.spec_draws = speculative.get("draws") or "request"  # the draws' stream: request or prompt
 
     def blocks_for(self, tokens):
         return -(-tokens // self.block_size)  # ceil
@@ -678,7 +680,7 @@ class PoolTiming:
 class ReferenceSim(OffloadMixin):
     def __init__(self, config, request_ids, input_tokens, output_tokens, send_ns,
                  hash_ids=None, sessions=None, acceptance_length=None, priority=None,
-                 predicted_output_tokens=None):
+                 predicted_output_tokens=None, prompt_id=None):
         n_rows = len(request_ids)
         assert len(input_tokens) == n_rows and len(output_tokens) == n_rows
         load = config["load"]
@@ -772,6 +774,11 @@ class ReferenceSim(OffloadMixin):
             alphas = geometric_alpha(np.array(acceptance_length, dtype=np.float64), len(self.emit_pool.spec_rates))
             for req, alpha in zip(self.requests, alphas):
                 req.spec_alpha = None if math.isnan(alpha) else float(alpha)
+        # draws=prompt: a request's draws come from its prompt id's stream (the table's prompt_id;
+        # without it, its row), keyed on its own output position.
+        if self.emit_pool.spec_drafts and self.emit_pool.spec_draws == "prompt":
+            for req in self.requests:
+                req.spec_stream = req.row if prompt_id is None else int(prompt_id[req.row])
 
         # Queue orders: every request's key under the (one) keyed order of the pools.
         keyed = {p.queue_order for p in pools} - {"fcfs", "random", "lpm"}
@@ -1773,7 +1780,8 @@ class ReferenceSim(OffloadMixin):
         self.record_pass(w, p, pool, t, outputs)
 
     def spec_uniform(self, key, req):
-        """The uniform of req's step: a SplitMix64 hash of (key, row, index of the step's first token)."""
+        """The uniform of req's step: a SplitMix64 hash of (key, row, index of the step's first token);
+        draws=prompt: of (key, prompt id, the request's own index of that token)."""
         mask = (1 << 64) - 1
         golden = 0x9E3779B97F4A7C15
 
@@ -1782,8 +1790,12 @@ class ReferenceSim(OffloadMixin):
             x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
             return x ^ (x >> 31)
 
-        x = mix((key + req.row * golden) & mask)
-        x = mix((x + (req.token_offset + req.generated) * golden) & mask)
+        if req.spec_stream is None:
+            who, at = req.row, req.token_offset + req.generated
+        else:
+            who, at = req.spec_stream, req.generated
+        x = mix((key + who * golden) & mask)
+        x = mix((x + at * golden) & mask)
         return (x >> 11) * 2.0 ** -53
 
     def spec_proposes(self, pool, req):
@@ -1983,13 +1995,15 @@ class ReferenceSim(OffloadMixin):
 
 
 def simulate(config, request_ids, input_tokens, output_tokens, send_ns, hash_ids=None, sessions=None,
-             acceptance_length=None, priority=None, predicted_output_tokens=None):
+             acceptance_length=None, priority=None, predicted_output_tokens=None, prompt_id=None):
     """Run the reference simulation; see the module docstring and the task brief.
     ``hash_ids``: None, or one list of ints per row (Mooncake prefix-chained block
     hashes at workload.block_size tokens per block), for prefix caching.
     ``sessions``: None, or ``{"session": one label per row, "shared_prefix_tokens": int}``
     (multi-turn sessions; send_ns then gives the first turns' sends only).
     ``acceptance_length``: None, or each row's mean acceptance length (NaN: the pool's rates).
-    ``priority``, ``predicted_output_tokens``: None, or one int per row (queue orders)."""
+    ``priority``, ``predicted_output_tokens``: None, or one int per row (queue orders).
+    ``prompt_id``: None, or one int >= 0 per row (speculative draws=prompt)."""
     return ReferenceSim(config, request_ids, input_tokens, output_tokens, send_ns,
-                        hash_ids, sessions, acceptance_length, priority, predicted_output_tokens).run()
+                        hash_ids, sessions, acceptance_length, priority, predicted_output_tokens,
+                        prompt_id).run()
