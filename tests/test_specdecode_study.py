@@ -53,6 +53,16 @@ def test_proposer_cost_by_hand():
     assert per_seq_us == pytest.approx(kv_us + flops_us, rel=1e-12)
 
 
+def test_study_costs_by_hand():
+    """predictor.py's Llama8BH100 (SpecDecode-Bench/simulator at 2fdccbd): a drafting step of k = 3
+    at 1000 tokens of context per sequence costs 2.13526175 ms + 4 x 0.841429603 us + 1000 x
+    2.37768493 ns per sequence; spread over the 3 draft passes the replay charges."""
+    step_ms, per_seq_us, overhead_us = study.study_costs(1000.0, 3)
+    assert 3 * step_ms == pytest.approx(2.13526175 + 4 * 8.41429603e-4, rel=1e-12)
+    assert 3 * per_seq_us == pytest.approx(1000 * 2.37768493e-3, rel=1e-12)
+    assert overhead_us == pytest.approx(1206.83946, rel=1e-12)
+
+
 def test_splice_replaces_or_appends():
     heading = study.SECTION_HEADING
     appended = study.splice("# Doc\n\n## A\n\ntext\n", heading + "\n\nnew\n")
