@@ -29,7 +29,7 @@ SPEC_FORMS = (FORM_VLLM, FORM_SGLANG, FORM_TRTLLM)
 MAX_DRAFT_TOKENS = 32
 
 #: ``engine.<pool>.speculative.draws``: the acceptance draws' stream per request, or per prompt id
-#: (docs/speculative.md, "Draws").
+#: (docs/speculative.md, "Draws per prompt").
 SPEC_DRAWS = ("request", "prompt")
 
 #: vLLM's methods (``SpeculativeConfig.method``, vllm/config/speculative.py).
