@@ -39,6 +39,8 @@ def _dfs_before_nb(t, path, start, i, j):
     """Whether the request at queue position i goes strictly before the one at j in the walk."""
     a, a_end = start[i], start[i + 1]
     b, b_end = start[j], start[j + 1]
+    if a_end - a == b_end - b and (a == a_end or path[a_end - 1] == path[b_end - 1]):
+        return False  # the same last node: list order
     while a < a_end and b < b_end and path[a] == path[b]:
         a += 1
         b += 1
@@ -129,6 +131,12 @@ def sort_dfs_weight_nb(pc, g, num_ranks, block_size, blocks_used, input_tokens, 
             mid = min(lo + width, n)
             hi = min(lo + 2 * width, n)
             a, b, o = lo, mid, lo
+            if mid < hi and not _dfs_before_nb(t, path, start, order[mid], order[mid - 1]):
+                # already in order (the queue as the last sort left it, arrivals at its back)
+                while o < hi:
+                    spare[o] = order[o]
+                    o += 1
+                a, b = mid, hi
             while a < mid and b < hi:
                 if _dfs_before_nb(t, path, start, order[b], order[a]):
                     spare[o] = order[b]
