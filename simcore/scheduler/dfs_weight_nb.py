@@ -5,17 +5,19 @@ Contract: ``@njit(cache=True)`` functions over the engine kernel's waiting queue
 prefix-cache state holding the node tree of ``simcore.scheduler.radix_tree_nb``
 (the settings refuse the order where the cache would run a node per block).
 
-SGLang (``python/sglang/srt/managers/schedule_policy.py``, commit 00550cd1,
-``SchedulePolicy.calc_priority`` and ``_sort_by_dfs_weight``; the walk is
-``_dfs_weight_order`` in ``python/sglang/srt/mem_cache/base_prefix_cache.py``)
-matches every waiting request in the radix cache, in list order, which leaves
-each request's ``last_node``.  A node weighs the waiting requests whose last
-node is in its subtree.  The list becomes the order of a depth-first walk from
-the root that visits a node's children by decreasing weight (a stable sort of
-the ``children`` dict, so equal weights keep the order the dict received them)
-and puts a node's own requests, in list order, after its children's subtrees.
-No queue length turns it off (``_determine_active_policy`` falls back to FCFS
-for ``lpm`` and ``hrrn`` only).
+SGLang (``python/sglang/srt/managers/schedule_policy.py`` at commit 00550cd1:
+``calc_priority`` lines 261-330, its ``_compute_prefix_matches`` 374-431 calling
+``match_prefix_for_req`` 158-218, ``_sort_by_dfs_weight`` 533-538; the walk is
+``_dfs_weight_order`` in ``python/sglang/srt/mem_cache/base_prefix_cache.py`` at
+commit 00ac7105, lines 260-300) matches every waiting request in the radix
+cache, in list order, which leaves each request's ``last_node``.  A node weighs
+the waiting requests whose last node is in its subtree.  The list becomes the
+order of a depth-first walk from the root that visits a node's children by
+decreasing weight (a stable sort of the ``children`` dict, so equal weights
+keep the order the dict received them) and puts a node's own requests, in list
+order, after its children's subtrees.
+No queue length turns it off (``_determine_active_policy``, lines 332-343, falls
+back to FCFS above 128 waiting for ``lpm`` and ``hrrn`` only).
 
 Here the walk is a stable sort of the waiting requests by a comparison of
 their root-to-last-node paths: where two paths part, the child of greater
