@@ -386,18 +386,20 @@ def test_order_codes_agree_with_the_kernels():
 
 
 def test_the_batch_path_runs_lpm_as_a_single_run():
-    """run_batch stacks an lpm configuration beside an fcfs one (shared 64-token prefixes, prefix caching)."""
+    """run_batch stacks lpm and dfs-weight configurations beside an fcfs one (shared 64-token prefixes, prefix caching)."""
     pool = {"num_blocks": 900, "block_size": 1, "max_sequences": 4, "prefix_caching": True}
     base = {"workload": {"num_requests": 60, "input_dist": "uniform", "input_tokens": 200, "range_ratio": 0.1,
                          "output_tokens": 30, "prefix_tokens": 64},
             "load": {"type": "poisson", "request_rate": 300.0},
             "engine": {"policy": "sglang", "aggregated": pool}, "timing": FIXED}
-    configs = [base, {**base, "engine": {"policy": "sglang", "aggregated": {**pool, "queue_order": "lpm"}}}]
+    configs = [base] + [{**base, "engine": {"policy": "sglang", "aggregated": {**pool, "queue_order": order}}}
+                        for order in ("lpm", "dfs-weight")]
     batched = simcore.run_batch(configs)
     singles = [simcore.run(config) for config in configs]
     for one, many in zip(singles, batched):
         assert many.requests.equals(one.requests)
     assert not singles[1].requests.equals(singles[0].requests)  # lpm changes something here
+    assert not singles[2].requests.equals(singles[0].requests)  # so does dfs-weight
 
 
 # ------------------------------------------------------------------ SGLang dfs-weight
