@@ -26,8 +26,15 @@ key at its default.  Prints the CSV (case, requests, output_tokens, median_s,
 us_per_output_token, prefix_cache_hit_rate, mean and p99 TTFT, ms), then the cost
 ratio (lpm / fcfs, target <= 1.2) and the hit-rate and TTFT changes.
 
+``--case dfs-weight``: SGLang ``--schedule-policy dfs-weight`` against ``fcfs``, the lpm
+case's deployment and workload and output.
+
+``--clock cpu`` times each run by the process's CPU seconds (``time.process_time``)
+instead of wall seconds.
+
 Usage: python bench/bench_queue_orders.py [--runs 5] [--requests 4000] [--load 0.8]
-       python bench/bench_queue_orders.py --case lpm [--runs 5] [--requests 2000] [--speedup 1] [--block-size 16]
+       python bench/bench_queue_orders.py --case lpm|dfs-weight [--runs 5] [--requests 2000] [--speedup 1]
+                                          [--block-size 16] [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,14 +83,14 @@ def class_p99_ttft(result, classes: np.ndarray) -> list[float]:
     return [float(np.percentile(ttft[done & (classes == c)], 99)) for c in CLASSES]
 
 
-def timed(configs: dict, runs: int) -> tuple[dict, dict]:
+def timed(configs: dict, runs: int, clock=time.perf_counter) -> tuple[dict, dict]:
     """Each configuration's result (an untimed run, also the warm-up: JIT, caches) and the
-    wall seconds of ``runs`` more, interleaved round by round (the machine is shared)."""
+    seconds (wall, or ``clock``'s) of ``runs`` more, interleaved round by round (the machine is shared)."""
     results = {name: simcore.run(cfg) for name, cfg in configs.items()}
     seconds = {name: [] for name in configs}
     for _ in range(runs):
         for name, cfg in configs.items():
-            seconds[name].append(median_seconds(lambda cfg=cfg: simcore.run(cfg), 1))
+            seconds[name].append(median_seconds(lambda cfg=cfg: simcore.run(cfg), 1, clock=clock))
     return results, seconds
 
 
@@ -98,9 +106,13 @@ def lpm_config(requests: int, speedup: float, block_size: int, order: str) -> di
 
 
 def lpm_main(args) -> None:
-    orders = ("fcfs", "lpm")
+    """The cache-aware orders' case (``--case lpm`` or ``dfs-weight``) against fcfs."""
+    case = args.case
+    orders = ("fcfs", case)
     configs = {order: lpm_config(args.requests, args.speedup, args.block_size, order) for order in orders}
-    results, seconds = timed(configs, args.runs)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    results, seconds = timed(configs, args.runs, clock)
+    print(f"# {args.clock} seconds, medians of {args.runs} interleaved runs")
     print("case,requests,output_tokens,median_s,us_per_output_token,prefix_cache_hit_rate,mean_ttft_ms,p99_ttft_ms")
     cost, summary = {}, {}
     for order in orders:
@@ -112,22 +124,24 @@ def lpm_main(args) -> None:
         print(f"{order},{args.requests},{tokens},{median:.4f},{cost[order]:.4f},"
               f"{summary[order]['prefix_cache_hit_rate']:.4f},{summary[order]['mean_ttft_ms']:.2f},"
               f"{summary[order]['p99_ttft_ms']:.2f}")
-    print(f"lpm: host cost per output token {cost['lpm'] / cost['fcfs']:.3f}x fcfs; prefix hit rate "
-          f"{summary['fcfs']['prefix_cache_hit_rate']:.4f} -> {summary['lpm']['prefix_cache_hit_rate']:.4f}; mean TTFT "
-          f"{summary['fcfs']['mean_ttft_ms']:.1f} -> {summary['lpm']['mean_ttft_ms']:.1f} ms; p99 TTFT "
-          f"{summary['fcfs']['p99_ttft_ms']:.1f} -> {summary['lpm']['p99_ttft_ms']:.1f} ms")
+    print(f"{case}: host cost per output token {cost[case] / cost['fcfs']:.3f}x fcfs; prefix hit rate "
+          f"{summary['fcfs']['prefix_cache_hit_rate']:.4f} -> {summary[case]['prefix_cache_hit_rate']:.4f}; mean TTFT "
+          f"{summary['fcfs']['mean_ttft_ms']:.1f} -> {summary[case]['mean_ttft_ms']:.1f} ms; p99 TTFT "
+          f"{summary['fcfs']['p99_ttft_ms']:.1f} -> {summary[case]['p99_ttft_ms']:.1f} ms")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("priority", "lpm"), default="priority")
+    parser.add_argument("--case", choices=("priority", "lpm", "dfs-weight"), default="priority")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--requests", type=int, default=None, help="default: 4000 (priority), 2000 (lpm)")
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--speedup", type=float, default=1.0, help="lpm: load.speedup of the trace")
     parser.add_argument("--block-size", type=int, default=16, help="lpm: tokens per page")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="lpm, dfs-weight: time runs by wall or process CPU seconds")
     args = parser.parse_args()
-    if args.case == "lpm":
+    if args.case in ("lpm", "dfs-weight"):
         args.requests = args.requests or 2000
         lpm_main(args)
         return

@@ -7,16 +7,19 @@ import time
 from typing import Callable
 
 
-def median_seconds(fn: Callable[[], object], runs: int, warm_up: bool = False) -> float:
-    """Median wall seconds of ``runs`` calls of ``fn``, after one untimed call if
-    ``warm_up`` (JIT compile or numba cache load)."""
+def median_seconds(fn: Callable[[], object], runs: int, warm_up: bool = False,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds of ``runs`` calls of ``fn``, after one untimed call if
+    ``warm_up`` (JIT compile or numba cache load); wall seconds, or those of
+    ``clock`` (``time.process_time``: the process's CPU seconds, less sensitive to
+    a shared machine's load)."""
     if warm_up:
         fn()
     seconds = []
     for _ in range(runs):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(clock() - start)
     return statistics.median(seconds)
 
 

@@ -273,7 +273,8 @@ def random_scenario(
                 max_batched_tokens=None, chunked_prefill_size=rnd.randint(block_size, 64),
             )
         hash_ids = _prefix_chained_hash_ids(rnd, inputs, trace_block, long_shares=True)[0]
-        if rnd.random() < 0.2:  # not prefix-chained: some prompts repeat a hash
+        # not prefix-chained: some prompts repeat a hash (a block-per-node cache: not with dfs-weight)
+        if rnd.random() < 0.2 and queue_order != "dfs-weight":
             hash_ids = [[rnd.choice(ids) if rnd.random() < 0.3 else h for h in ids] for ids in hash_ids]
         if closed:
             config["load"]["concurrency"] = rnd.randint(2, 12)

@@ -35,6 +35,7 @@ NUM_EP_SCENARIOS = 300  # mixed with P/D, async scheduling, prefix caching, CUDA
 NUM_SPEC_SCENARIOS = 120  # per policy; a third disaggregated, a third with prefix caching
 NUM_QUEUE_ORDER_SCENARIOS = 200  # per policy; a third disaggregated, a quarter with prefix caching
 NUM_LPM_SCENARIOS = 200
+NUM_DFS_WEIGHT_SCENARIOS = 200
 REQUEST_KEYS = [
     "status", "worker", "rank", "generated_tokens", "num_preemptions", "send_ns", "arrival_ns",
     "first_admit_ns", "first_emit_ns", "first_recv_ns", "last_recv_ns", "prefill_worker",
@@ -501,6 +502,43 @@ def test_lpm_scenarios_cover_the_features():
         differs += slow["requests"] != base["requests"]
     assert differs >= NUM_LPM_SCENARIOS // 20, differs
     assert ReferenceSim.lpm_deferred >= 100, ReferenceSim.lpm_deferred
+
+
+def _dfs_weight_scenario(seed):
+    return random_scenario(seed, policy="sglang", queue_order="dfs-weight", prefix_caching=True,
+                           disaggregated=seed % 4 == 3, prefix_pressure=seed % 3 == 0 and seed % 4 != 3,
+                           long_outputs=seed % 5 == 0)
+
+
+@pytest.mark.parametrize("seed", range(NUM_DFS_WEIGHT_SCENARIOS))
+def test_dfs_weight_matches_reference(seed):
+    """SGLang dfs-weight (docs/semantics.md): the radix cache's match at each extend batch and the
+    depth-first walk, heavier subtrees first, equal weights by the children's insertion order;
+    aggregated and P/D prefill pools, a tight cache with long shared hash chains a third of the time."""
+    compare_with_reference(_dfs_weight_scenario(seed))
+
+
+def test_dfs_weight_scenarios_cover_the_features():
+    """The dfs-weight scenarios reorder queues (results differ from fcfs and from lpm) and order
+    equal-weight children by their insertion order."""
+    differs = differs_lpm = 0
+    ReferenceSim.dfs_reordered = ReferenceSim.dfs_birth_ties = 0
+    for seed in range(NUM_DFS_WEIGHT_SCENARIOS // 4):
+        s = _dfs_weight_scenario(seed)
+        _, slow = reference(s)
+        others = []
+        for order in ("fcfs", "lpm"):
+            other = copy.deepcopy(s)
+            for pool in other["config"]["engine"].values():
+                if isinstance(pool, dict) and pool.get("queue_order") == "dfs-weight":
+                    pool["queue_order"] = order
+            others.append(reference(other)[1]["requests"])
+        differs += slow["requests"] != others[0]
+        differs_lpm += slow["requests"] != others[1]
+    assert differs >= NUM_DFS_WEIGHT_SCENARIOS // 20, differs
+    assert differs_lpm >= NUM_DFS_WEIGHT_SCENARIOS // 20, differs_lpm
+    assert ReferenceSim.dfs_reordered >= 100, ReferenceSim.dfs_reordered
+    assert ReferenceSim.dfs_birth_ties >= 100, ReferenceSim.dfs_birth_ties
 
 
 def test_queue_order_scenarios_cover_the_features():

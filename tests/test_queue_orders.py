@@ -200,10 +200,10 @@ def test_bad_columns_name_the_row(column, message):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"engine": {"aggregated": {"queue_order": "dfs-weight"}}},
-     r"^engine\.aggregated\.queue_order must be one of fcfs, priority, lof, random, lpm, shortest_prompt, "
-     r"shortest_output; "
-     r"got 'dfs-weight'$"),
+    ({"engine": {"aggregated": {"queue_order": "hrrn"}}},
+     r"^engine\.aggregated\.queue_order must be one of fcfs, priority, lof, random, lpm, dfs-weight, "
+     r"shortest_prompt, shortest_output; "
+     r"got 'hrrn'$"),
     ({"engine": {"policy": "sglang", "aggregated": {"queue_order": "priority"}}},
      r"^engine\.aggregated\.queue_order=priority is modelled for engine\.policy=vllm only, got sglang$"),
     ({"engine": {"aggregated": {"queue_order": "lof"}}},
@@ -380,20 +380,132 @@ def test_lpm_keys_name_the_key(config, message):
 def test_order_codes_agree_with_the_kernels():
     from simcore.scheduler import nb, policies
 
-    for name in ("ORDER_FCFS", "ORDER_KEY_INSTANT", "ORDER_KEY_STABLE", "ORDER_RANDOM", "ORDER_LPM"):
+    for name in ("ORDER_FCFS", "ORDER_KEY_INSTANT", "ORDER_KEY_STABLE", "ORDER_RANDOM", "ORDER_LPM",
+                 "ORDER_DFS_WEIGHT"):
         assert getattr(nb, name) == getattr(policies, name)
 
 
 def test_the_batch_path_runs_lpm_as_a_single_run():
-    """run_batch stacks an lpm configuration beside an fcfs one (shared 64-token prefixes, prefix caching)."""
+    """run_batch stacks lpm and dfs-weight configurations beside an fcfs one (shared 64-token prefixes, prefix caching)."""
     pool = {"num_blocks": 900, "block_size": 1, "max_sequences": 4, "prefix_caching": True}
     base = {"workload": {"num_requests": 60, "input_dist": "uniform", "input_tokens": 200, "range_ratio": 0.1,
                          "output_tokens": 30, "prefix_tokens": 64},
             "load": {"type": "poisson", "request_rate": 300.0},
             "engine": {"policy": "sglang", "aggregated": pool}, "timing": FIXED}
-    configs = [base, {**base, "engine": {"policy": "sglang", "aggregated": {**pool, "queue_order": "lpm"}}}]
+    configs = [base] + [{**base, "engine": {"policy": "sglang", "aggregated": {**pool, "queue_order": order}}}
+                        for order in ("lpm", "dfs-weight")]
     batched = simcore.run_batch(configs)
     singles = [simcore.run(config) for config in configs]
     for one, many in zip(singles, batched):
         assert many.requests.equals(one.requests)
     assert not singles[1].requests.equals(singles[0].requests)  # lpm changes something here
+    assert not singles[2].requests.equals(singles[0].requests)  # so does dfs-weight
+
+
+# ------------------------------------------------------------------ SGLang dfs-weight
+# The radix tree below is drawn with one node per run of 16-token blocks, named by its hashes;
+# each 64-token prompt of one output token runs alone in an extend batch of 10 ms
+# (max_prefill_tokens 16 is spent by any first admission) and joins the tree when it finishes
+# (64 + 1 - 1 = 64 tokens, 4 blocks).  Before each extend batch dfs-weight matches every waiting
+# request on its whole blocks, weighs each node by the waiting requests whose match ends in its
+# subtree, and walks the tree depth first from the root: children by decreasing weight, equal
+# weights in the order the node received them, a node's own requests after its subtrees.
+#
+# r0 (11 12 13 14) runs [0, 10] and joins the tree at 10; r1 (5 6 7 8) runs [10, 20] and joins
+# at 20, so the root's children are A = 11.. (received at 10) then B = 5.. (at 20); the older
+# child has the larger hashes, so an order by hash would differ.  At 15 ms arrive, in this order,
+# a (5 6 30 31), b (11 12 40 41), c (50 51 52 53), d (11 12 13 60), e (5 6 7 70).
+#
+# 20 ms, queue a b c d e.  Matches: a 5 6 | b 11 12 | c none | d 11 12 13 | e 5 6 7.
+#   root ── A 11 12 (own b) ── 13 (own d) ── 14
+#        └─ B 5 6   (own a) ── 7  (own e) ── 8
+#   Weights: A 2 (b, d), B 2 (a, e): tied, A first (received first).  Under A: 13's subtree
+#   (d), then A's own b; under B: e, then a; then the root's own c.  Order d b e a c: d runs
+#   [20, 30] (48 tokens cached), then joins the tree (11 12 13 60).
+# 30 ms, queue b e a c.  Weights: A 1 (b), B 2 (e, a): B first: e, a, then b, c.  e runs
+#   [30, 40] (48 cached).
+# 40 ms, queue a b c.  Weights: A 1 (b), B 1 (a): tied, A first: b a c.  b runs [40, 50]
+#   (32 cached).
+# 50 ms, queue a c: a (B, weight 1) then the root's c: a runs [50, 60] (32 cached), c [60, 70].
+# TTFT from 15 ms: a 45, b 35, c 55, d 15, e 25.
+# FCFS: a [20, 30], b [30, 40], c [40, 50], d [50, 60], e [60, 70].
+# lpm at 20 ms: keys a -32, b -32, c 0, d -48, e -48 (a, b and c, at most 32 tokens matched,
+# share no 32 tokens with one another): d e a b c; d [20, 30], e [30, 40]; at 40 ms a b c (keys
+# -32, -32, 0, kept in that order): a [40, 50], b [50, 60], c [60, 70].
+DFS_TREE = [row(0, [11, 12, 13, 14]), row(0, [5, 6, 7, 8]), row(15, [5, 6, 30, 31]), row(15, [11, 12, 40, 41]),
+            row(15, [50, 51, 52, 53]), row(15, [11, 12, 13, 60]), row(15, [5, 6, 7, 70])]
+
+
+@pytest.mark.parametrize("order, ttft", [
+    ("dfs-weight", [10.0, 20.0, 45.0, 35.0, 55.0, 15.0, 25.0]),
+    ("fcfs", [10.0, 20.0, 15.0, 25.0, 35.0, 45.0, 55.0]),
+    ("lpm", [10.0, 20.0, 35.0, 45.0, 55.0, 15.0, 25.0]),
+])
+def test_sglang_dfs_weight_walks_the_radix_tree(tmp_path, order, ttft):
+    out = run_trace(tmp_path, DFS_TREE, {"max_prefill_tokens": 16, "queue_order": order})
+    assert out["ttft_ms"] == ttft
+    assert out["cached_tokens"] == [0, 0, 32, 32, 0, 48, 48]
+
+
+@pytest.mark.parametrize("order, ttft", [
+    # r0 (1 2 3 4) runs [0, 10] and joins the tree.  At 5 ms arrive y (1 2 3 99) then x (1 2 3 4).
+    # dfs-weight matches x on all 4 of its blocks (SGLang matches origin_input_ids + output_ids:
+    # the cap at 64 - 1 tokens applies to the hit count, not to last_node): x's match ends at
+    # block 4, a child of y's node 1 2 3, so x (that node's subtree) goes before y (its own):
+    # x [10, 20], y [20, 30].
+    ("dfs-weight", [10.0, 25.0, 15.0]),
+    # lpm: both keys -48 (3 blocks, the cap), the sort is stable: y, x.
+    ("lpm", [10.0, 15.0, 25.0]),
+])
+def test_sglang_dfs_weight_matches_the_whole_prompt(tmp_path, order, ttft):
+    rows = [row(0, [1, 2, 3, 4]), row(5, [1, 2, 3, 99]), row(5, [1, 2, 3, 4])]
+    out = run_trace(tmp_path, rows, {"max_prefill_tokens": 16, "queue_order": order})
+    assert out["ttft_ms"] == ttft
+    assert out["cached_tokens"] == [0, 48, 48]  # admission's match is capped at 63 tokens
+
+
+@pytest.mark.parametrize("order, ttft", [
+    # r0 (1 2 3 4) runs [0, 10]; at 5 ms arrive 128 fillers (their own hashes) and last the target
+    # (1 2 3 9).  At 10 ms 129 wait.  dfs-weight has no cut-off by queue length: the target's match
+    # ends under node 1 2 3 4 (weight 1), the fillers' at the root, after it: the target runs
+    # [10, 20].  lpm turns FCFS above 128: the first filler runs [10, 20], the target [20, 30].
+    ("dfs-weight", 15.0),
+    ("lpm", 25.0),
+])
+def test_sglang_dfs_weight_has_no_queue_length_cut_off(tmp_path, order, ttft):
+    rows = ([row(0, [1, 2, 3, 4])] + [row(5, [1000 + 4 * i + j for j in range(4)]) for i in range(128)]
+            + [row(5, [1, 2, 3, 9])])
+    out = run_trace(tmp_path, rows, {"max_prefill_tokens": 16, "queue_order": order})
+    assert out["ttft_ms"][-1] == ttft
+    assert out["cached_tokens"][-1] == 48
+
+
+def test_sglang_dfs_weight_is_deterministic(tmp_path):
+    # prefix-chained: the second hash stands for the first too
+    rows = [row(i // 3, [1 + i % 3, 10 * (1 + i % 3) + i % 5, 100 + i, 200 + i], output=1 + i % 4) for i in range(40)]
+    pool = {"num_blocks": 24, "max_sequences": 6, "queue_order": "dfs-weight"}
+    runs = [run_trace(tmp_path, rows, pool) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"engine": {"policy": "sglang", "aggregated": {"queue_order": "dfs-weight"}}},
+     r"^engine\.aggregated\.queue_order=dfs-weight needs engine\.aggregated\.prefix_caching=true \(without the "
+     r"radix cache SGLang runs it as fcfs\)$"),
+    ({"engine": {"aggregated": {"queue_order": "dfs-weight", "prefix_caching": True}}},
+     r"^engine\.aggregated\.queue_order=dfs-weight is modelled for engine\.policy=sglang only, got vllm$"),
+])
+def test_dfs_weight_keys_name_the_key(config, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(config)
+    assert "\n" not in str(error.value)
+
+
+def test_dfs_weight_needs_the_node_tree(tmp_path):
+    """Hash 1 at two positions: not prefix-chained, the radix cache runs a node per block, whose
+    children keep no insertion order: refused, naming the key."""
+    rows = [row(0, [1, 2]), row(0, [2, 1])]
+    with pytest.raises(ConfigError, match=r"^engine\.aggregated\.queue_order=dfs-weight needs a radix cache "
+                                          r"that runs as a node tree") as error:
+        run_trace(tmp_path, rows, {"queue_order": "dfs-weight"})
+    assert "\n" not in str(error.value)

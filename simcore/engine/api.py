@@ -18,6 +18,7 @@ from simcore.bounds import checked_total
 from simcore.config import ConfigError, SimConfig
 from simcore.engine import nb
 from simcore.engine.router import router_inputs
+from simcore.engine.settings import POOLS
 from simcore.memory import filled
 from simcore.engine.state import Client, Load, Logs, Outputs, Ranks, Requests, Router, Timing, Topology
 from simcore.receipts import Receipts, allocate_stream_state, completed_mask
@@ -404,7 +405,7 @@ def prepare(
     transfer_ns = ms_array_to_ns(cfg.engine.kv_transfer.transfer_ms(input_tokens), "engine.kv_transfer.bytes_per_token")
     # Prefix caching runs on the receiving pool (aggregated, or P/D prefill).
     prefix_cache = prefix_cache_inputs(receiving, cfg.engine.policy, requests, cfg.workload, cfg.engine.router.policy,
-                                       len(ranks.policy))
+                                       len(ranks.policy), path=f"engine.{POOLS[cfg.engine.mode][0]}")
     cap_ns = None if cfg.max_time_ms is None else ms_to_ns(cfg.max_time_ms, "max_time_ms")
 
     # A worker pass either emits a token or fills some rank's token budget with

@@ -252,7 +252,8 @@ def queue_keys(pools: Sequence[PoolConfig], requests: RequestTable) -> np.ndarra
 
 
 def prefix_cache_inputs(
-    receiving: PoolConfig, policy: str, requests: RequestTable, workload, router_policy: str, num_ranks: int
+    receiving: PoolConfig, policy: str, requests: RequestTable, workload, router_policy: str, num_ranks: int,
+    path: str = "engine.aggregated",
 ) -> PrefixCacheInputs:
     """The prefix cache's block identities, its CPU tier and which representation runs it.
 
@@ -270,14 +271,25 @@ def prefix_cache_inputs(
         ``engine.router.policy`` (a node tree needs round-robin-like placement).
     num_ranks : int
         Global ranks of the deployment.
+    path : str
+        The receiving pool's dotted path, for messages.
 
     Returns
     -------
     PrefixCacheInputs
+
+    Raises
+    ------
+    ConfigError
+        ``queue_order=dfs-weight`` where the radix cache would run a node per block.
     """
     n = len(requests)
     radix = policy_spec(policy).prefix_cache == "radix"
     radix_tree = bool(receiving.prefix_caching and radix and tree_shaped(requests, router_policy))
+    if receiving.queue_order == "dfs-weight" and receiving.prefix_caching and not radix_tree:
+        # the walk orders a node's children by the time they joined it, which the node tree keeps
+        raise ConfigError(f"{path}.queue_order=dfs-weight needs a radix cache that runs as a node tree: "
+                          f"prefix-chained hash_ids (or none) and engine.router.policy other than prefix_aware")
     if receiving.prefix_caching:
         generated_too = radix or receiving.cache_generated_blocks
         identities = radix_block_identities if generated_too else prompt_block_identities

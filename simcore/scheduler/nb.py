@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from simcore.scheduler.gencache_nb import cache_generated_on_release_nb
+from simcore.scheduler.dfs_weight_nb import sort_dfs_weight_nb
 from simcore.scheduler.kv_nb import HDR_OFFSET, kv_allocate_nb
 from simcore.scheduler.kv_tree_nb import prefix_hits_nb, prefix_register_nb, prefix_release_nb, prefix_take_hits_nb
 from simcore.scheduler.radix_ident_nb import ident_at_nb
@@ -40,6 +41,7 @@ ORDER_KEY_INSTANT = 1
 ORDER_KEY_STABLE = 2
 ORDER_RANDOM = 3  # arrival order, shuffled before each extend batch (SGLang's random.shuffle)
 ORDER_LPM = 4  # arrival order, sorted by the radix cache's match before each extend batch (SGLang's lpm)
+ORDER_DFS_WEIGHT = 5  # arrival order, walked depth first in the radix tree before each extend batch (dfs-weight)
 # Orders >= ORDER_RANDOM put a request at the back, as FCFS, and reorder at the batch build.
 
 # SGLang lpm (schedule_policy.py, commit 00550cd): SchedulePolicy._determine_active_policy
@@ -683,6 +685,10 @@ def build_sglang_batch_nb(g, t, requests, ranks, pc, out, rq, rk):
         # SchedulePolicy.calc_priority: sorted by the prefix match before each extend batch
         _sort_lpm_nb(pc, g, num_ranks, block_size, blocks_used, input_tokens, generated, wait_head, wait_tail,
                      wait_next, wait_prev)
+    if ranks.queue_order[g] == ORDER_DFS_WEIGHT and wait_head[g] >= 0 and run_len[g] < rank_max_sequences[g]:
+        # SchedulePolicy.calc_priority: _sort_by_dfs_weight before each extend batch (no length cut-off)
+        sort_dfs_weight_nb(pc, g, num_ranks, block_size, blocks_used, input_tokens, generated, wait_head, wait_tail,
+                           wait_next, wait_prev)
     if chunked >= 0:
         k = chunked
         need = input_tokens[k] + generated[k] - computed[k]

@@ -41,18 +41,19 @@ POOL_KEYS = ("max_batched_tokens", "max_sequences", "block_size", "chunked_prefi
 DEFAULT_POLICY = "vllm"
 #: ``engine.<pool>.queue_order``: the waiting-queue orders (docs/semantics.md, "Queue orders").
 #: ``fcfs`` is every engine's default; ``priority`` is vLLM's ``--scheduling-policy priority``;
-#: ``lof``, ``random`` and ``lpm`` are SGLang's ``--schedule-policy lof``, ``random`` and ``lpm``;
+#: ``lof``, ``random``, ``lpm`` and ``dfs-weight`` are SGLang's ``--schedule-policy`` of those names;
 #: ``shortest_prompt`` and ``shortest_output`` (by the table's ``predicted_output_tokens``) are
 #: research orders, no engine's default.
-QUEUE_ORDERS = ("fcfs", "priority", "lof", "random", "lpm", "shortest_prompt", "shortest_output")
+QUEUE_ORDERS = ("fcfs", "priority", "lof", "random", "lpm", "dfs-weight", "shortest_prompt", "shortest_output")
 #: The orders that read the prefix cache (SGLang's ``CacheAwarePolicy``): they need it on.
-CACHE_AWARE_ORDERS = ("lpm",)
+CACHE_AWARE_ORDERS = ("lpm", "dfs-weight")
 #: ``Ranks.queue_order`` codes: the arrival order; a key, then the instant the request
 #: entered the rank (vLLM's heap of requests); a key, then insertion order (SGLang's stable
 #: sort of its waiting list); arrival order shuffled before each extend batch (SGLang's
 #: ``random``); arrival order sorted by the prefix cache's match before each extend batch
-#: (SGLang's ``lpm``).  ``simcore.scheduler.nb.ORDER_*`` must equal them.
-ORDER_FCFS, ORDER_KEY_INSTANT, ORDER_KEY_STABLE, ORDER_RANDOM, ORDER_LPM = 0, 1, 2, 3, 4
+#: (SGLang's ``lpm``); arrival order walked depth first in the radix tree before each extend
+#: batch (SGLang's ``dfs-weight``).  ``simcore.scheduler.nb.ORDER_*`` must equal them.
+ORDER_FCFS, ORDER_KEY_INSTANT, ORDER_KEY_STABLE, ORDER_RANDOM, ORDER_LPM, ORDER_DFS_WEIGHT = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class Policy:
             return ORDER_RANDOM
         if queue_order == "lpm":
             return ORDER_LPM
+        if queue_order == "dfs-weight":
+            return ORDER_DFS_WEIGHT
         return ORDER_KEY_INSTANT if self.builder == BUILDER_VLLM else ORDER_KEY_STABLE
 
 
@@ -152,7 +155,7 @@ SCHEDULING_POLICIES: dict[str, Policy] = {policy.name: policy for policy in (
         defaults=_defaults(max_sequences=4096, block_size=1, chunked_prefill_size=8192, max_prefill_tokens=16384,
                            schedule_conservativeness=1.0),
         speculative_form="SGLang --speculative-*",
-        queue_orders=("fcfs", "lof", "random", "lpm", "shortest_prompt", "shortest_output"),
+        queue_orders=("fcfs", "lof", "random", "lpm", "dfs-weight", "shortest_prompt", "shortest_output"),
     ),
     Policy(
         "trtllm", kernel="trtllm", aic_backend="trtllm", prefix_cache="blocks",

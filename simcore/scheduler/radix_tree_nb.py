@@ -77,7 +77,13 @@ N_PREV = 6  # links in the rank's queue of unlocked nodes
 N_NEXT = 7
 N_KEY = 8  # map key: first identity x ranks + rank
 N_OWNER = 9  # the request whose identities src indexes
-NODE_WIDTH = 10
+# The access clock when the node's blocks joined the tree (a split's two parts keep it): the
+# order in which SGLang's ``children`` dict received a node's children, read by
+# ``simcore.scheduler.dfs_weight_nb`` (SGLang ``dfs-weight``), which also keeps its
+# per-sort count of waiting requests in N_WEIGHT (0 between sorts).
+N_BIRTH = 10
+N_WEIGHT = 11
+NODE_WIDTH = 12
 
 Q_HEAD = 0
 Q_TAIL = 1
@@ -179,6 +185,8 @@ def _new_node_nb(t, parent, depth, length, src, key):
     t[at + N_NEXT] = -1
     t[at + N_KEY] = key
     t[at + N_OWNER] = -1
+    t[at + N_BIRTH] = t[T_CLOCK]
+    t[at + N_WEIGHT] = 0
     _map_insert_nb(t, key, node)
     return node
 
@@ -198,6 +206,7 @@ def _split_nb(t, q, ident, num_ranks, g, node, length):
     t[h + N_REF] = t[at + N_REF]
     t[h + N_STAMP] = t[at + N_STAMP]
     t[h + N_OWNER] = t[at + N_OWNER]
+    t[h + N_BIRTH] = t[at + N_BIRTH]  # SGLang's split node takes the old child's place in the dict
     t[at + N_PARENT] = head
     t[at + N_DEPTH] += length
     t[at + N_LENGTH] -= length

@@ -231,10 +231,12 @@ class PoolConfig:
         "a preemption takes the lowest-priority running request); sglang: lof (--schedule-policy lof, longest "
         "output first), random (--schedule-policy random, shuffled before each extend batch from the seed), "
         "lpm (--schedule-policy lpm, longest prefix match in the radix cache before each extend batch, fcfs "
-        "with more than 128 waiting; needs prefix_caching=true); "
+        "with more than 128 waiting; needs prefix_caching=true), dfs-weight (--schedule-policy dfs-weight, "
+        "a depth-first walk of the radix tree, heavier subtrees first, before each extend batch; needs "
+        "prefix_caching=true and a radix cache run as a node tree); "
         "research orders, no engine's default: shortest_prompt, shortest_output (by the "
         "table's predicted_output_tokens).",
-        values="fcfs | priority | lof | random | lpm | shortest_prompt | shortest_output (those the policy models)",
+        values="fcfs | priority | lof | random | lpm | dfs-weight | shortest_prompt | shortest_output (those the policy models)",
     )
     expert_parallel: bool = key(
         False,

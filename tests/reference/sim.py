@@ -90,7 +90,13 @@ with at most 128 waiting, ``sort_lpm`` matches every waiting request in queue or
 (``radix_match``, touching its path) and sorts the list stably by minus the matched
 tokens, a request put last (key infinity) when its match is at most 32 tokens and it
 shares at least 32 tokens of whole equal blocks with an earlier such request not put
-last.
+last.  sglang ``dfs-weight``: FCFS insertion, and at the same moment, whatever the queue's
+length, ``sort_dfs_weight`` matches every waiting request in queue order on all the whole
+blocks of its known tokens (touching the path) and rebuilds the list by a depth-first walk
+of the tree of matched blocks from the root: a block's weight is the number of requests
+whose match ends in its subtree, children are visited by decreasing weight then by the
+clock value at which they took their identity (``Block.birth``: the order SGLang's
+``children`` dict received them), and a block's own requests follow its subtrees.
 
 Prefix caching (``engine.<pool>.prefix_caching``, docs/prefix-caching.md; every policy,
 aggregated or P/D prefill pool).  Per rank every physical block (a ``Block``: identity or
@@ -462,13 +468,14 @@ class Pool:
 class Block:
     """A physical KV block of a prefix-caching rank (docs/prefix-caching.md)."""
 
-    __slots__ = ("ident", "ref", "stamp", "depth")
+    __slots__ = ("ident", "ref", "stamp", "depth", "birth")
 
     def __init__(self):
         self.ident = None  # identity tuple, or None (anonymous)
         self.ref = 0       # references by requests (a handed-off request keeps its own)
         self.stamp = 0     # sglang: the access that touched it last (radix_touch)
         self.depth = 0     # sglang: its block index in that access's path
+        self.birth = 0     # sglang: the access clock when it took its identity (dfs-weight's ties)
 
 
 class Rank:
@@ -781,7 +788,7 @@ class ReferenceSim(OffloadMixin):
                 req.spec_stream = req.row if prompt_id is None else int(prompt_id[req.row])
 
         # Queue orders: every request's key under the (one) keyed order of the pools.
-        keyed = {p.queue_order for p in pools} - {"fcfs", "random", "lpm"}
+        keyed = {p.queue_order for p in pools} - {"fcfs", "random", "lpm", "dfs-weight"}
         assert len(keyed) <= 1
         for req in self.requests:
             if "priority" in keyed:
@@ -1059,7 +1066,7 @@ class ReferenceSim(OffloadMixin):
         (a vLLM preemption victim).  A keyed order (docs/semantics.md): at the back, then
         the whole queue is sorted, stably, by key (SGLang's calc_priority sorts its list),
         and for vLLM's builder by (key, entry instant) (its heap of requests)."""
-        if pool.queue_order in ("fcfs", "random", "lpm"):  # random, lpm: reordered before each extend batch
+        if pool.queue_order in ("fcfs", "random", "lpm", "dfs-weight"):  # the last three: reordered before each extend batch
             if front:
                 rank.waiting.appendleft(req)
             else:
@@ -1202,8 +1209,7 @@ class ReferenceSim(OffloadMixin):
         assert rank.used_blocks + len(rank.lru) <= pool.num_blocks
         return block
 
-    @staticmethod
-    def register(pool, rank, req, tokens):
+    def register(self, pool, rank, req, tokens):
         """Register, in block order, the complete prompt blocks covered by ``tokens``
         that are not yet hit/registered for this request: a non-resident identity is
         taken by the request's block; a resident one leaves it anonymous."""
@@ -1214,6 +1220,7 @@ class ReferenceSim(OffloadMixin):
                 block = req.blocks[j]
                 assert block.ident is None
                 block.ident = ident
+                block.birth = self.clock
                 rank.resident[ident] = block
         req.reg = max(req.reg, upto)
 
@@ -1302,6 +1309,7 @@ class ReferenceSim(OffloadMixin):
             if tree is None:
                 assert own.ident is None
                 own.ident = ident
+                own.birth = self.clock
                 rank.resident[ident] = own
             else:
                 own.ref -= 1
@@ -1514,6 +1522,55 @@ class ReferenceSim(OffloadMixin):
         rank.waiting.clear()
         rank.waiting.extend(ordered)
 
+    dfs_reordered = 0  # sort_dfs_weight calls that changed a queue's order, over every simulation
+    dfs_birth_ties = 0  # equal-weight siblings it ordered by birth
+
+    def sort_dfs_weight(self, pool, rank):
+        """sglang dfs-weight (docs/semantics.md): SchedulePolicy.calc_priority's match of every
+        waiting request, then _sort_by_dfs_weight's walk; no cut-off by queue length."""
+        bs = pool.block_size
+        own = {None: []}  # block (None: the root) -> the requests whose match ends there, in queue order
+        children = {None: []}  # block -> its children that some match passes, as first met
+        weight = {None: 0}
+        for req in rank.waiting:
+            # origin_input_ids + output_ids, whole blocks: not capped at known - 1 tokens
+            hits = []
+            for ident in req.idents[:req.known // bs]:
+                block = rank.resident.get(ident)
+                if block is None:
+                    break
+                hits.append(block)
+            self.radix_touch(hits)
+            parent = None
+            weight[None] += 1
+            for block in hits:
+                if block not in weight:
+                    weight[block] = 0
+                    own[block] = []
+                    children[block] = []
+                    children[parent].append(block)
+                weight[block] += 1
+                parent = block
+            own[parent].append(req)
+        order = []
+        stack = [(None, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.extend(own[node])
+                continue
+            stack.append((node, True))
+            kids = sorted(children[node], key=lambda b: (-weight[b], b.birth))
+            for b, c in zip(kids, kids[1:]):
+                assert (weight[b], b.birth) != (weight[c], c.birth)  # siblings never share a birth
+                ReferenceSim.dfs_birth_ties += weight[b] == weight[c]
+            stack.extend((kid, False) for kid in reversed(kids))
+        assert len(order) == len(rank.waiting)
+        if order != list(rank.waiting):
+            ReferenceSim.dfs_reordered += 1  # a count for the scenarios' coverage test
+        rank.waiting.clear()
+        rank.waiting.extend(order)
+
     def build_batch_sglang(self, pool, rank):
         """docs/policies.md sglang: an extend batch (chunked request, then waiting FIFO)
         or, if that is empty, a decode batch with retraction."""
@@ -1549,6 +1606,8 @@ class ReferenceSim(OffloadMixin):
             self.shuffle(rank)
         if pool.queue_order == "lpm" and rank.waiting and len(rank.running) < pool.max_sequences:
             self.sort_lpm(pool, rank)
+        if pool.queue_order == "dfs-weight" and rank.waiting and len(rank.running) < pool.max_sequences:
+            self.sort_dfs_weight(pool, rank)
 
         # 3. the chunked request first, if its blocks fit
         if chunked is not None:
