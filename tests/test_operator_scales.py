@@ -190,3 +190,25 @@ def scaled_scenario(seed: int) -> dict:
 @pytest.mark.parametrize("seed", range(40))
 def test_operator_scales_match_reference(seed):
     compare_with_reference(scaled_scenario(seed))
+
+
+def test_lockstep_table_split_laws(tmp_path):
+    """``table`` under expert parallelism: equal scales multiply each rank's model time; a decode-only
+    rank has no prefill part; a rank's prefill part is its time less its time in the lock-step pass
+    where its prefill entries are gone (the DP padding taken again, the other rank as it is)."""
+    profile = write_profile(tmp_path / "p")
+    timing = {"type": "table", "profile": profile, "num_layers": 4, "cuda_graph_sizes": [4, 8, 32]}
+    summary = np.zeros((2, 7), dtype=np.int64)
+    summary[0, :5], summary[0, 6] = (1, 24, 56, 2, 66), 33  # tokens 26 -> 32
+    summary[1, :5], summary[1, 6] = (0, 0, 0, 3, 60), 20  # tokens 3 -> 4; both run 32
+    _, plain = _lockstep(timing, summary.copy())
+    _, equal = _lockstep(dict(timing, prefill_token_scale=1.25, decode_attention_scale=1.25,
+                              decode_base_scale=1.25), summary.copy())
+    assert equal.tolist() == pytest.approx((1.25 * plain).tolist(), rel=1e-12)
+    _, prefill = _lockstep(dict(timing, prefill_token_scale=2.0), summary.copy())
+    assert prefill[1] == plain[1]  # no prefill entry on rank 1
+    alone = summary.copy()
+    alone[0, :3] = 0  # rank 0's decodes alone: tokens 2 -> 4 beside rank 1's 4: both run 4
+    _, without = _lockstep(timing, alone)
+    assert prefill[0] - plain[0] == pytest.approx(plain[0] - without[0], rel=1e-12)
+    assert plain[0] - without[0] > 0
