@@ -1,6 +1,7 @@
 """Leave-one-run-out calibration over the measured runs: fit on the others, score the one left out.
 
     python bench/calibration_transfer.py [--data DIR] [--out docs/accuracy.md] [--max-evals 2400] [--seed 0]
+        [--losses quantiles,bench,requests,summary]
 
 Each measured run of ``shared/data/llmservingsim-vllm-bench`` (LLMServingSim's vLLM 0.19.0
 runs, MIT licence, CASYS Lab at KAIST; its README) is replayed as shipped
@@ -11,9 +12,13 @@ timing).  For each run, ``replaysim-calibrate``'s ``calibrate_runs`` fits the op
 ``timing.decode_base_scale``; docs/timing.md) on every other run at once, each replayed
 whole with its own deployment, and scores the run left out with the values found; one more
 fit on all the runs gives the centre of the stability figures, the spread of each parameter
-over the leave-one-run-out fits.  Runs whose deployment refuses the operator scales (expert
-parallelism) are named and left out.  The section "Calibration across runs" of ``--out`` is
-replaced (or added before "Roofline timing"); the rest of the file is kept.
+over the leave-one-run-out fits.  The MoE run with expert parallelism takes part like the
+others (the scales split each rank's time within the ranks' lock-step pass; docs/timing.md).
+Then each run alone: the same scales fitted on its first half (by send instant) and scored on
+its second, with each loss of ``--losses`` (the first is the one the leave-one-run-out fits use;
+default: ``replaysim-calibrate``'s own), the same for every run.  Runs whose deployment refuses
+the operator scales are named and left out.  The section "Calibration across runs" of ``--out``
+is replaced (or added before "Roofline timing"); the rest of the file is kept.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ def runs(root: str) -> tuple[list[cal.FitRun], list[str]]:
                 skipped.append(f"{gpu}/{model_dir}: no accuracy.MODELS entry {exc}")
                 continue
             shipped = setup["shipped"]
-            label = f"{gpu} {setup['name'].split('/')[-1]} TP{setup['tp']}"
+            label = f"{gpu} {setup['name'].split('/')[-1]} TP{setup['tp']}" + (
+                f" DP{setup['dp']} EP{setup['ep']}" if setup["expert_parallel"] else "")
             trial = dict(shipped, timing=dict(shipped["timing"], prefill_token_scale=1.01))
             try:
                 load_config(trial)
@@ -63,21 +69,23 @@ def runs(root: str) -> tuple[list[cal.FitRun], list[str]]:
     return found, skipped
 
 
-def mean_errors(report: dict) -> dict[str, dict[str, float]]:
-    """{calibrated, uncalibrated: {metric: error of the mean}} over the whole run."""
-    part = report["parts"]["fit"]
+def mean_errors(report: dict, part: str = "fit") -> dict[str, dict[str, float]]:
+    """{calibrated, uncalibrated: {metric: error of the mean}} over ``part`` (fit: the whole run
+    when it is all fitted)."""
+    part = report["parts"][part]
     return {side: {col: part[side][f"mean_{col}"]["error"] for col, _ in METRICS}
             for side in ("calibrated", "uncalibrated")}
 
 
-def transfer(found: list[cal.FitRun], max_evals: int, seed: int) -> dict:
+def transfer(found: list[cal.FitRun], max_evals: int, seed: int, losses: list[str]) -> dict:
     fit = cal.parse_fit(FITTED)
     start = time.perf_counter()
-    everything = cal.calibrate_runs(found, fit, fit_fraction=1.0, max_evals=max_evals, seed=seed)
+    everything = cal.calibrate_runs(found, fit, fit_fraction=1.0, max_evals=max_evals, seed=seed, loss=losses[0])
     left_out = []
     for i, run in enumerate(found):
         others = found[:i] + found[i + 1:]
-        result = cal.calibrate_runs(others, fit, fit_fraction=1.0, max_evals=max_evals, seed=seed, score=[run])
+        result = cal.calibrate_runs(others, fit, fit_fraction=1.0, max_evals=max_evals, seed=seed, score=[run],
+                                    loss=losses[0])
         left_out.append({"run": run.label, "values": result.values, "errors": mean_errors(result.scored[0]),
                          "extrapolation": result.scored[0]["extrapolation"], "warnings": result.warnings,
                          "in_flight": result.scored[0]["in_flight"]})
@@ -87,14 +95,23 @@ def transfer(found: list[cal.FitRun], max_evals: int, seed: int) -> dict:
         centre = everything.values[key]
         spread[key] = {"value": centre, "min": min(series), "max": max(series),
                        "spread": (max(series) - min(series)) / abs(centre)}
-    return {"all": everything, "left_out": left_out, "stability": spread, "seconds": time.perf_counter() - start}
+    halves = []
+    for run in found:
+        for loss in losses:
+            result = cal.calibrate_runs([run], fit, fit_fraction=0.5, max_evals=max_evals, seed=seed, loss=loss)
+            halves.append({"run": run.label, "loss": loss, "values": result.values,
+                           "fit": mean_errors(result.runs[0], "fit"),
+                           "held_out": mean_errors(result.runs[0], "held_out")})
+    return {"all": everything, "left_out": left_out, "stability": spread, "halves": halves,
+            "seconds": time.perf_counter() - start}
 
 
 def pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
-def section(result: dict, found: list[cal.FitRun], skipped: list[str], max_evals: int, seed: int) -> list[str]:
+def section(result: dict, found: list[cal.FitRun], skipped: list[str], max_evals: int, seed: int,
+            losses: list[str]) -> list[str]:
     lines = [
         HEADING,
         "",
@@ -103,7 +120,7 @@ def section(result: dict, found: list[cal.FitRun], skipped: list[str], max_evals
         "0.19.0 runs; MIT licence, Copyright (c) 2024 CASYS Lab at KAIST, as its README states). Each run is "
         "replayed as shipped (the columns above); `replaysim-calibrate` fits the operator scales "
         f"({', '.join(f'`{k}`' for k in FITTED)}; docs/timing.md) on every other run at once (each whole, with "
-        "its own deployment; loss `quantiles`, summed over the runs), then the run left out is replayed with "
+        f"its own deployment; loss `{losses[0]}`, summed over the runs), then the run left out is replayed with "
         f"the values found and scored on its own measurement. Optimiser budget {max_evals} replays a fit, seed {seed}. "
         "The runs differ in GPU and model, so this asks whether one set of operator scales (the profiles' shared "
         "bias: eager-mode per-layer kernels against the served engine's) carries from runs to another run.",
@@ -155,13 +172,32 @@ def section(result: dict, found: list[cal.FitRun], skipped: list[str], max_evals
                      f"{pct(e['calibrated']['tpot_ms'])}, E2E {pct(e['calibrated']['e2el_ms'])} (as shipped "
                      f"{pct(e['uncalibrated']['ttft_ms'])}, {pct(e['uncalibrated']['tpot_ms'])}, "
                      f"{pct(e['uncalibrated']['e2el_ms'])}); mean requests in flight {report['in_flight']:.3g}")
+    lines += [
+        "",
+        "Each run alone, held out: the same three scales fitted on the run's first half by send instant and "
+        "scored on its second half (its own measured values), with each loss below, the same for every run "
+        f"(`{losses[0]}` is `replaysim-calibrate`'s default and the loss of the fits above); the as-shipped "
+        "replay's errors on the same half beside them:",
+        "",
+        "| run | loss | held out mean TTFT as shipped | calibrated | held out mean TPOT as shipped | calibrated "
+        "| held out mean E2E as shipped | calibrated | fit half mean TTFT calibrated | fitted |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in result["halves"]:
+        e, f = row["held_out"], row["fit"]
+        values = ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in row["values"].items())
+        lines.append(f"| {row['run']} | `{row['loss']}` | {pct(e['uncalibrated']['ttft_ms'])} "
+                     f"| {pct(e['calibrated']['ttft_ms'])} | {pct(e['uncalibrated']['tpot_ms'])} "
+                     f"| {pct(e['calibrated']['tpot_ms'])} | {pct(e['uncalibrated']['e2el_ms'])} "
+                     f"| {pct(e['calibrated']['e2el_ms'])} | {pct(f['calibrated']['ttft_ms'])} | {values} |")
     warned = [w for row in result["left_out"] for w in row["warnings"]]
     if warned:
         lines += ["", "Extrapolation warnings (the left-out run's load outside the fitted runs' by more than "
                   f"{cal.DEFAULT_MAX_EXTRAPOLATION:g}x):", ""] + [f"- {w}" for w in warned]
     if skipped:
         lines += ["", "Left out of this section:", ""] + [f"- {note}" for note in skipped]
-    lines += ["", f"{n + 1} fits in {result['seconds']:.0f} s at a load average of {os.getloadavg()[0]:.1f}.", ""]
+    fits = n + 1 + len(result["halves"])
+    lines += ["", f"{fits} fits in {result['seconds']:.0f} s at a load average of {os.getloadavg()[0]:.1f}.", ""]
     return lines
 
 
@@ -185,12 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "accuracy.md"))
     parser.add_argument("--max-evals", type=int, default=2400, help="replays per fit (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--losses", default=cal.DEFAULT_LOSS,
+                        help="comma-separated losses of the per-run halves, the first also that of the "
+                             "leave-one-run-out fits (default %(default)s)")
     args = parser.parse_args(argv)
+    losses = args.losses.split(",")
+    unknown = [loss for loss in losses if loss not in cal.LOSSES]
+    if unknown:
+        parser.error(f"--losses: {unknown[0]!r} is not one of {', '.join(cal.LOSSES)}")
     found, skipped = runs(args.data)
     if len(found) < 2:
         parser.error(f"need two or more runs to leave one out, found {len(found)}")
-    result = transfer(found, args.max_evals, args.seed)
-    lines = section(result, found, skipped, args.max_evals, args.seed)
+    result = transfer(found, args.max_evals, args.seed, losses)
+    lines = section(result, found, skipped, args.max_evals, args.seed, losses)
     text = splice(args.out, lines)
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -58,7 +58,6 @@ from simcore.timing.settings import (
     ALLREDUCE_TYPES,
     FIXED_KEYS,
     LINEAR_KEYS,
-    OPERATOR_SCALES,
     TABLE_KEYS,
     TIMING_TYPES,
     VLLM_DEFAULT_GRAPHS,
@@ -373,12 +372,6 @@ def _check_expert_parallel(cfg: SimConfig) -> None:
                 f"engine.{name}.expert_parallel must be true for an MoE model ({t}.moe) over "
                 f"{pool.attention_dp} attention-DP rank(s) x {t}.tp={timing.tp}: moe.csv times one GPU "
                 "holding every expert; experts split by tensor parallelism are not modelled"
-            )
-        scaled = [key for key in OPERATOR_SCALES if getattr(timing, key) != 1.0]
-        if pool.expert_parallel and scaled:
-            raise ConfigError(
-                f"{t}.{scaled[0]} is not modelled with engine.{name}.expert_parallel (the ranks' lock-step "
-                f"splits no pass into operators); use {t}.prefill_scale and {t}.decode_scale there"
             )
         if pool.expert_parallel and pool.speculative is not None:
             raise ConfigError(

@@ -104,7 +104,8 @@ def random_scenario(
     longest prompt (so that prompts are passed over for want of budget); drawn last.
     ``expert_parallel`` (vllm policy) turns on the attention-DP ranks' lock-step on every
     pool, with 1-4 ranks per worker (often one idle: dummy batches), often CUDA-graph
-    sizes (DP padding) and an all-to-all on a linear timing; drawn last.
+    sizes (DP padding) and an all-to-all on a linear timing, and on a linear timing often the
+    operator scales (from a stream of their own); drawn last.
     ``speculative`` turns on speculative decoding on the emitting pool in the
     policy's engine form (random method and proposals, acceptance rates or a
     mean acceptance length, proposer costs; half the fixed timings become
@@ -336,6 +337,11 @@ def random_scenario(
                     "alltoall": {"latency_us": rnd.choice([None, 0.0, 20.0]),
                                  "bandwidth_gb_per_second": rnd.choice([0.5, 16.0, 123.4])},
                 }
+        if config["timing"]["type"] == "linear":  # the operator scales, split within the lock-step
+            own = random.Random(seed * 7919 + 17)  # its own stream: the rest as the seed gives it without
+            if own.random() < 0.6:
+                for name in ("prefill_token_scale", "decode_attention_scale", "decode_base_scale"):
+                    config["timing"][name] = own.choice([1.0, 0.5, 1.37, 2.5])
     columns = {}
     if queue_order:
         order = rnd.choice([o for o in SCHEDULING_POLICIES[policy].queue_orders

@@ -1,6 +1,8 @@
 """replaysim-calibrate across loads (issue 30): a synthetic pair made by replaysim itself with
 known operator scales, a light load and three times its rate; the fit on the light one must
-recover the scales and hold at the heavy one.  Also several runs fitted together, aggregate
+recover the scales and hold at the heavy one, on a dense deployment and on an MoE one with
+expert parallelism (two attention-DP ranks in lock-step, DP padding, the all-to-all).  Also
+several runs fitted together, aggregate
 stages (vllm bench serve and inference-perf statistics), the stability figures and the
 extrapolation warning."""
 
@@ -19,6 +21,17 @@ LINEAR = {"type": "linear", "base_ms": 2.0, "per_prefill_token_us": 20.0, "per_d
           "per_kv_token_ns": 1000.0}
 DEPLOYMENT = {"engine": {"aggregated": {"max_sequences": 16, "max_batched_tokens": 512}}, "timing": LINEAR}
 SCALES = ["timing.prefill_token_scale", "timing.decode_attention_scale", "timing.decode_base_scale"]
+#: An MoE model served with expert parallelism (vLLM --enable-expert-parallel --data-parallel-size 2):
+#: the two ranks step together (docs/semantics.md, "Expert parallelism"), padded to a common
+#: CUDA-graph size, each MoE layer's dispatch and combine on the link.
+EP_DEPLOYMENT = {
+    "engine": {"aggregated": {"max_sequences": 16, "max_batched_tokens": 512, "attention_dp": 2,
+                              "expert_parallel": True}},
+    "timing": dict(LINEAR, cuda_graph_sizes=[8, 16, 32, 64], num_layers=4, hidden_size=2048,
+                   moe={"num_experts": 8, "top_k": 2,
+                        "alltoall": {"latency_us": 10.0, "bandwidth_gb_per_second": 50.0}}),
+}
+DEPLOYMENTS = {"dense": DEPLOYMENT, "ep": EP_DEPLOYMENT}
 N = 120
 LIGHT_GAP_MS = 90.0  # mean gap between sends at the light load; the heavy load sends 3x as often
 
@@ -37,17 +50,17 @@ def workload(gap_ms: float, n: int = N, seed: int = 7) -> pa.Table:
     })
 
 
-def replay(requests: pa.Table, values: dict) -> dict:
-    cfg = json.loads(json.dumps(DEPLOYMENT))
+def replay(requests: pa.Table, values: dict, deployment: dict = DEPLOYMENT) -> dict:
+    cfg = json.loads(json.dumps(deployment))
     for key, value in values.items():
         cal.set_dotted(cfg, key, value)
     cfg.update(load={"type": "trace"}, workload={"num_requests": requests.num_rows})
     return simcore.run(cfg, requests=requests)
 
 
-def write_measured(path, requests: pa.Table, values: dict) -> None:
+def write_measured(path, requests: pa.Table, values: dict, deployment: dict = DEPLOYMENT) -> None:
     """The replay under ``values`` written as an LLMServingSim JSONL (ground truth by construction)."""
-    table = replay(requests, values).requests.to_pydict()
+    table = replay(requests, values, deployment).requests.to_pydict()
     send_ms = requests["send_ms"].to_numpy()
     with open(path, "w") as handle:
         for i in range(requests.num_rows):
@@ -63,23 +76,25 @@ def means(summary: dict) -> dict:
     return {key: summary[f"mean_{key}_ms"] for key in ("ttft", "tpot", "e2el")}
 
 
+@pytest.mark.parametrize("deployment", ["dense", "ep"])
 @pytest.mark.parametrize("truth", [
     {key: 1.0 for key in SCALES},  # the uncalibrated replay is the truth
     {"timing.prefill_token_scale": 1.3, "timing.decode_attention_scale": 0.8, "timing.decode_base_scale": 1.1},
 ], ids=["unit", "scaled"])
-def test_light_load_fit_recovers_the_scales_and_holds_at_three_times_the_rate(tmp_path, truth):
+def test_light_load_fit_recovers_the_scales_and_holds_at_three_times_the_rate(tmp_path, truth, deployment):
+    deployment = DEPLOYMENTS[deployment]
     light, heavy = workload(LIGHT_GAP_MS), workload(LIGHT_GAP_MS / 3)
-    write_measured(tmp_path / "light.jsonl", light, truth)
-    write_measured(tmp_path / "heavy.jsonl", heavy, truth)
-    run = cal.FitRun("light", DEPLOYMENT, measured=cal.read_measured(str(tmp_path / "light.jsonl")))
-    scored = cal.FitRun("heavy", DEPLOYMENT, measured=cal.read_measured(str(tmp_path / "heavy.jsonl")))
+    write_measured(tmp_path / "light.jsonl", light, truth, deployment)
+    write_measured(tmp_path / "heavy.jsonl", heavy, truth, deployment)
+    run = cal.FitRun("light", deployment, measured=cal.read_measured(str(tmp_path / "light.jsonl")))
+    scored = cal.FitRun("heavy", deployment, measured=cal.read_measured(str(tmp_path / "heavy.jsonl")))
     found = cal.calibrate_runs([run], cal.parse_fit(SCALES), fit_fraction=1.0, max_evals=1500, seed=2, score=[scored])
     for key, value in truth.items():
         assert found.values[key] == pytest.approx(value, rel=0.02), key
     # the heavy load mixes many more prompts into decode passes: a fit that scaled whole passes
     # would stretch their decodes; the operator scales keep to the truth there
-    predicted = means(replay(heavy, found.values).summary)
-    expected = means(replay(heavy, truth).summary)
+    predicted = means(replay(heavy, found.values, deployment).summary)
+    expected = means(replay(heavy, truth, deployment).summary)
     for key, value in expected.items():
         assert predicted[key] == pytest.approx(value, rel=0.10), key
     # three times the rate is outside what the fit saw: said, not silently extrapolated
@@ -87,11 +102,12 @@ def test_light_load_fit_recovers_the_scales_and_holds_at_three_times_the_rate(tm
     assert found.load_range["in_flight_max"] < found.scored[0]["in_flight"]
 
 
-def test_the_heavy_load_mixes_more_passes():
+@pytest.mark.parametrize("deployment", ["dense", "ep"])
+def test_the_heavy_load_mixes_more_passes(deployment):
     """The pair tests what it claims: the heavy run's share of mixed passes is larger."""
     shares = []
     for gap in (LIGHT_GAP_MS, LIGHT_GAP_MS / 3):
-        cfg = json.loads(json.dumps(DEPLOYMENT))
+        cfg = json.loads(json.dumps(DEPLOYMENTS[deployment]))
         requests = workload(gap)
         cfg.update(load={"type": "trace"}, workload={"num_requests": N}, output={"passes": True})
         passes = simcore.run(cfg, requests=requests).passes

@@ -88,11 +88,78 @@ def test_bad_operator_scales_are_refused(timing, named):
         load_config({"timing": timing})
 
 
-def test_operator_scales_are_refused_under_expert_parallelism():
-    cfg = {"engine": {"aggregated": {"attention_dp": 2, "expert_parallel": True}},
-           "timing": {"prefill_token_scale": 1.1}}
-    with pytest.raises(ConfigError, match="prefill_token_scale is not modelled with engine.aggregated.expert_parallel"):
-        load_config(cfg)
+def _lockstep(timing: dict, summary: np.ndarray) -> tuple[float, np.ndarray]:
+    cfg = load_config({"engine": {"aggregated": {"attention_dp": summary.shape[0], "expert_parallel": True}},
+                       "timing": timing})
+    model, params, table = timing_arrays(cfg.timing)
+    rank_ms = np.zeros(summary.shape[0])
+    return nb.lockstep_times_nb(model, params, table, summary, summary.shape[0], rank_ms), rank_ms
+
+
+EP_LINEAR = {"type": "linear", "base_ms": 1.0, "per_prefill_token_us": 30.0, "per_decode_seq_us": 20.0,
+             "per_kv_token_ns": 40.0, "cuda_graph_sizes": [4, 8], "num_layers": 2, "hidden_size": 64,
+             "moe": {"num_experts": 8, "top_k": 2, "alltoall": {"latency_us": 10.0, "bandwidth_gb_per_second": 1.0}}}
+
+
+def test_lockstep_split_worked_by_hand():
+    """Under expert parallelism each rank's model time is split within the lock-step pass, before
+    the all-to-all and the slowest rank; the decodes alone take the lock-step's padding again."""
+    summary = np.zeros((2, 7), dtype=np.int64)
+    summary[0, :5], summary[0, 6] = (1, 3, 3, 2, 50), 30  # a 3-token prefill beside 2 decodes (50 KV tokens)
+    summary[1, :5], summary[1, 6] = (0, 0, 0, 5, 100), 30  # 5 decodes (100 KV tokens)
+    # tokens 5 and 5 -> size 8 each, both within the sizes: both run 8; gathered 16
+    # all-to-all (not scaled): 2 layers x (2 x 10 + 1/2 x 16 x (2 x 64 x 2 + 8 x 2) / 1e3) us = 0.044352 ms
+    a2a = 2 * (2 * 10 + 0.5 * 16 * 272 / 1e3) / 1000
+    # rank 0: F = 1 + 30 x (3 + 3 padding) / 1000 + 20 x 2 / 1000 + 40 x (3 + 50) / 1e6 = 1.22212
+    f0 = 1.0 + 0.18 + 0.04 + 0.00212
+    # its decodes alone: tokens 2 -> size 4 beside rank 1's 8, all within the sizes: they run 8,
+    # the 6 padding tokens priced as decode entries: D = 1 + 20 x 8 / 1000 + 40 x 50 / 1e6 = 1.162
+    # (their own padding alone would be 4); D1 (one token of context each) = 1 + 0.16 + 40 x 2 / 1e6
+    d0, d10 = 1.162, 1.16008
+    # rank 1 (decodes only): F = D = 1 + 20 x 8 / 1000 + 40 x 100 / 1e6 = 1.164; D1 = 1 + 0.16 + 40 x 5 / 1e6
+    d1, d11 = 1.164, 1.1602
+    worst, rank_ms = _lockstep(EP_LINEAR, summary.copy())
+    assert rank_ms[0] == pytest.approx(f0 + a2a, rel=1e-12) and rank_ms[1] == pytest.approx(d1 + a2a, rel=1e-12)
+    scales = dict(prefill_token_scale=1.5, decode_attention_scale=2.0, decode_base_scale=0.5)
+    worst, rank_ms = _lockstep(dict(EP_LINEAR, **scales), summary.copy())
+    # 0.5 x 1.16008 + 2 x 0.00192 + 1.5 x 0.06012 = 0.67406; 0.5 x 1.1602 + 2 x 0.0038 = 0.5877
+    r0 = 0.5 * d10 + 2.0 * (d0 - d10) + 1.5 * (f0 - d0)
+    r1 = 0.5 * d11 + 2.0 * (d1 - d11)
+    assert r0 == pytest.approx(0.67406, rel=1e-12) and r1 == pytest.approx(0.5877, rel=1e-12)
+    assert rank_ms[0] == pytest.approx(r0 + a2a, rel=1e-12) and rank_ms[1] == pytest.approx(r1 + a2a, rel=1e-12)
+    assert worst == rank_ms[0]  # scaled, the prefill rank is the slower one (unscaled: rank 1)
+    # the pass scale and the overhead apply after the split, per rank (rank 0 has a prefill entry)
+    worst, rank_ms = _lockstep(dict(EP_LINEAR, prefill_scale=2.0, pass_overhead_us=100.0, **scales), summary.copy())
+    assert rank_ms[0] == pytest.approx(2.0 * r0 + 0.1 + a2a, rel=1e-12)
+    assert rank_ms[1] == pytest.approx(r1 + 0.1 + a2a, rel=1e-12)
+
+
+def test_lockstep_split_prefill_only_and_dummy_ranks():
+    summary = np.zeros((3, 7), dtype=np.int64)
+    summary[0, :5] = (1, 9, 9, 0, 0)  # beyond the largest size (8): eager, no DP padding
+    # rank 0: prefill only, all of it prefill: 1.5 x (1 + 30 x 9 / 1000 + 40 x 9 / 1e6) = 1.5 x 1.27036
+    # ranks 1, 2: the dummy batch (one decode of one token) at its own size 4: decode only, its
+    # context 1 token: all of it the base: 0.5 x (1 + 20 x 4 / 1000 + 40 x 1 / 1e6) = 0.5 x 1.08004
+    timing = {k: v for k, v in EP_LINEAR.items() if k not in ("moe", "num_layers", "hidden_size")}
+    worst, rank_ms = _lockstep(dict(timing, prefill_token_scale=1.5, decode_attention_scale=2.0,
+                                    decode_base_scale=0.5), summary)
+    assert rank_ms.tolist() == pytest.approx([1.5 * 1.27036, 0.5 * 1.08004, 0.5 * 1.08004], rel=1e-12)
+    assert worst == rank_ms[0]
+
+
+def test_lockstep_scales_of_one_leave_the_pass_bit_for_bit():
+    """All three scales 1: the lock-step gives the model's time as without the operator split
+    (the equal-scales law: each rank's split sums back to F)."""
+    summary = np.zeros((2, 7), dtype=np.int64)
+    summary[0, :5], summary[0, 6] = (1, 3, 3, 2, 50), 30
+    summary[1, :5], summary[1, 6] = (0, 0, 0, 5, 100), 30
+    _, plain = _lockstep(EP_LINEAR, summary.copy())
+    _, same = _lockstep(dict(EP_LINEAR, prefill_token_scale=1.0, decode_base_scale=1.0), summary.copy())
+    assert plain.tolist() == same.tolist()
+    _, equal = _lockstep(dict(EP_LINEAR, prefill_token_scale=1.25, decode_attention_scale=1.25,
+                              decode_base_scale=1.25), summary.copy())
+    a2a = 2 * (2 * 10 + 0.5 * 16 * 272 / 1e3) / 1000
+    assert (equal - a2a).tolist() == pytest.approx((1.25 * (plain - a2a)).tolist(), rel=1e-12)
 
 
 def test_the_scales_are_declared_calibration_parameters():
@@ -109,7 +176,8 @@ def scaled_scenario(seed: int) -> dict:
     operator scales drawn from values that split every pass differently."""
     rnd = np.random.default_rng(seed)
     scenario = random_scenario(seed, allreduce=seed % 2 == 0, disaggregated=seed % 3 == 2,
-                               cuda_graphs=seed % 4 == 1, attention_skew=seed % 5 == 3, speculative=seed % 7 == 6)
+                               cuda_graphs=seed % 4 == 1, attention_skew=seed % 5 == 3, speculative=seed % 7 == 6,
+                               expert_parallel=seed % 7 == 2)
     config = merge_config(scenario["config"])
     if config["timing"]["type"] == "fixed":
         config["timing"].update(type="linear", base_ms=0.5, per_prefill_token_us=10.0, per_decode_seq_us=20.0,
@@ -122,3 +190,25 @@ def scaled_scenario(seed: int) -> dict:
 @pytest.mark.parametrize("seed", range(40))
 def test_operator_scales_match_reference(seed):
     compare_with_reference(scaled_scenario(seed))
+
+
+def test_lockstep_table_split_laws(tmp_path):
+    """``table`` under expert parallelism: equal scales multiply each rank's model time; a decode-only
+    rank has no prefill part; a rank's prefill part is its time less its time in the lock-step pass
+    where its prefill entries are gone (the DP padding taken again, the other rank as it is)."""
+    profile = write_profile(tmp_path / "p")
+    timing = {"type": "table", "profile": profile, "num_layers": 4, "cuda_graph_sizes": [4, 8, 32]}
+    summary = np.zeros((2, 7), dtype=np.int64)
+    summary[0, :5], summary[0, 6] = (1, 24, 56, 2, 66), 33  # tokens 26 -> 32
+    summary[1, :5], summary[1, 6] = (0, 0, 0, 3, 60), 20  # tokens 3 -> 4; both run 32
+    _, plain = _lockstep(timing, summary.copy())
+    _, equal = _lockstep(dict(timing, prefill_token_scale=1.25, decode_attention_scale=1.25,
+                              decode_base_scale=1.25), summary.copy())
+    assert equal.tolist() == pytest.approx((1.25 * plain).tolist(), rel=1e-12)
+    _, prefill = _lockstep(dict(timing, prefill_token_scale=2.0), summary.copy())
+    assert prefill[1] == plain[1]  # no prefill entry on rank 1
+    alone = summary.copy()
+    alone[0, :3] = 0  # rank 0's decodes alone: tokens 2 -> 4 beside rank 1's 4: both run 4
+    _, without = _lockstep(timing, alone)
+    assert prefill[0] - plain[0] == pytest.approx(plain[0] - without[0], rel=1e-12)
+    assert plain[0] - without[0] > 0

@@ -1520,6 +1520,61 @@ def graph_largest_nb(params, table, base):
 
 
 @njit(cache=True)
+def lockstep_shape_nb(params, table, base, summary, num_dp, rank, rank_tokens):
+    """The tokens ``rank`` runs at and the tokens every MoE layer gathers in a lock-step pass, with
+    ``rank``'s own tokens taken as ``rank_tokens`` (>= 1; the others' from ``summary``, an empty
+    rank's the dummy token): each rank pads to a CUDA-graph size, all to the largest of them
+    when every rank's tokens are within the capture sizes (``lockstep_times_nb``).
+
+    Returns
+    -------
+    (int, int)
+        ``rank``'s tokens (padded) and the gathered tokens.
+    """
+    largest = graph_largest_nb(params, table, base)
+    all_graphs = largest > 0
+    most = 0
+    for r in range(num_dp):
+        tokens = rank_tokens if r == rank else max(summary[r, 1] + summary[r, 3], 1)
+        if tokens > largest:
+            all_graphs = False
+        most = max(most, graph_tokens_nb(params, table, base, tokens))
+    gathered = 0
+    for r in range(num_dp):
+        tokens = rank_tokens if r == rank else max(summary[r, 1] + summary[r, 3], 1)
+        gathered += most if all_graphs else graph_tokens_nb(params, table, base, tokens)
+    run = most if all_graphs else graph_tokens_nb(params, table, base, rank_tokens)
+    return run, gathered
+
+
+@njit(cache=True)
+def lockstep_model_ms_nb(
+    model, params, table, base, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+    decode_kv_max, run, gathered, gpus,
+):
+    """One rank's model time in a lock-step pass (``table``, ``linear``), ms, before the operator
+    scales and the pass terms: ``table`` its dense operators at ``run`` tokens, its MoE layers at
+    ``gathered`` tokens over ``gpus`` GPUs and the skew term; ``linear`` the ``run - tokens``
+    padding tokens priced as in ``rank_time_ms_nb``."""
+    if model == TIMING_TABLE:
+        ms = table_pass_ms_nb(
+            params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, run
+        )
+        ms += table_moe_ms_nb(params, table, gathered, gpus)
+        alpha = skew_alpha_nb(params, base, num_decode, decode_kv_tokens, decode_kv_max)
+        if alpha != 0.0:
+            ms += alpha * table_skew_gap_ms_nb(
+                params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
+                decode_kv_max,
+            )
+        return ms
+    return linear_pass_ms_nb(
+        params, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, decode_kv_max,
+        run - (prefill_tokens + num_decode),
+    )
+
+
+@njit(cache=True)
 def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
     """Every rank's time when a worker's attention-DP ranks step together through the MoE layers, ms.
 
@@ -1532,6 +1587,14 @@ def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
     (``alltoall_ms_nb``).  ``linear`` prices padding tokens as in
     ``rank_time_ms_nb``; ``table`` prices the dense ops at the padded tokens and
     its MoE layers at ``gathered`` over ``num_dp x P_MOE_TP`` GPUs.
+
+    The operator scales split each rank's model time as ``operator_scaled_ms_nb``
+    does a single rank's, within this lock-step pass: ``F`` the rank's time,
+    ``D`` its time with its decode entries alone (the padding and the gathered
+    tokens taken again with its tokens those of its decodes; the other ranks as
+    they are; 0 without decodes), ``D1`` that of the same decodes at one token of
+    context each; ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at
+    least 0, before the pass terms, the all-to-all and the slowest rank.
 
     Parameters
     ----------
@@ -1552,6 +1615,16 @@ def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
         The worker's pass time (the largest), ms; NaN if a rank's is not a finite number >= 0.
     """
     base = model_base_nb(model)
+    tp = 1
+    if model == TIMING_TABLE and params[P_MOE_TP] > 0.0:
+        tp = int(params[P_MOE_TP])
+    scaled = False
+    if (model == TIMING_TABLE or model == TIMING_LINEAR) and params.shape[0] >= base + PASS_TERMS_NUM_PARAMS:
+        scaled = not (
+            params[base + R_DECODE_BASE_SCALE] == 1.0
+            and params[base + R_DECODE_ATTENTION_SCALE] == 1.0
+            and params[base + R_PREFILL_TOKEN_SCALE] == 1.0
+        )
     largest = graph_largest_nb(params, table, base)
     all_graphs = largest > 0
     most = 0
@@ -1564,9 +1637,6 @@ def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
     for r in range(num_dp):
         tokens = max(summary[r, 1] + summary[r, 3], 1)
         gathered += most if all_graphs else graph_tokens_nb(params, table, base, tokens)
-    tp = 1
-    if model == TIMING_TABLE and params[P_MOE_TP] > 0.0:
-        tp = int(params[P_MOE_TP])
     worst = 0.0
     for r in range(num_dp):
         num_prefill = summary[r, 0]
@@ -1579,27 +1649,38 @@ def lockstep_times_nb(model, params, table, summary, num_dp, rank_ms):
             num_decode = 1
             decode_kv_tokens = 1
             decode_kv_max = 0
-        tokens = prefill_tokens + num_decode
-        run = most if all_graphs else graph_tokens_nb(params, table, base, tokens)
-        if model == TIMING_TABLE:
-            ms = table_pass_ms_nb(
-                params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, run
+        if model == TIMING_TABLE or model == TIMING_LINEAR:
+            tokens = prefill_tokens + num_decode
+            run = most if all_graphs else graph_tokens_nb(params, table, base, tokens)
+            ms = lockstep_model_ms_nb(
+                model, params, table, base, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode,
+                decode_kv_tokens, decode_kv_max, run, gathered, num_dp * tp,
             )
-            ms += table_moe_ms_nb(params, table, gathered, num_dp * tp)
-            alpha = skew_alpha_nb(params, base, num_decode, decode_kv_tokens, decode_kv_max)
-            if alpha != 0.0:
-                ms += alpha * table_skew_gap_ms_nb(
-                    params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens,
-                    decode_kv_max,
+            if scaled:
+                decodes = 0.0
+                floor = 0.0
+                if num_decode > 0:
+                    decodes = ms
+                    alone_run, alone_gathered = run, gathered
+                    if num_prefill > 0:
+                        alone_run, alone_gathered = lockstep_shape_nb(
+                            params, table, base, summary, num_dp, r, num_decode
+                        )
+                        decodes = lockstep_model_ms_nb(
+                            model, params, table, base, 0, 0, 0, num_decode, decode_kv_tokens, decode_kv_max,
+                            alone_run, alone_gathered, num_dp * tp,
+                        )
+                    floor = lockstep_model_ms_nb(
+                        model, params, table, base, 0, 0, 0, num_decode, num_decode, 1, alone_run, alone_gathered,
+                        num_dp * tp,
+                    )
+                ms = (
+                    params[base + R_DECODE_BASE_SCALE] * floor
+                    + params[base + R_DECODE_ATTENTION_SCALE] * (decodes - floor)
+                    + params[base + R_PREFILL_TOKEN_SCALE] * (ms - decodes)
                 )
-            ms = pass_terms_ms_nb(params, table, base, ms, num_prefill, run) + alltoall_ms_nb(
-                params, base, gathered, num_dp
-            )
-        elif model == TIMING_LINEAR:
-            ms = linear_pass_ms_nb(
-                params, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, decode_kv_max,
-                run - tokens,
-            )
+                if not ms > 0.0:
+                    ms = 0.0
             ms = pass_terms_ms_nb(params, table, base, ms, num_prefill, run) + alltoall_ms_nb(
                 params, base, gathered, num_dp
             )

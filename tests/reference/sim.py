@@ -597,13 +597,20 @@ class PoolTiming:
                      num_decode=1, decode_kv_tokens=1, decode_kv_max=0, draft_tokens=0)
         batches = [s if s["num_prefill"] + s["num_decode"] > 0 else dummy for s in summaries]
         tokens = [s["prefill_tokens"] + s["num_decode"] for s in batches]
-        padded = [self.graph_tokens(t) for t in tokens]
-        if self.timing_type != "fixed" and self.graph_sizes and all(t <= self.graph_sizes[-1] for t in tokens):
-            padded = [max(padded)] * len(padded)
+
+        def padding(tokens):
+            padded = [self.graph_tokens(t) for t in tokens]
+            if self.timing_type != "fixed" and self.graph_sizes and all(t <= self.graph_sizes[-1] for t in tokens):
+                padded = [max(padded)] * len(padded)
+            return padded
+
+        padded = padding(tokens)
         gathered = sum(padded)
         times = []
-        for s, run_at in zip(batches, padded):
-            ms = self.rank_time_ms(s, run_at)
+        for i, (s, run_at) in enumerate(zip(batches, padded)):
+            # the operator scales' decodes alone: this pass with the rank's tokens those of its decodes
+            decodes_at = padding(tokens[:i] + [s["num_decode"]] + tokens[i + 1:])[i]
+            ms = self.rank_time_ms(s, run_at, decodes_at)
             if self.timing_type != "fixed" and self.a2a_bandwidth is not None and len(batches) > 1:
                 d = float(len(batches))
                 one_us = (2.0 * self.a2a_latency_us
@@ -612,9 +619,10 @@ class PoolTiming:
             times.append(ms)
         return times
 
-    def rank_time_ms(self, s, run_at=None):
+    def rank_time_ms(self, s, run_at=None, decodes_at=None):
         """SPEC §8 timing model for one rank's batch; an empty batch takes 0.  ``run_at``: the
-        tokens the pass runs at (None: CUDA-graph padding of its own tokens)."""
+        tokens the pass runs at (None: CUDA-graph padding of its own tokens); ``decodes_at``:
+        those its decode entries alone run at (None: the padding of their own tokens)."""
         if s["num_prefill"] == 0 and s["num_decode"] == 0:
             return 0.0
         if self.timing_type == "fixed":
@@ -625,7 +633,7 @@ class PoolTiming:
             run_at = self.graph_tokens(tokens)
         ms = self.linear_ms(s, run_at)
         if (self.t_prefill_token_scale, self.t_decode_attention_scale, self.t_decode_base_scale) != (1.0, 1.0, 1.0):
-            ms = self.operator_scaled_ms(s, ms)
+            ms = self.operator_scaled_ms(s, ms, decodes_at)
         ms *= self.t_prefill_scale if s["num_prefill"] > 0 else self.t_decode_scale
         if self.ar_on:
             size = run_at * float(self.ar_bytes_per_token)
@@ -640,16 +648,20 @@ class PoolTiming:
             raise ValueError(f"timing model {self.timing_type} gave {ms!r} for batch {s}")
         return ms
 
-    def operator_scaled_ms(self, s, ms):
+    def operator_scaled_ms(self, s, ms, decodes_at=None):
         """docs/timing.md operator scales: with F the pass's linear time, D that of its decode
         entries alone (0 without decodes) and D1 that of the same decodes at one token of context
-        each, ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at least 0."""
+        each, ``base x D1 + attention x (D - D1) + prefill x (F - D)``, at least 0.  The decodes
+        alone run at ``decodes_at`` tokens (None: their own CUDA-graph padding; under expert
+        parallelism the lock-step's padding with the rank's tokens those of its decodes)."""
         decodes = floor = 0.0
         if s["num_decode"] > 0:
             alone = dict(s, num_prefill=0, prefill_tokens=0, prefill_kv_tokens=0)
             one = dict(alone, decode_kv_tokens=s["num_decode"], decode_kv_max=1)
-            decodes = self.linear_ms(alone, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
-            floor = self.linear_ms(one, self.graph_tokens(s["num_decode"] + s["draft_tokens"]))
+            if decodes_at is None:
+                decodes_at = self.graph_tokens(s["num_decode"] + s["draft_tokens"])
+            decodes = self.linear_ms(alone, decodes_at)
+            floor = self.linear_ms(one, decodes_at)
         out = (self.t_decode_base_scale * floor + self.t_decode_attention_scale * (decodes - floor)
                + self.t_prefill_token_scale * (ms - decodes))
         return max(out, 0.0)
