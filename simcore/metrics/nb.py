@@ -39,7 +39,11 @@ def itl_order_statistics_nb(token_offset, token_recv_ns, num_received, include, 
 
     A radix selection: each level reads every included gap once and counts the
     next ``SELECT_DIGIT_BITS`` bits of those that share a target's known
-    leading bits; two levels cover gaps below 2**32 ns.
+    leading bits; two levels cover gaps below 2**32 ns. Gaps sharing no
+    target's leading bits are counted in a spare row rather than skipped: with
+    speculative decoding most gaps are 0 (a pass's tokens received together)
+    and the rest scattered, so a branch on a match would be mispredicted at
+    almost every other gap.
 
     Parameters
     ----------
@@ -80,12 +84,13 @@ def itl_order_statistics_nb(token_offset, token_recv_ns, num_received, include, 
         # Prefixes map to their group through a table while the range is small.
         prefix_range = (max_gap_ns >> high) + 1
         use_table = prefix_range <= SELECT_TABLE_MAX
-        table = np.full(prefix_range if use_table else 1, -1, dtype=np.int64)
+        spare = num_distinct  # the row of the gaps no target shares
+        table = np.full(prefix_range if use_table else 1, spare, dtype=np.int64)
         if use_table:
             for j in range(num_distinct):
                 table[distinct[j]] = j
         mask = (1 << step) - 1
-        counts = np.zeros((num_distinct, 1 << step), dtype=np.int64)
+        counts = np.zeros((num_distinct + 1, 1 << step), dtype=np.int64)
         for k in range(include.shape[0]):
             if not include[k]:
                 continue
@@ -93,15 +98,14 @@ def itl_order_statistics_nb(token_offset, token_recv_ns, num_received, include, 
             for i in range(lo + 1, lo + num_received[k]):
                 g = token_recv_ns[i] - token_recv_ns[i - 1]
                 p = g >> high
-                j = -1
+                j = spare
                 if use_table:
                     j = table[p]
                 else:
                     for u in range(num_distinct):
                         if distinct[u] == p:
                             j = u
-                if j >= 0:
-                    counts[j, (g >> shift) & mask] += 1
+                counts[j, (g >> shift) & mask] += 1
         for i in range(m):
             j = group[i]
             r = remaining[i]

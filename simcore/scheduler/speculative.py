@@ -249,6 +249,8 @@ def geometric_alpha(tau: np.ndarray, positions: int) -> np.ndarray:
     ndarray(float64, ndim=1)
         200 bisection steps over [0, 1] (the sum evaluated by Horner-free accumulation,
         ``term *= alpha``); exactly 0 at ``tau = 1`` and 1 at ``tau = P + 1``.
+        The steps stop early once a step leaves every interval as it was: each
+        later step would too, so the result is that of all 200.
     """
     lo, hi = np.zeros(tau.shape[0]), np.ones(tau.shape[0])
     for _ in range(200):
@@ -258,8 +260,11 @@ def geometric_alpha(tau: np.ndarray, positions: int) -> np.ndarray:
             total += term
             term = term * mid
         below = total < tau
-        lo = np.where(below, mid, lo)
-        hi = np.where(below, hi, mid)
+        next_lo = np.where(below, mid, lo)
+        next_hi = np.where(below, hi, mid)
+        if np.array_equal(next_lo, lo, equal_nan=True) and np.array_equal(next_hi, hi, equal_nan=True):
+            break
+        lo, hi = next_lo, next_hi
     alpha = (lo + hi) / 2
     alpha = np.where(tau == positions + 1, 1.0, np.where(tau == 1.0, 0.0, alpha))
     return np.where(np.isnan(tau), np.nan, alpha)
