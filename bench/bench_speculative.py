@@ -10,10 +10,12 @@ Prints a CSV (case, path, output_tokens, passes, median_s,
 us_per_output_token, ratio), then the speculative / plain ratio per emitted
 token on the last line (target <= 1.3).
 
-Usage: python bench/bench_speculative.py [--runs 5] [--requests 20000] [--draws request|prompt] [--check]
+Usage: python bench/bench_speculative.py [--runs 5] [--requests 20000] [--draws request|prompt] [--check] [--clock wall|cpu]
 ``--draws``: ``engine.aggregated.speculative.draws`` of the speculative case
 (default: the key left out, ``request``; ``prompt``: each request its own
 prompt id, the synthetic table having no ``prompt_id`` column).
+``--clock cpu`` times each run by the process's CPU seconds (``time.process_time``,
+steadier than wall time on a shared machine).
 ``--check`` first compares a scaled-down run (300 requests, concurrency 32,
 speculation on) with the pure-Python reference, token by token.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +76,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--draws", choices=("request", "prompt"), default=None)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.check:
         check_against_reference()
     print("case,path,output_tokens,passes,median_s,us_per_output_token,ratio")
@@ -88,10 +93,10 @@ def main() -> None:
             tokens = int(run.generated.sum())
             passes = int(run.pass_log.shape[0])
             if path == "kernel":
-                median = median_seconds(lambda: simulate_engine(cfg, requests, None), args.runs)
+                median = median_seconds(lambda: simulate_engine(cfg, requests, None), args.runs, clock=clock)
             else:
                 simcore.run(config)
-                median = median_seconds(lambda: simcore.run(config), args.runs)
+                median = median_seconds(lambda: simcore.run(config), args.runs, clock=clock)
             per_token[path, case] = median / tokens * 1e6
             ratio = per_token[path, case] / per_token[path, "plain"]
             print(f"{case},{path},{tokens},{passes},{median:.4f},{per_token[path, case]:.4f},{ratio:.3f}")
