@@ -1526,6 +1526,19 @@ def lockstep_shape_nb(params, table, base, summary, num_dp, rank, rank_tokens):
     rank's the dummy token): each rank pads to a CUDA-graph size, all to the largest of them
     when every rank's tokens are within the capture sizes (``lockstep_times_nb``).
 
+    Parameters
+    ----------
+    params, table : ndarray(float64, ndim=1)
+        The timing's parameters and table.
+    base : int
+        Offset of the pass terms in ``params`` (the CUDA-graph sizes' place).
+    summary : ndarray(int64, ndim=2)
+        The ranks' SPEC §8 summaries (columns 1 and 3: prefill tokens and decode entries).
+    num_dp, rank : int
+        The worker's attention-DP ranks, and the rank priced.
+    rank_tokens : int
+        The tokens ``rank`` is taken to run, >= 1.
+
     Returns
     -------
     (int, int)
@@ -1555,7 +1568,30 @@ def lockstep_model_ms_nb(
     """One rank's model time in a lock-step pass (``table``, ``linear``), ms, before the operator
     scales and the pass terms: ``table`` its dense operators at ``run`` tokens, its MoE layers at
     ``gathered`` tokens over ``gpus`` GPUs and the skew term; ``linear`` the ``run - tokens``
-    padding tokens priced as in ``rank_time_ms_nb``."""
+    padding tokens priced as in ``rank_time_ms_nb``.
+
+    Parameters
+    ----------
+    model : int
+        ``TIMING_TABLE`` or ``TIMING_LINEAR``.
+    params, table : ndarray(float64, ndim=1)
+        The timing's parameters and table.
+    base : int
+        Offset of the pass terms in ``params``.
+    num_prefill, prefill_tokens, prefill_kv_tokens : int
+        The rank's prefill entries, their new tokens and their context tokens.
+    num_decode, decode_kv_tokens, decode_kv_max : int
+        Its decode entries, their context tokens summed and the largest.
+    run, gathered : int
+        The tokens the rank runs (padded) and those every MoE layer gathers (``lockstep_shape_nb``).
+    gpus : int
+        GPUs the MoE layers' experts are spread over.
+
+    Returns
+    -------
+    float
+        ms.
+    """
     if model == TIMING_TABLE:
         ms = table_pass_ms_nb(
             params, table, num_prefill, prefill_tokens, prefill_kv_tokens, num_decode, decode_kv_tokens, run
